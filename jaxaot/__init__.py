@@ -1,0 +1,29 @@
+"""jaxaot: reusable, cached, compiled building blocks for JAX programs."""
+
+from ._caches import Cache as Cache
+from ._caches import MemoryCache as MemoryCache
+from ._component import Component as Component
+from ._component import component as component
+from ._config import get_cache as get_cache
+from ._config import set_cache as set_cache
+from ._config import using_cache as using_cache
+from ._key import ClosureError as ClosureError
+from ._key import ComponentKey as ComponentKey
+from ._stats import CacheInfo as CacheInfo
+from ._stats import stats as stats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cache",
+    "CacheInfo",
+    "ClosureError",
+    "Component",
+    "ComponentKey",
+    "MemoryCache",
+    "component",
+    "get_cache",
+    "set_cache",
+    "stats",
+    "using_cache",
+]

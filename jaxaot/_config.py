@@ -1,0 +1,80 @@
+"""Which cache is active: the process default, per-context overrides, and the
+environment variables that choose the default.
+
+Environment variables (read when the default cache is first needed):
+  JAXAOT_CACHE           ``memory`` (the default) or ``off``.
+  JAXAOT_EXPLAIN_MISSES  ``1`` to log, at WARNING, why each cache miss happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from ._caches import Cache, MemoryCache
+
+_UNSET: Any = object()
+_default: Any = _UNSET
+_default_lock = threading.Lock()
+_override: contextvars.ContextVar[Any] = contextvars.ContextVar("jaxaot_cache", default=_UNSET)
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def explain_misses() -> bool:
+    return _truthy("JAXAOT_EXPLAIN_MISSES")
+
+
+def _default_from_env() -> Cache | None:
+    choice = os.environ.get("JAXAOT_CACHE", "memory").strip().lower()
+    if choice in ("off", "none", "0", "false"):
+        return None
+    if choice in ("memory", "mem", ""):
+        return MemoryCache()
+    raise ValueError(f"JAXAOT_CACHE must be 'memory' or 'off', got {choice!r}")
+
+
+def _check_cache(cache: Any, what: str) -> None:
+    if cache is not None and not isinstance(cache, Cache):
+        raise TypeError(
+            f"{what}: expected a jaxaot cache (get/put/delete/keys/clear/stats) or None, "
+            f"got {type(cache).__name__}"
+        )
+
+
+def set_cache(cache: Cache | None) -> None:
+    """Sets the process-wide default cache; ``None`` disables caching."""
+    global _default
+    _check_cache(cache, "jaxaot.set_cache")
+    with _default_lock:
+        _default = cache
+
+
+@contextlib.contextmanager
+def using_cache(cache: Cache | None) -> Iterator[Cache | None]:
+    """Uses ``cache`` (or no cache, for ``None``) in this thread/context only."""
+    _check_cache(cache, "jaxaot.using_cache")
+    token = _override.set(cache)
+    try:
+        yield cache
+    finally:
+        _override.reset(token)
+
+
+def get_cache() -> Cache | None:
+    """The cache in effect here: a ``using_cache`` override, else the process default."""
+    global _default
+    override = _override.get()
+    if override is not _UNSET:
+        return override  # type: ignore[no-any-return]
+    if _default is _UNSET:
+        with _default_lock:
+            if _default is _UNSET:
+                _default = _default_from_env()
+    return _default  # type: ignore[no-any-return]

@@ -1,0 +1,150 @@
+"""Every use of JAX internals (``jax._src``) in jaxaot lives in this module.
+
+A JAX upgrade should only ever need changes here. The names re-exported below
+are the small surface jaxaot depends on: defining a primitive with abstract
+evaluation, lowering, batching, JVP and transpose rules; merging a StableHLO
+module into the module being lowered; and a few facts about the backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+from jax._src import core as _core
+from jax._src import dispatch as _dispatch
+from jax._src import effects as _effects
+from jax._src import xla_bridge as _xb
+from jax._src.ad_util import Zero
+from jax._src.callback import io_callback_p, pure_callback_p
+from jax._src.debugging import debug_callback_p
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import func as func_dialect
+
+__all__ = [
+    "Primitive",
+    "ShapedArray",
+    "Tracer",
+    "Zero",
+    "ad",
+    "apply_primitive",
+    "batching",
+    "call_module_function",
+    "canonical_platform",
+    "default_platform",
+    "has_host_callbacks",
+    "inline_jaxpr_lowering",
+    "is_ordered_effect",
+    "jaxpr_as_fun",
+    "mlir",
+    "module_to_bytecode",
+    "not_mapped",
+    "register_lowering",
+    "trace_state_clean",
+]
+
+Primitive = _core.Primitive
+ShapedArray = _core.ShapedArray
+Tracer = _core.Tracer
+ClosedJaxpr = _core.ClosedJaxpr
+jaxpr_as_fun = _core.jaxpr_as_fun
+trace_state_clean = _core.trace_state_clean
+not_mapped = None  # batching.NotMapped is type(None): unmapped dims are None
+apply_primitive = _dispatch.apply_primitive
+module_to_bytecode = mlir.module_to_bytecode
+LoweringRuleContext = mlir.LoweringRuleContext
+
+_CALLBACK_PRIMITIVES = frozenset([pure_callback_p, io_callback_p, debug_callback_p])
+
+# Platform names as lowering uses them ("cuda", not "gpu").
+KNOWN_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+def canonical_platform(platform: str) -> str:
+    """Maps a backend or device platform name ("gpu", "cuda", "cpu") to its lowering name."""
+    try:
+        return _xb.canonicalize_platform(platform)
+    except Exception:  # an unknown platform name: keep it as given
+        return platform.lower()
+
+
+def default_platform() -> str:
+    """The lowering platform of JAX's default backend on this machine."""
+    return canonical_platform(jax.default_backend())
+
+
+def _jaxprs(jaxpr: Any) -> Iterator[Any]:
+    yield jaxpr
+    for sub in _core.subjaxprs(jaxpr):
+        yield from _jaxprs(sub)
+
+
+def has_host_callbacks(closed_jaxpr: Any) -> bool:
+    """Whether the jaxpr (or any jaxpr nested in it) calls back into Python."""
+    for jaxpr in _jaxprs(closed_jaxpr.jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive in _CALLBACK_PRIMITIVES:
+                return True
+    return False
+
+
+def is_ordered_effect(effect: Any) -> bool:
+    return _effects.ordered_effects.contains(effect)
+
+
+def register_lowering(prim: Any, rule: Callable[..., Any], platform: str | None = None) -> None:
+    mlir.register_lowering(prim, rule, platform=platform)
+
+
+def lowering_platforms(ctx: Any) -> tuple[str, ...]:
+    """The platforms the enclosing lowering targets."""
+    return tuple(ctx.module_context.platforms)
+
+
+def call_module_function(
+    ctx: Any, cache_key: Any, bytecode: bytes, name_hint: str, args: Sequence[Any]
+) -> Sequence[Any]:
+    """Links a serialized StableHLO module into the module being lowered, once per
+    ``cache_key``, and emits a ``func.call`` to its main function."""
+    module_ctx = ctx.module_context
+    cached = module_ctx.cached_primitive_lowerings
+    symbol = cached.get(cache_key)
+    if symbol is None:
+        with module_ctx.context:
+            submodule = ir.Module.parse(bytecode)
+        symbol = mlir.merge_mlir_modules(
+            module_ctx.module, name_hint, submodule, dst_symtab=module_ctx.symbol_table
+        )
+        cached[cache_key] = symbol
+    func_op = module_ctx.symbol_table[symbol]
+    result_types = list(func_op.type.results)
+    call = func_dialect.CallOp(result_types, ir.FlatSymbolRefAttr.get(symbol), list(args))
+    return list(call.results)
+
+
+def inline_jaxpr_lowering(ctx: Any, closed_jaxpr: Any, args: Sequence[Any]) -> Sequence[Any]:
+    """Lowers a jaxpr into the module being lowered (used for process-local entries,
+    e.g. those holding host callbacks, which must register with the caller)."""
+    rule = mlir.lower_fun(jaxpr_as_fun(closed_jaxpr), multiple_results=True)
+    return rule(ctx, *args)
+
+
+def input_dependencies(closed_jaxpr: Any) -> tuple[tuple[int, ...], ...]:
+    """For each output of the jaxpr, the (sorted) indices of the inputs it may depend on.
+
+    Conservative: every output of an equation depends on all of its inputs."""
+    jaxpr = closed_jaxpr.jaxpr
+    deps: dict[Any, frozenset[int]] = {v: frozenset([i]) for i, v in enumerate(jaxpr.invars)}
+
+    def of(atom: Any) -> frozenset[int]:
+        if isinstance(atom, _core.Literal):
+            return frozenset()
+        return deps.get(atom, frozenset())
+
+    for eqn in jaxpr.eqns:
+        union = frozenset().union(*[of(a) for a in eqn.invars]) if eqn.invars else frozenset()
+        for out in eqn.outvars:
+            deps[out] = union
+    return tuple(tuple(sorted(of(v))) for v in jaxpr.outvars)

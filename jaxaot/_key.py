@@ -1,0 +1,381 @@
+"""Cache keys: named parts, a stable digest, and explanations of differences.
+
+A :class:`ComponentKey` is the complete identity of one cache entry: which
+computation (a user key or a fingerprint of the function's code), on which
+inputs (tree structure, shapes, dtypes, weak types, static values), under
+which transformation (plain, vmap, JVP, transpose), lowered for which
+platforms, by which JAX. Equality compares every part, never a hash alone; the
+``digest`` (hex SHA-256 over a canonical JSON encoding) names the entry in
+byte caches and is identical across processes.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import enum
+import hashlib
+import json
+import sys
+import sysconfig
+import types
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+PartValue = Any  # None | bool | int | float | str | tuple[PartValue, ...]
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    raise TypeError(f"ComponentKey parts must be JSON-like, got {type(value).__name__}")
+
+
+class ComponentKey:
+    """The complete, immutable identity of one cache entry.
+
+    Attributes:
+      parts: an ordered, read-only mapping from part name to value.
+      digest: hex SHA-256 of the parts, stable across processes and runs.
+    """
+
+    __slots__ = ("_items", "_digest", "_hash")
+
+    def __init__(self, parts: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        pairs = parts.items() if isinstance(parts, Mapping) else parts
+        items = tuple((str(k), _freeze(v)) for k, v in pairs)
+        if len({k for k, _ in items}) != len(items):
+            raise ValueError("ComponentKey: duplicate part names")
+        self._items = items
+        encoded = json.dumps(items, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+        self._digest = hashlib.sha256(encoded.encode("ascii")).hexdigest()
+        self._hash = hash(items)
+
+    @property
+    def parts(self) -> Mapping[str, Any]:
+        return types.MappingProxyType(dict(self._items))
+
+    @property
+    def digest(self) -> str:
+        return self._digest
+
+    def replace(self, **changes: Any) -> ComponentKey:
+        """A key with some parts changed (and new parts appended)."""
+        items = dict(self._items)
+        items.update(changes)
+        return ComponentKey(items)
+
+    def explain(self, other: ComponentKey) -> list[str]:
+        """Human-readable lines naming every part that differs from ``other``."""
+        mine, theirs = dict(self._items), dict(other._items)
+        lines = []
+        for name in list(mine) + [n for n in theirs if n not in mine]:
+            a, b = mine.get(name, "<absent>"), theirs.get(name, "<absent>")
+            if a != b:
+                lines.append(f"{name}: {_short(a)} != {_short(b)}")
+        return lines
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ComponentKey):
+            return NotImplemented
+        return self._hash == other._hash and self._items == other._items
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        name = dict(self._items).get("component", "?")
+        return f"ComponentKey({_short(name, 60)}, digest={self._digest[:16]}…)"
+
+    def to_json(self) -> list[list[Any]]:
+        return [[k, v] for k, v in self._items]
+
+    @classmethod
+    def from_json(cls, data: Any) -> ComponentKey:
+        if not isinstance(data, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in data
+        ):
+            raise ValueError("malformed key parts")
+        return cls([(k, v) for k, v in data])
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# ----------------------------------------------------------------------------
+# Stable representations of user keys and static arguments.
+
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+
+
+def stable_repr(value: Any) -> str | None:
+    """``repr`` of ``value`` if it is stable across processes, else ``None``.
+
+    Stable: None, bool, int, float, complex, str, bytes, enum members, NumPy
+    dtypes and scalar types, and tuples/frozensets of those.
+    """
+    if isinstance(value, _SCALARS):
+        return repr(value)
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__module__}.{type(value).__qualname__}.{value.name}"
+    if isinstance(value, np.dtype):
+        return f"dtype({value.name})"
+    if isinstance(value, type) and issubclass(value, np.generic):
+        return f"dtype({np.dtype(value).name})"
+    if isinstance(value, tuple):
+        parts = [stable_repr(v) for v in value]
+        if any(p is None for p in parts):
+            return None
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"  # type: ignore[arg-type]
+    if isinstance(value, frozenset):
+        parts = [stable_repr(v) for v in value]
+        if any(p is None for p in parts):
+            return None
+        return "frozenset({" + ", ".join(sorted(parts)) + "})"  # type: ignore[arg-type]
+    return None
+
+
+# ----------------------------------------------------------------------------
+# Abstract values.
+
+
+def aval_str(shape: tuple[int, ...], dtype: Any, weak_type: bool) -> str:
+    """``f32[3,4]``-style text for one argument or result; ``~w`` marks weak types."""
+    name = np.dtype(dtype).name if not _is_extended(dtype) else str(dtype)
+    text = f"{name}[{','.join(str(int(d)) for d in shape)}]"
+    return text + "~w" if weak_type else text
+
+
+def _is_extended(dtype: Any) -> bool:
+    try:
+        np.dtype(dtype)
+    except TypeError:
+        return True
+    return False
+
+
+def parse_aval_str(text: str) -> tuple[tuple[int, ...], np.dtype, bool]:
+    weak = text.endswith("~w")
+    if weak:
+        text = text[:-2]
+    name, _, dims = text.partition("[")
+    if not dims.endswith("]"):
+        raise ValueError(f"malformed aval {text!r}")
+    inner = dims[:-1]
+    shape = tuple(int(d) for d in inner.split(",")) if inner else ()
+    return shape, np.dtype(name), weak
+
+
+# ----------------------------------------------------------------------------
+# Function fingerprints.
+
+
+class ClosureError(ValueError):
+    """A component's function closes over a value that cannot be part of its key."""
+
+
+def _library_prefixes() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    prefixes = {paths.get(n, "") for n in ("stdlib", "platstdlib", "purelib", "platlib")}
+    for p in sys.path:
+        if p.endswith(("site-packages", "dist-packages")):
+            prefixes.add(p)
+    return tuple(sorted(p for p in prefixes if p))
+
+
+_LIBRARY_PREFIXES = _library_prefixes()
+
+
+def _is_project_code(code: types.CodeType) -> bool:
+    filename = code.co_filename
+    if filename.startswith("<"):
+        return filename.startswith(("<stdin>", "<string>"))
+    return not filename.startswith(_LIBRARY_PREFIXES)
+
+
+_CODE_CACHE: dict[types.CodeType, tuple[str, tuple[str, ...]]] = {}
+
+
+def _code_digest(code: types.CodeType) -> tuple[str, tuple[str, ...]]:
+    """A digest of a code object and its nested code, and the global names it loads."""
+    cached = _CODE_CACHE.get(code)
+    if cached is not None:
+        return cached
+    h = hashlib.sha256()
+    names: list[str] = []
+
+    def visit(c: types.CodeType) -> None:
+        h.update(c.co_code)
+        h.update(repr((c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars)).encode())
+        for const in c.co_consts:
+            if isinstance(const, types.CodeType):
+                visit(const)
+            else:
+                h.update(repr(const).encode())
+        for ins in dis.get_instructions(c):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str):
+                names.append(ins.argval)
+
+    visit(code)
+    result = (h.hexdigest(), tuple(dict.fromkeys(names)))
+    if len(_CODE_CACHE) < 100_000:
+        _CODE_CACHE[code] = result
+    return result
+
+
+def _package_version(module_name: str | None) -> str:
+    if not module_name:
+        return ""
+    top = sys.modules.get(module_name.partition(".")[0])
+    return str(getattr(top, "__version__", ""))
+
+
+class _Fingerprinter:
+    def __init__(self, component: str) -> None:
+        self.component = component
+        self.hash = hashlib.sha256()
+        self.seen: set[int] = set()
+
+    def add(self, *items: str) -> None:
+        for item in items:
+            self.hash.update(item.encode("utf-8", "backslashreplace"))
+            self.hash.update(b"\0")
+
+    def refuse_array(self, where: str, value: Any) -> None:
+        shape = getattr(value, "shape", "?")
+        dtype = getattr(value, "dtype", "?")
+        kind = "a traced value" if _is_tracer(value) else "an array"
+        raise ClosureError(
+            f"jaxaot.component {self.component!r}: the function closes over {kind} "
+            f"({where}, shape {tuple(shape) if shape != '?' else shape}, dtype {dtype}). "
+            "Its value would not be part of the cache key, so a cached result could be "
+            "stale. Pass it to the component as an argument instead."
+        )
+
+    def function(self, fun: Any, where: str) -> None:
+        if id(fun) in self.seen:
+            self.add("seen", getattr(fun, "__qualname__", ""))
+            return
+        self.seen.add(id(fun))
+        if isinstance(fun, types.MethodType):
+            self.add("method")
+            self.value(fun.__self__, f"{where}.__self__")
+            self.function(fun.__func__, where)
+            return
+        if hasattr(fun, "func") and hasattr(fun, "args") and hasattr(fun, "keywords"):
+            # functools.partial and friends.
+            self.add("partial")
+            self.function(fun.func, where)
+            self.value(tuple(fun.args), f"{where} (partial args)")
+            self.value(dict(fun.keywords), f"{where} (partial keywords)")
+            return
+        wrapped = getattr(fun, "__wrapped__", None)
+        if wrapped is not None and wrapped is not fun:
+            self.add("wrapped", type(fun).__qualname__)
+            self.function(wrapped, where)
+            return
+        code = getattr(fun, "__code__", None)
+        if not isinstance(fun, types.FunctionType) or code is None:
+            if callable(fun) and not isinstance(fun, type) and hasattr(type(fun), "__call__"):
+                call = type(fun).__call__
+                if isinstance(call, types.FunctionType):
+                    self.add("callable", type(fun).__module__, type(fun).__qualname__)
+                    self.value(fun, f"{where} (callable object)")
+                    self.function(call, where)
+                    return
+            self.add("opaque", _qualified(fun))
+            return
+        self.add("function", fun.__module__ or "", fun.__qualname__)
+        if not _is_project_code(code):
+            self.add("library", _package_version(fun.__module__))
+            return
+        digest, global_names = _code_digest(code)
+        self.add(digest)
+        for name in global_names:
+            if name in fun.__globals__:
+                self.add("global", name)
+                self.value(fun.__globals__[name], f"global {name!r}")
+            elif hasattr(builtins, name):
+                self.add("builtin", name)
+        for name, cell in zip(code.co_freevars, fun.__closure__ or (), strict=False):
+            self.add("free", name)
+            try:
+                contents = cell.cell_contents
+            except ValueError:
+                self.add("<empty cell>")
+                continue
+            self.value(contents, f"free variable {name!r}")
+        if fun.__defaults__:
+            self.value(fun.__defaults__, "default arguments")
+        if fun.__kwdefaults__:
+            self.value(fun.__kwdefaults__, "default keyword arguments")
+
+    def value(self, value: Any, where: str, depth: int = 0) -> None:
+        if depth > 6:
+            self.add("deep", type(value).__qualname__)
+            return
+        if _is_array(value):
+            self.refuse_array(where, value)
+        stable = stable_repr(value)
+        if stable is not None:
+            self.add("v", stable)
+        elif isinstance(value, types.ModuleType):
+            self.add("module", value.__name__)
+        elif isinstance(value, types.FunctionType | types.MethodType) or (
+            hasattr(value, "__wrapped__") and callable(value)
+        ):
+            self.function(value, where)
+        elif isinstance(value, type):
+            self.add("type", _qualified(value))
+        elif isinstance(value, list | tuple | set | frozenset):
+            self.add(type(value).__qualname__, str(len(value)))
+            if len(value) <= 10_000:
+                for item in value:
+                    self.value(item, where, depth + 1)
+        elif isinstance(value, dict):
+            self.add("dict", str(len(value)))
+            if len(value) <= 10_000:
+                for k, v in value.items():
+                    self.add(repr(k))
+                    self.value(v, f"{where}[{k!r}]", depth + 1)
+        elif callable(value) and not hasattr(value, "__dict__"):
+            self.add("callable", _qualified(value))
+        else:
+            self.add("object", _qualified(type(value)))
+            attrs = getattr(value, "__dict__", None)
+            if isinstance(attrs, dict):
+                self.value(attrs, where, depth + 1)
+            else:
+                self.add(repr(value))
+
+
+def _qualified(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '') or ''}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def _is_tracer(value: Any) -> bool:
+    from ._jaxcompat import Tracer
+
+    return isinstance(value, Tracer)
+
+
+def _is_array(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return True
+    import jax
+
+    return isinstance(value, jax.Array) or _is_tracer(value)
+
+
+def function_fingerprint(fun: Callable[..., Any], component: str) -> str:
+    """A digest of ``fun``'s code, the project functions it calls, and the values
+    it closes over. Raises :class:`ClosureError` for closed-over arrays."""
+    fp = _Fingerprinter(component)
+    fp.function(fun, "the function")
+    return fp.hash.hexdigest()

@@ -1,0 +1,143 @@
+"""The ``jaxaot_component`` primitive and how it behaves under every transformation.
+
+One equation ``jaxaot_component[call=...]`` stands for a call of one cache
+entry. Its parameter ``call`` (a ``_component.Call``) carries the entry's key,
+its output avals and a way to derive the entries of transformed versions:
+
+* abstract evaluation reads the output avals from the entry (no tracing);
+* lowering links the entry's cached StableHLO into the module being lowered,
+  once per module, and emits ``func.call``; the platform is the enclosing
+  lowering's (one entry per platform, and a ``case`` over platforms when the
+  caller lowers for several);
+* batching binds a derived *vmap* entry; JVP binds the entry itself for the
+  primal outputs and a derived *JVP* entry, linear in the tangents, for the
+  tangent outputs; transposing that binds a derived *transpose* entry. Derived
+  entries are cached like any other, so transformations of a cached component
+  do not trace its body.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._jaxcompat import (
+    KNOWN_PLATFORMS,
+    Primitive,
+    Zero,
+    ad,
+    apply_primitive,
+    batching,
+    call_module_function,
+    inline_jaxpr_lowering,
+    lowering_platforms,
+    not_mapped,
+    register_lowering,
+)
+
+component_p = Primitive("jaxaot_component")
+component_p.multiple_results = True
+
+
+def bind(call: Any, args: Sequence[Any]) -> list[Any]:
+    return list(component_p.bind(*args, call=call))
+
+
+def _impl(*args: Any, call: Any) -> Any:
+    return apply_primitive(component_p, *args, call=call)
+
+
+def _abstract_eval(*avals: Any, call: Any) -> tuple[list[Any], Any]:
+    entry = call.entry
+    for i, (got, want) in enumerate(zip(avals, entry.in_avals, strict=True)):
+        if got.shape != want.shape or got.dtype != want.dtype:
+            raise TypeError(
+                f"jaxaot.component {call.name!r}: input {i} "
+                f"({call.arg_name(i)}) has type {got.str_short()}, "
+                f"but the entry was made for {want.str_short()}"
+            )
+    return list(entry.out_avals), entry.effects
+
+
+component_p.def_impl(_impl)
+component_p.def_effectful_abstract_eval(_abstract_eval)
+
+
+def _lower(ctx: Any, *args: Any, call: Any, platform: str | None = None) -> Sequence[Any]:
+    if platform is None:
+        platforms = lowering_platforms(ctx)
+        if len(platforms) != 1:
+            raise NotImplementedError(
+                f"jaxaot.component {call.name!r}: no lowering for platforms {platforms}"
+            )
+        platform = platforms[0]
+    entry = call.entry_for_platform(platform)
+    if entry.stablehlo is None:
+        if entry.jaxpr is None:
+            raise RuntimeError(f"jaxaot.component {call.name!r}: entry has no lowering")
+        return inline_jaxpr_lowering(ctx, entry.jaxpr, args)
+    name = "jaxaot_" + "".join(c if c.isalnum() else "_" for c in call.name)[:48]
+    return call_module_function(ctx, ("jaxaot", entry.key), entry.stablehlo, name, args)
+
+
+register_lowering(component_p, _lower)
+for _platform in KNOWN_PLATFORMS:
+    try:
+        register_lowering(component_p, functools.partial(_lower, platform=_platform), _platform)
+    except NotImplementedError:  # a platform this jaxlib does not know
+        pass
+
+
+def _batch(axis_data: Any, vals: Sequence[Any], dims: Sequence[Any], *, call: Any) -> Any:
+    in_axes = tuple(None if d is not_mapped else int(d) for d in dims)
+    if all(d is None for d in in_axes):
+        outs = bind(call, vals)
+        return outs, [not_mapped] * len(outs)
+    batched = {i for i, d in enumerate(in_axes) if d is not None}
+    out_axes = tuple(0 if batched.intersection(dep) else None for dep in call.entry.deps)
+    derived = call.vmap(in_axes, out_axes, int(axis_data.size), vals)
+    outs = bind(derived, vals)
+    return outs, [not_mapped if d is None else d for d in out_axes]
+
+
+batching.fancy_primitive_batchers[component_p] = _batch
+
+
+def _is_differentiable(aval: Any) -> bool:
+    return bool(np.issubdtype(aval.dtype, np.inexact))
+
+
+def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call: Any) -> Any:
+    outs = bind(call, primals)
+    out_avals = call.entry.out_avals
+    zeros = [Zero(a.to_tangent_aval()) for a in out_avals]
+    mask = tuple(type(t) is not Zero for t in tangents)
+    if not any(mask) or not any(_is_differentiable(a) for a in out_avals):
+        return outs, zeros
+    live = [t for t, m in zip(tangents, mask, strict=True) if m]
+    derived = call.jvp(mask, [*primals, *live])
+    it = iter(bind(derived, [*primals, *live]))
+    out_tangents = [
+        next(it) if _is_differentiable(a) else z for a, z in zip(out_avals, zeros, strict=True)
+    ]
+    return outs, out_tangents
+
+
+ad.primitive_jvps[component_p] = _jvp
+
+
+def _transpose(cts: Sequence[Any], *args: Any, call: Any) -> list[Any]:
+    undefined = tuple(ad.is_undefined_primal(a) for a in args)
+    if all(type(ct) is Zero for ct in cts):
+        return [Zero(a.aval) if u else None for a, u in zip(args, undefined, strict=True)]
+    defined = [a for a, u in zip(args, undefined, strict=True) if not u]
+    cts = [ad.instantiate_zeros(ct) for ct in cts]
+    derived = call.transpose(undefined, [*defined, *cts])
+    it = iter(bind(derived, [*defined, *cts]))
+    return [next(it) if u else None for u in undefined]
+
+
+ad.primitive_transposes[component_p] = _transpose

@@ -1,0 +1,827 @@
+"""Tests for jaxaot._caches._directory.DirectoryCache.
+
+The stress tests (marked ``slow``) run with reduced counts by default; set
+``JAXAOT_STRESS=full`` for the full counts of /work/shared/RELIABILITY.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jaxaot._caches import _directory
+from jaxaot._caches._directory import (
+    DEFAULT_DIRECTORY_BYTES,
+    TEMP_MAX_AGE,
+    DirectoryCache,
+    UnsafeCacheDirError,
+)
+from jaxaot._caches._protocol import Cache
+
+_WORKER_PATH = Path(__file__).with_name("_directory_worker.py")
+_spec = importlib.util.spec_from_file_location("_directory_worker", _WORKER_PATH)
+assert _spec is not None and _spec.loader is not None
+worker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(worker)
+
+FULL = os.environ.get("JAXAOT_STRESS") == "full"
+YEAR = 365 * 86400.0
+
+
+def k(i: int, shard: str | None = None) -> str:
+    """A valid 32-hex-char key; ``shard`` forces its first two characters."""
+    h = hashlib.sha256(str(i).encode()).hexdigest()[:32]
+    return h if shard is None else shard + h[2:]
+
+
+def all_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def temp_files(root: Path) -> list[Path]:
+    return [p for p in all_files(root) if p.name.startswith(".tmp-")]
+
+
+def set_mtime(cache: DirectoryCache, key: str, t: float) -> None:
+    os.utime(cache.path_for(key), (t, t))
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "jaxaot" and r.levelno >= logging.WARNING]
+
+
+# -- basics ------------------------------------------------------------------------------------
+
+
+def test_default_max_bytes_is_10_gib(tmp_path: Path) -> None:
+    assert DEFAULT_DIRECTORY_BYTES == 10 * 2**30
+    cache = DirectoryCache(tmp_path / "c")
+    assert cache.max_bytes == DEFAULT_DIRECTORY_BYTES
+    assert isinstance(cache, Cache)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"", b"\x00", bytes(range(256)) * 3, random.Random(0).randbytes(1 << 20)],
+    ids=["empty", "nul", "768B", "1MiB"],
+)
+def test_round_trip_identical_bytes(tmp_path: Path, value: bytes) -> None:
+    cache = DirectoryCache(tmp_path / "c")
+    key = k(1)
+    assert cache.get(key) is None
+    cache.put(key, value)
+    got = cache.get(key)
+    assert got == value and type(got) is bytes
+    # A second instance (another process, in effect) sees the same bytes.
+    assert DirectoryCache(tmp_path / "c").get(key) == value
+
+
+def test_put_accepts_bytearray_and_memoryview_rejects_str(tmp_path: Path) -> None:
+    cache = DirectoryCache(tmp_path / "c")
+    cache.put(k(1), bytearray(b"abc"))
+    cache.put(k(2), memoryview(b"xyz"))
+    assert cache.get(k(1)) == b"abc" and cache.get(k(2)) == b"xyz"
+    with pytest.raises(TypeError):
+        cache.put(k(3), "text")  # type: ignore[arg-type]
+
+
+def test_layout_is_root_shard_key(tmp_path: Path) -> None:
+    cache = DirectoryCache(tmp_path / "c")
+    key = k(7)
+    cache.put(key, b"v")
+    assert cache.path_for(key) == (tmp_path / "c").resolve() / key[:2] / key
+    assert (tmp_path / "c" / key[:2] / key).read_bytes() == b"v"
+
+
+def test_keys_delete_clear_stats(tmp_path: Path) -> None:
+    cache = DirectoryCache(tmp_path / "c", max_bytes=1000)
+    for i in range(5):
+        cache.put(k(i), bytes(10 * (i + 1)))
+    assert cache.keys() == sorted(k(i) for i in range(5))
+    st = cache.stats()
+    assert st["backend"] == "directory"
+    assert st["path"] == str((tmp_path / "c").resolve())
+    assert (st["entries"], st["bytes"], st["max_bytes"], st["temp_files"]) == (5, 150, 1000, 0)
+    assert st["puts"] == 5
+    assert json.loads(json.dumps(st)) == st
+
+    assert cache.delete(k(0)) is True
+    assert cache.delete(k(0)) is False
+    assert cache.get(k(0)) is None
+    assert k(0) not in cache.keys()
+    assert cache.stats()["entries"] == 4
+
+    cache.clear()
+    assert cache.keys() == []
+    assert cache.stats()["entries"] == 0 and cache.stats()["bytes"] == 0
+    assert cache.get(k(1)) is None
+    cache.put(k(1), b"again")  # still usable after clear
+    assert cache.get(k(1)) == b"again"
+
+
+def test_put_keeps_existing_entry_and_refreshes_access_time(tmp_path: Path) -> None:
+    cache = DirectoryCache(tmp_path / "c")
+    key = k(1)
+    cache.put(key, b"first")
+    path = cache.path_for(key)
+    inode = path.stat().st_ino
+    set_mtime(cache, key, time.time() - 1000)
+    cache.put(key, b"second")
+    assert cache.get(key) == b"first"
+    assert path.stat().st_ino == inode  # not rewritten
+    at = cache.access_time(key)
+    assert at is not None and at > time.time() - 60  # refreshed
+
+
+def test_get_refreshes_access_time(tmp_path: Path) -> None:
+    cache = DirectoryCache(tmp_path / "c")
+    key = k(1)
+    assert cache.access_time(key) is None
+    cache.put(key, b"v")
+    set_mtime(cache, key, 1_000_000.0)
+    assert cache.access_time(key) == 1_000_000.0
+    assert cache.get(key) == b"v"
+    at = cache.access_time(key)
+    assert at is not None and abs(at - time.time()) < 60
+
+
+def test_value_larger_than_max_bytes_is_not_stored(tmp_path: Path) -> None:
+    cache = DirectoryCache(tmp_path / "c", max_bytes=100)
+    cache.put(k(1), bytes(60))
+    cache.put(k(2), bytes(101))
+    assert cache.get(k(2)) is None
+    assert cache.get(k(1)) == bytes(60)  # nothing evicted for a value that cannot fit
+    cache.put(k(3), bytes(100))
+    assert cache.keys() == [k(3)]
+
+
+def test_invalid_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_bytes"):
+        DirectoryCache(tmp_path / "c", max_bytes=-1)
+    with pytest.raises(ValueError, match="lock_timeout"):
+        DirectoryCache(tmp_path / "c", lock_timeout=-1)
+
+
+# -- eviction ----------------------------------------------------------------------------------
+
+
+def test_lru_eviction_order_respects_get(tmp_path: Path) -> None:
+    cache = DirectoryCache(tmp_path / "c", max_bytes=300)
+    now = time.time()
+    for i, age in ((0, 30), (1, 20), (2, 10)):
+        cache.put(k(i), bytes(100))
+        set_mtime(cache, k(i), now - age)
+    assert cache.get(k(0)) == bytes(100)  # k0 becomes the most recently used
+    cache.put(k(3), bytes(100))  # evicts k1, now the least recently used
+    assert sorted(cache.keys()) == sorted([k(0), k(2), k(3)])
+    set_mtime(cache, k(3), now - 5)
+    cache.put(k(4), bytes(150))  # needs 150 bytes: evicts k2 (10s) then k3 (5s)
+    assert sorted(cache.keys()) == sorted([k(0), k(4)])
+    assert cache.stats()["evictions"] == 3
+    assert cache.stats()["bytes"] <= 300
+
+
+def test_eviction_with_skewed_clocks_keeps_newest(tmp_path: Path) -> None:
+    cache = DirectoryCache(tmp_path / "c", max_bytes=400)
+    now = time.time()
+    mtimes = {
+        "past": now - YEAR,
+        "far_future": now + YEAR,  # clock was a year ahead: must not pin the entry for a year
+        "near_future": now + 3600,  # clock stepped back an hour: still counts as recent
+        "recent": now - 1,
+    }
+    keys = {name: k(i) for i, name in enumerate(mtimes)}
+    for name, t in mtimes.items():
+        cache.put(keys[name], bytes(100))
+        set_mtime(cache, keys[name], t)
+    cache.put(k(10), bytes(100))
+    assert keys["far_future"] not in cache.keys()
+    cache.put(k(11), bytes(100))
+    assert keys["past"] not in cache.keys()
+    assert sorted(cache.keys()) == sorted([keys["near_future"], keys["recent"], k(10), k(11)])
+    # A put that needs all the room but one entry: the most recently used one survives
+    # (an hour in the future is within the slack, so it counts as the newest).
+    cache.put(k(12), bytes(300))
+    assert sorted(cache.keys()) == sorted([keys["near_future"], k(12)])
+    assert cache.get(k(12)) == bytes(300)
+    assert cache.stats()["bytes"] <= 400
+
+
+def test_eviction_tolerates_files_vanishing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = DirectoryCache(tmp_path / "c", max_bytes=300)
+    for i in range(3):
+        cache.put(k(i), bytes(100))
+    real_unlink = os.unlink
+
+    def racing_unlink(path: Any, *a: Any, **kw: Any) -> None:
+        real_unlink(path, *a, **kw)  # someone else deleted it first ...
+        real_unlink(path, *a, **kw)  # ... so ours raises FileNotFoundError
+
+    monkeypatch.setattr(os, "unlink", racing_unlink)
+    cache.put(k(3), bytes(100))
+    monkeypatch.undo()
+    assert cache.get(k(3)) == bytes(100)
+    assert cache.stats()["bytes"] <= 300
+
+
+# -- permissions and trust ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o277])
+def test_modes_are_0700_and_0600_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        root = tmp_path / "a" / "b" / "cache"
+        cache = DirectoryCache(root)
+        key = k(1)
+        cache.put(key, b"v")
+        cache.put(k(2), b"w")
+        cache.quarantine(k(2))
+    finally:
+        os.umask(old)
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.stat().st_mode)
+
+    for d in (tmp_path / "a", tmp_path / "a" / "b", root, root / key[:2], root / "quarantine"):
+        assert mode(d) == 0o700, d
+    assert mode(cache.path_for(key)) == 0o600
+    assert mode(root / ".lock") == 0o600
+    (qfile,) = (root / "quarantine").iterdir()
+    assert mode(qfile) == 0o600
+    assert cache.get(key) == b"v"
+
+
+@pytest.mark.parametrize("bad_mode", [0o777, 0o770, 0o702])
+def test_refuses_group_or_world_writable_dir(tmp_path: Path, bad_mode: int) -> None:
+    root = tmp_path / "c"
+    root.mkdir()
+    root.chmod(bad_mode)
+    with pytest.raises(UnsafeCacheDirError, match="writable") as info:
+        DirectoryCache(root)
+    assert isinstance(info.value, PermissionError)
+    assert str(root) in str(info.value)
+    assert "\n" not in str(info.value)
+    assert list(root.iterdir()) == []  # nothing written into it
+
+
+def test_refuses_symlink_to_world_writable_dir(tmp_path: Path) -> None:
+    target = tmp_path / "shared"
+    target.mkdir()
+    target.chmod(0o777)
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(UnsafeCacheDirError, match="writable"):
+        DirectoryCache(tmp_path / "link")
+
+
+def test_refuses_dir_owned_by_another_uid(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to chown a directory to uid 65534")
+    root = tmp_path / "c"
+    root.mkdir(mode=0o700)
+    os.chown(root, 65534, -1)
+    with pytest.raises(UnsafeCacheDirError, match="owned by uid 65534") as info:
+        DirectoryCache(root)
+    assert str(root) in str(info.value)
+    # fallback_ok is for directories that cannot be created, never for unsafe ones.
+    with pytest.raises(UnsafeCacheDirError):
+        DirectoryCache(root, fallback_ok=True)
+
+
+def test_existing_private_dir_is_accepted(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    root.mkdir(mode=0o755)
+    root.chmod(0o755)  # readable by others is allowed; entries are 0600 anyway
+    DirectoryCache(root).put(k(1), b"v")
+    assert DirectoryCache(root).get(k(1)) == b"v"
+
+
+def test_root_that_cannot_be_created(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    with pytest.raises(OSError):
+        DirectoryCache(blocker / "c")
+    cache = DirectoryCache(blocker / "c", fallback_ok=True)
+    assert cache.get(k(1)) is None
+    cache.put(k(1), b"v")  # skipped, no exception
+    assert cache.keys() == [] and cache.stats()["entries"] == 0
+
+
+BAD_KEYS: list[Any] = [
+    "../" + "a" * 20,
+    "../../../../etc/passwd",
+    "a" * 16 + "/x",
+    "ab/" + "c" * 20,
+    "ab\\" + "c" * 20,
+    "a" * 16 + "\x00",
+    "\x00" * 20,
+    "a" * 300,
+    "é" * 20,
+    "ａ" * 20,  # fullwidth a
+    "A" * 32,
+    "a" * 15,
+    "",
+    "..",
+    None,
+    b"a" * 32,
+]
+
+
+@pytest.mark.parametrize("bad", BAD_KEYS, ids=[f"key{i}" for i in range(len(BAD_KEYS))])
+def test_invalid_keys_are_rejected_and_write_nothing(tmp_path: Path, bad: Any) -> None:
+    root = tmp_path / "inner" / "c"
+    cache = DirectoryCache(root)
+    before = all_files(tmp_path)
+    calls: list[Callable[[], object]] = [
+        lambda: cache.get(bad),
+        lambda: cache.put(bad, b"x" * 10),
+        lambda: cache.delete(bad),
+        lambda: cache.path_for(bad),
+        lambda: cache.access_time(bad),
+        lambda: cache.quarantine(bad),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError):
+            call()
+    assert all_files(tmp_path) == before
+    assert cache.keys() == []
+
+
+# -- faults -------------------------------------------------------------------------------------
+
+
+def _fault(
+    monkeypatch: pytest.MonkeyPatch, name: str, err: int, when: Callable[..., bool]
+) -> list[int]:
+    """Makes ``os.<name>`` raise OSError(err) when ``when(*args)``; returns a hit counter."""
+    real = getattr(os, name)
+    hits = [0]
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        if when(*args):
+            hits[0] += 1
+            raise OSError(err, os.strerror(err), str(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, name, fake)
+    return hits
+
+
+def _writes_under(root: Path) -> Callable[..., bool]:
+    """Matches os.open calls that would create or write a file under ``root``."""
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+
+    def when(path: Any, flags: int = 0, *rest: Any) -> bool:
+        return str(path).startswith(str(root)) and bool(flags & write_flags)
+
+    return when
+
+
+@pytest.mark.parametrize("err", [errno.EROFS, errno.EACCES])
+def test_read_only_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, err: int
+) -> None:
+    cache = DirectoryCache(tmp_path / "c")
+    cache.put(k(1), b"old")
+    caplog.set_level(logging.DEBUG, logger="jaxaot")
+    # chmod 0500 does not stop root, so the file system's refusal is injected instead.
+    hits = _fault(monkeypatch, "open", err, _writes_under(cache.root))
+    for i in range(2, 7):
+        cache.put(k(i), b"new" * 100)
+    assert hits[0] >= 5
+    assert cache.get(k(1)) == b"old"  # hits still work
+    assert all(cache.get(k(i)) is None for i in range(2, 7))  # puts skipped
+    cache.put(k(1), b"other")  # an existing key is not rewritten (and raises nothing)
+    assert cache.get(k(1)) == b"old"
+    warns = warnings_of(caplog)
+    assert len(warns) == 1, [r.getMessage() for r in warns]
+    assert errno.errorcode[err] in warns[0].getMessage()
+    assert str(cache.root) in warns[0].getMessage()
+    assert temp_files(cache.root) == []
+    assert not any(r.levelno == logging.INFO for r in caplog.records)
+    monkeypatch.undo()
+    cache.put(k(2), b"new")  # writable again: puts resume
+    assert cache.get(k(2)) == b"new"
+
+
+@pytest.mark.parametrize("where", ["fsync", "replace", "temp-open"])
+def test_disk_full_injected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    cache = DirectoryCache(tmp_path / "c")
+    cache.put(k(1), b"old")
+    caplog.set_level(logging.DEBUG, logger="jaxaot")
+    if where == "fsync":
+        hits = _fault(monkeypatch, "fsync", errno.ENOSPC, lambda fd: True)
+    elif where == "replace":
+        hits = _fault(monkeypatch, "replace", errno.ENOSPC, lambda src, dst: ".tmp-" in str(src))
+    else:
+        hits = _fault(monkeypatch, "open", errno.ENOSPC, lambda path, *a: ".tmp-" in str(path))
+    for i in range(2, 6):
+        cache.put(k(i), bytes(4096))
+    assert hits[0] == 4
+    assert temp_files(cache.root) == []  # no partial or temp file remains
+    assert cache.keys() == [k(1)]
+    assert cache.get(k(1)) == b"old"
+    warns = warnings_of(caplog)
+    assert len(warns) == 1 and "ENOSPC" in warns[0].getMessage()
+    assert cache.stats()["put_errors"] == 4
+    # A different cause gets its own single warning.
+    monkeypatch.undo()
+    _fault(monkeypatch, "replace", errno.EROFS, lambda src, dst: True)
+    cache.put(k(9), b"x")
+    cache.put(k(10), b"x")
+    warns = warnings_of(caplog)
+    assert len(warns) == 2 and "EROFS" in warns[1].getMessage()
+
+
+def test_one_warning_per_cache_instance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = DirectoryCache(tmp_path / "a")
+    b = DirectoryCache(tmp_path / "b")
+    _fault(monkeypatch, "fsync", errno.ENOSPC, lambda fd: True)
+    for _ in range(3):
+        a.put(k(1), b"x")
+        b.put(k(1), b"x")
+    assert len(warnings_of(caplog)) == 2
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    try:
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"cannot mount a tmpfs here ({e}); the injected ENOSPC tests cover disk full")
+    if proc.returncode != 0:
+        pytest.skip(
+            f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); "
+            "the injected ENOSPC tests cover disk full"
+        )
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True, timeout=20)
+
+
+def test_disk_full_real_tmpfs(small_tmpfs: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cache = DirectoryCache(small_tmpfs / "c", max_bytes=100 << 20)
+    old = random.Random(1).randbytes(600 << 10)
+    cache.put(k(1), old)
+    assert cache.get(k(1)) == old
+    for i in range(2, 5):
+        cache.put(k(i), random.Random(i).randbytes(600 << 10))  # does not fit in 1 MiB
+    assert cache.get(k(2)) is None
+    assert cache.get(k(1)) == old
+    assert temp_files(cache.root) == []
+    warns = warnings_of(caplog)
+    assert len(warns) == 1 and "ENOSPC" in warns[0].getMessage()
+
+
+def test_directory_removed_mid_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "c"
+    cache = DirectoryCache(root)
+    cache.put(k(1), b"v1")
+    shutil.rmtree(root)
+    assert cache.get(k(1)) is None
+    assert cache.keys() == []
+    assert cache.stats()["entries"] == 0
+    assert cache.access_time(k(1)) is None
+    assert cache.delete(k(1)) is False
+    cache.clear()
+    cache.quarantine(k(1))
+    cache.put(k(2), b"v2")  # recreates the directory
+    assert cache.get(k(2)) == b"v2"
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    # Only a shard removed.
+    shutil.rmtree(root / k(2)[:2])
+    assert cache.get(k(2)) is None
+    cache.put(k(2), b"v2b")
+    assert cache.get(k(2)) == b"v2b"
+    assert warnings_of(caplog) == []
+
+
+def test_orphan_temp_files_cleaned_fresh_kept(tmp_path: Path) -> None:
+    cache = DirectoryCache(tmp_path / "c", max_bytes=10_000)
+    key = k(1)
+    cache.put(key, b"v")
+    shard = cache.path_for(key).parent
+    now = time.time()
+    old = shard / ".tmp-999999-deadbeefdeadbeef"
+    future = shard / ".tmp-999998-0123456789abcdef"
+    fresh = shard / ".tmp-999997-fedcba9876543210"
+    other_shard = cache.root / "ff"
+    other_shard.mkdir(mode=0o700)
+    old2 = other_shard / ".tmp-1-00"
+    for p, t in (
+        (old, now - TEMP_MAX_AGE - 60),
+        (future, now + TEMP_MAX_AGE + 3600),  # skewed clock
+        (fresh, now - 5),
+        (old2, now - 10 * TEMP_MAX_AGE),
+    ):
+        p.write_bytes(b"partial")
+        os.utime(p, (t, t))
+    # Junk that is neither an entry nor a temp file: ignored, never counted or deleted.
+    (cache.root / "README").write_text("hi")
+    (shard / ("A" * 32)).write_bytes(b"x")
+    (shard / "notakey").write_bytes(b"x")
+    assert cache.stats()["temp_files"] == 4
+    assert cache.keys() == [key]
+
+    cache.put(k(2), b"w")  # a put scans the directory and removes old orphans
+    assert not old.exists() and not future.exists() and not old2.exists()
+    assert fresh.exists()
+    assert cache.stats()["temp_files"] == 1
+    assert sorted(cache.keys()) == sorted([key, k(2)])
+    assert cache.stats()["entries"] == 2
+    assert (cache.root / "README").exists() and (shard / "notakey").exists()
+    cache.clear()
+    assert cache.keys() == []
+    assert fresh.exists()  # a fresh temp file may be a write in flight: clear leaves it
+
+
+def test_quarantine_moves_entry_and_stays_bounded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = DirectoryCache(tmp_path / "c")
+    caplog.set_level(logging.DEBUG, logger="jaxaot")
+    cache.put(k(1), b"bad")
+    cache.quarantine(k(1))
+    assert cache.get(k(1)) is None
+    qdir = cache.root / "quarantine"
+    (moved,) = qdir.iterdir()
+    assert moved.name.startswith(k(1) + ".") and moved.read_bytes() == b"bad"
+    assert k(1) not in cache.keys()
+    cache.put(k(1), b"good")  # a re-put after quarantine hits again
+    assert cache.get(k(1)) == b"good"
+    for i in range(100, 130):
+        cache.put(k(i), b"bad")
+        cache.quarantine(k(i))
+        assert cache.get(k(i)) is None
+    assert len(list(qdir.iterdir())) == _directory.QUARANTINE_MAX_FILES
+    cache.quarantine(k(999))  # absent: nothing happens
+    assert warnings_of(caplog) == []
+    assert any("quarantined" in r.getMessage() for r in caplog.records)
+    cache.clear()
+    assert list(qdir.iterdir()) == []
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+def _spawn(mode: str, args: dict[str, Any]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(_WORKER_PATH), mode, json.dumps(args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _expect_line(proc: subprocess.Popen[str], want: str) -> None:
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if line != want:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+        raise AssertionError(f"worker said {line!r}, wanted {want!r}; stderr:\n{err}")
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+
+
+def test_lock_holder_killed_does_not_block(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "c"
+    cache = DirectoryCache(root, lock_timeout=0.3)
+    holder = _spawn("holdlock", {"root": str(root)})
+    try:
+        _expect_line(holder, "locked")
+        t0 = time.monotonic()
+        cache.put(k(1), b"v")  # lock busy: skipped with a warning, after the timeout
+        assert 0.25 < time.monotonic() - t0 < 5
+        assert cache.get(k(1)) is None
+        (warn,) = warnings_of(caplog)
+        assert "lock" in warn.getMessage()
+        assert cache.stats()["lock_timeouts"] == 1
+    finally:
+        _kill(holder)
+    assert holder.returncode == -signal.SIGKILL
+    t0 = time.monotonic()
+    DirectoryCache(root, lock_timeout=5).put(k(1), b"v")
+    assert time.monotonic() - t0 < 2
+    assert cache.get(k(1)) == b"v"
+
+
+def _tree_bytes(shard: Path) -> int:
+    """Bytes of every file in one shard directory (one listing: a consistent snapshot)."""
+    total = 0
+    try:
+        with os.scandir(shard) as it:
+            for e in list(it):
+                try:
+                    total += e.stat(follow_symlinks=False).st_size
+                except OSError:
+                    pass
+    except OSError:
+        pass
+    return total
+
+
+@pytest.mark.slow
+def test_stress_concurrent_processes(tmp_path: Path) -> None:
+    if FULL:
+        n_proc, ops, max_size, max_bytes = 8, 200, 8 << 20, 32 << 20
+    else:
+        n_proc, ops, max_size, max_bytes = 4, 40, 1 << 20, 4 << 20
+    root = tmp_path / "c"
+    DirectoryCache(root, max_bytes)
+    # 30 shared keys in one shard, so one directory listing sees every entry and temp file at once.
+    keys = [k(i, shard="5a") for i in range(30)]
+    shard = root / "5a"
+    procs = [
+        _spawn(
+            "stress",
+            {
+                "root": str(root),
+                "max_bytes": max_bytes,
+                "ops": ops,
+                "min_size": 1024,
+                "max_size": max_size,
+                "keys": keys,
+                "seed": seed,
+            },
+        )
+        for seed in range(n_proc)
+    ]
+    peak = [0]
+    samples = [0]
+    done = threading.Event()
+
+    def monitor() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _tree_bytes(shard))
+            samples[0] += 1
+            time.sleep(0.002)
+
+    results: list[dict[str, Any]] = []
+    try:
+        for p in procs:
+            _expect_line(p, "ready")
+        mon = threading.Thread(target=monitor, daemon=True)
+        mon.start()
+        for p in procs:  # the barrier: every worker is waiting on stdin
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        done.set()
+        for p in procs:
+            if p.poll() is None:
+                _kill(p)
+    errors = [e for r in results for e in r["errors"]]
+    assert errors == [], errors[0]
+    assert sum(r["counts"]["bad"] for r in results) == 0
+    assert sum(r["counts"]["hit"] for r in results) > 0
+    assert sum(r["counts"]["put"] for r in results) > 0
+    # Workers overlapped: distinct PIDs, and a moment when every one was running.
+    assert len({r["pid"] for r in results}) == n_proc
+    assert max(r["start"] for r in results) < min(r["end"] for r in results)
+    assert temp_files(root) == []
+    assert samples[0] > 10
+    assert peak[0] <= max_bytes + max_size, (peak[0], max_bytes)
+    cache = DirectoryCache(root, max_bytes)
+    assert cache.stats()["bytes"] <= max_bytes
+    for key in cache.keys():
+        value = cache.get(key)
+        assert value is not None and worker.is_valid(value)
+
+
+@pytest.mark.slow
+def test_stress_sigkill_during_write(tmp_path: Path) -> None:
+    trials = 50 if FULL else 10
+    size = (8 << 20) if FULL else (2 << 20)
+    root = tmp_path / "c"
+    cache = DirectoryCache(root, max_bytes=64 << 20, lock_timeout=10)
+    rng = random.Random(0)
+    outcomes = {"old": 0, "new": 0, "miss": 0}
+    for trial in range(trials):
+        key = k(trial)
+        old = worker.make_value(random.Random(-1 - trial), size, tag=0)
+        cache.put(key, old)
+        assert cache.get(key) == old
+        proc = _spawn(
+            "writer",
+            {"root": str(root), "max_bytes": 64 << 20, "key": key, "size": size, "seed": trial},
+        )
+        try:
+            _expect_line(proc, "ready")
+            time.sleep(rng.uniform(0.0, 0.15))
+        finally:
+            _kill(proc)
+        assert proc.returncode == -signal.SIGKILL
+        got = cache.get(key)
+        if got is None:
+            outcomes["miss"] += 1
+        elif got == old:
+            outcomes["old"] += 1
+        else:
+            assert len(got) == size and worker.is_valid(got), "partial or corrupt value"
+            assert got[32:40] != (0).to_bytes(8, "big")
+            outcomes["new"] += 1
+        # The killed writer's lock is gone: the next put proceeds at once.
+        t0 = time.monotonic()
+        cache.put(k(1000 + trial), b"after")
+        assert time.monotonic() - t0 < 5
+        assert cache.get(k(1000 + trial)) == b"after"
+        cache.delete(key)
+    assert sum(outcomes.values()) == trials
+    # Temp files of dead writers are tolerated; once old enough, a put removes them.
+    leftovers = temp_files(root)
+    for p in leftovers:
+        t = time.time() - TEMP_MAX_AGE - 60
+        os.utime(p, (t, t))
+    cache.put(k(5000), b"cleanup")
+    assert temp_files(root) == []
+    assert cache.get(k(5000)) == b"cleanup"
+
+
+@pytest.mark.slow
+def test_stress_reader_races_evictor(tmp_path: Path) -> None:
+    iterations = 10_000 if FULL else 1_000
+    root = tmp_path / "c"
+    size = 64 << 10
+    max_bytes = 4 * size  # 16 keys, room for 4: nearly every put evicts
+    keys = [k(i) for i in range(16)]
+    stop = tmp_path / "stop"
+    proc = _spawn(
+        "evictor",
+        {
+            "root": str(root),
+            "max_bytes": max_bytes,
+            "keys": keys,
+            "size": size,
+            "seed": 1,
+            "stop": str(stop),
+        },
+    )
+    cache = DirectoryCache(root, max_bytes)
+    hits = misses = 0
+    try:
+        _expect_line(proc, "ready")
+        time.sleep(0.05)
+        rng = random.Random(2)
+        for _ in range(iterations):
+            got = cache.get(rng.choice(keys))
+            if got is None:
+                misses += 1
+            else:
+                assert len(got) == size and worker.is_valid(got), "partial value"
+                hits += 1
+        stop.touch()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            _kill(proc)
+    assert proc.returncode == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["errors"] == []
+    assert hits > 0 and misses > 0
+    assert result["evictions"] > 0 and result["puts"] > 0
+    assert cache.stats()["bytes"] <= max_bytes
+    assert temp_files(root) == []
