@@ -50,6 +50,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _ARRAY_SCALARS = (bool, int, float, complex, np.generic)
+_ARRAY_TYPE = type(jax.numpy.zeros(()))
+_tree_flatten = jax.tree_util.tree_flatten
 
 
 def _aval_of(x: Any) -> Any:
@@ -86,7 +88,7 @@ def _base_parts(platform: str) -> dict[str, Any]:
         "format": _entry.ENTRY_FORMAT_VERSION,
         "jax": jax.__version__,
         "jaxlib": str(jaxlib.__version__),
-        "x64": bool(jax.config.jax_enable_x64),
+        "x64": bool(jax.config.read("jax_enable_x64")),
         "config": _jax_config_parts(),
         "platforms": (platform,),
     }
@@ -191,16 +193,12 @@ class Call:
                 return tuple(
                     jax.vmap(
                         lambda *a: tuple(pf(*a)), in_axes=in_axes, out_axes=out_axes, axis_size=size
-                    )(
-                        *xs
-                    )
+                    )(*xs)
                 )
 
             return batched
 
-        return self._derive(
-            ("vmap", in_axes, out_axes, size), args, make_fn, self.entry.arg_names
-        )
+        return self._derive(("vmap", in_axes, out_axes, size), args, make_fn, self.entry.arg_names)
 
     def jvp(self, mask: tuple[bool, ...], args: Sequence[Any]) -> Call:
         parent = self
@@ -288,7 +286,7 @@ class Component(Generic[P, R]):
         if not callable(fun):
             raise TypeError(f"jaxaot.component: expected a callable, got {type(fun).__name__}")
         self.__wrapped__ = fun
-        self.name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", "component")
+        self.name = getattr(fun, "__name__", None) or type(fun).__name__
         functools.update_wrapper(self, fun)  # type: ignore[arg-type]
         if key is not None and not callable(key) and stable_repr(key) is None:
             raise TypeError(
@@ -354,11 +352,11 @@ class Component(Generic[P, R]):
         if self._signature is not None:
             params = list(self._signature.parameters.values())
             positional = [
-                p.name
-                for p in params
-                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
             ]
-            extra_names = tuple(positional[i] for i in nums if -len(positional) <= i < len(positional))
+            extra_names = tuple(
+                positional[i] for i in nums if -len(positional) <= i < len(positional)
+            )
             extra_nums = tuple(positional.index(n) for n in names if n in positional)
             names = tuple(dict.fromkeys(names + extra_names))
             nums = tuple(sorted(set(nums + extra_nums)))
@@ -454,7 +452,8 @@ class Component(Generic[P, R]):
         key = self._key
         if key is None:
             module = getattr(self.__wrapped__, "__module__", "") or ""
-            return f"fn:{module}.{self.name}:{function_fingerprint(self.__wrapped__, self.name)}"
+            qualname = getattr(self.__wrapped__, "__qualname__", self.name)
+            return f"fn:{module}.{qualname}:{function_fingerprint(self.__wrapped__, self.name)}"
         if callable(key):
             value = key(*args, **kwargs)
             text = stable_repr(value)
@@ -584,7 +583,9 @@ class Component(Generic[P, R]):
 
         n = len(args)
         static_pos = {i % n for i in self._static_argnums if -n <= i < n} if n else set()
-        sds_args = [a if i in static_pos else jax.tree_util.tree_map(to_sds, a) for i, a in enumerate(args)]
+        sds_args = [
+            a if i in static_pos else jax.tree_util.tree_map(to_sds, a) for i, a in enumerate(args)
+        ]
         sds_kwargs = {
             k: v if k in self._static_argnames else jax.tree_util.tree_map(to_sds, v)
             for k, v in kwargs.items()
@@ -605,7 +606,9 @@ class Component(Generic[P, R]):
         )
         return jitted.trace(*sds_args, **sds_kwargs)
 
-    def _root_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], allow_sds: bool) -> tuple[Call, list[Any]]:
+    def _root_call(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], allow_sds: bool
+    ) -> tuple[Call, list[Any]]:
         dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
         leaves, in_tree = self._flatten(dyn_args, dyn_kwargs, allow_sds)
         avals = [_aval_of(x) for x in leaves]
@@ -633,16 +636,26 @@ class Component(Generic[P, R]):
         return jax.tree_util.tree_unflatten(call.entry.out_tree, outs)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        fast = None
-        if self._simple and not kwargs:
+        fast: Any = None
+        if self._simple and trace_state_clean():
+            # Hot path: a signature of arrays seen before runs its executable
+            # directly (C++ dispatch), as jax.jit's own fast path does. Avals
+            # carry shape, dtype and weak type; only signatures made of
+            # concrete jax.Arrays are ever stored.
             try:
-                fast = tuple([(type(a), a.shape, a.dtype, a.weak_type) for a in args])  # type: ignore[attr-defined]
+                if kwargs:
+                    raise AttributeError
+                fast = tuple([x.aval for x in args])  # type: ignore[attr-defined]
             except AttributeError:
-                fast = None
-            else:
-                exe = self._fast.get(fast)
-                if exe is not None:
-                    return exe(*args)  # type: ignore[no-any-return]
+                leaves, treedef = _tree_flatten((args, kwargs))
+                try:
+                    fast = (treedef, *[x.aval for x in leaves])
+                except AttributeError:
+                    fast = None
+            if fast is not None:
+                run = self._fast.get(fast)
+                if run is not None:
+                    return run(*args, **kwargs)  # type: ignore[no-any-return]
         return self._call_slow(args, kwargs, fast)  # type: ignore[arg-type]
 
     def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any], fast: Any) -> Any:
@@ -650,7 +663,7 @@ class Component(Generic[P, R]):
         leaves, in_tree = self._flatten(dyn_args, dyn_kwargs, allow_sds=False)
         if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
             return self._call_traced(args, kwargs)
-        sig = (in_tree, tuple((np.shape(x), _aval_of(x)) for x in leaves), statics)
+        sig: tuple[Any, ...] = (in_tree, tuple(_aval_of(x) for x in leaves), statics)
         if callable(self._key):
             sig = (*sig, self._identity(args, kwargs))
         exe = self._compiled.get(sig)
@@ -661,9 +674,10 @@ class Component(Generic[P, R]):
                     exe = self._jitted.trace(*args, **kwargs).lower().compile()
                     self._counters.add("compiles")
                     self._compiled[sig] = exe
-        if fast is not None and all(isinstance(x, jax.Array) for x in args):
-            self._fast[fast] = exe
-        return exe(*dyn_args, **dyn_kwargs)
+        out = exe(*dyn_args, **dyn_kwargs)
+        if fast is not None and all(type(x) is _ARRAY_TYPE for x in leaves):
+            self._fast[fast] = getattr(exe, "_call", None) or exe
+        return out
 
     # -- stages and introspection ---------------------------------------------
 
@@ -709,7 +723,10 @@ def _read(cache: Cache, key: ComponentKey) -> Entry | None:
     except EntryError as e:
         _stats.bump("corrupt_entries")
         logger.warning(
-            "jaxaot: dropped a bad cache entry %s from %r (%s); recomputing", key.digest[:16], cache, e
+            "jaxaot: dropped a bad cache entry %s from %r (%s); recomputing",
+            key.digest[:16],
+            cache,
+            e,
         )
         quarantine = getattr(cache, "quarantine", None)
         try:

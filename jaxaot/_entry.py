@@ -103,11 +103,26 @@ def _digest(data: bytes, secret: bytes | None) -> bytes:
 _LEAF = "*"
 
 
+_BUILTIN_NODES: dict[str, type] = {
+    "tuple": tuple,
+    "list": list,
+    "dict": dict,
+    "None": type(None),
+    "OrderedDict": __import__("collections").OrderedDict,
+    "defaultdict": __import__("collections").defaultdict,
+}
+_BUILTIN_NAMES = {cls: name for name, cls in _BUILTIN_NODES.items()}
+
+
 def _import_path(cls: type) -> str:
+    if cls in _BUILTIN_NAMES:
+        return _BUILTIN_NAMES[cls]
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def _resolve(path: str) -> type:
+    if path in _BUILTIN_NODES:
+        return _BUILTIN_NODES[path]
     module_name, _, qualname = path.partition(":")
     obj: Any = importlib.import_module(module_name)
     for part in qualname.split("."):

@@ -57,6 +57,13 @@ module_to_bytecode = mlir.module_to_bytecode
 LoweringRuleContext = mlir.LoweringRuleContext
 
 _CALLBACK_PRIMITIVES = frozenset([pure_callback_p, io_callback_p, debug_callback_p])
+_CALLBACK_NAMES = frozenset(["debug_print", "debug_callback", "pure_callback", "io_callback"])
+
+
+def _is_callback(primitive: Any) -> bool:
+    name = getattr(primitive, "name", "")
+    return primitive in _CALLBACK_PRIMITIVES or name in _CALLBACK_NAMES or name.endswith("callback")
+
 
 # Platform names as lowering uses them ("cuda", not "gpu").
 KNOWN_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
@@ -85,7 +92,7 @@ def has_host_callbacks(closed_jaxpr: Any) -> bool:
     """Whether the jaxpr (or any jaxpr nested in it) calls back into Python."""
     for jaxpr in _jaxprs(closed_jaxpr.jaxpr):
         for eqn in jaxpr.eqns:
-            if eqn.primitive in _CALLBACK_PRIMITIVES:
+            if _is_callback(eqn.primitive):
                 return True
     return False
 

@@ -282,7 +282,7 @@ class _Fingerprinter:
             return
         code = getattr(fun, "__code__", None)
         if not isinstance(fun, types.FunctionType) or code is None:
-            if callable(fun) and not isinstance(fun, type) and hasattr(type(fun), "__call__"):
+            if callable(fun) and not isinstance(fun, type):
                 call = type(fun).__call__
                 if isinstance(call, types.FunctionType):
                     self.add("callable", type(fun).__module__, type(fun).__qualname__)

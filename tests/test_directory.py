@@ -324,6 +324,9 @@ def test_root_that_cannot_be_created(tmp_path: Path) -> None:
     assert cache.get(k(1)) is None
     cache.put(k(1), b"v")  # skipped, no exception
     assert cache.keys() == [] and cache.stats()["entries"] == 0
+    with pytest.raises(NotADirectoryError):
+        DirectoryCache(blocker)
+    assert DirectoryCache(blocker, fallback_ok=True).get(k(1)) is None
 
 
 BAD_KEYS: list[Any] = [
@@ -590,6 +593,51 @@ def test_quarantine_moves_entry_and_stays_bounded(
     assert any("quarantined" in r.getMessage() for r in caplog.records)
     cache.clear()
     assert list(qdir.iterdir()) == []
+
+
+def test_threads_share_one_instance(tmp_path: Path) -> None:
+    cache = DirectoryCache(tmp_path / "c", max_bytes=256 << 10)
+    keys = [k(i) for i in range(12)]
+    errors: list[BaseException] = []
+    bad = [0]
+
+    def run(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(60):
+                key = rng.choice(keys)
+                if rng.random() < 0.5:
+                    cache.put(key, worker.make_value(rng, rng.randint(64, 64 << 10)))
+                else:
+                    got = cache.get(key)
+                    if got is not None and not worker.is_valid(got):
+                        bad[0] += 1
+        except BaseException as e:  # collected and reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == [] and bad[0] == 0
+    assert cache.stats()["bytes"] <= 256 << 10
+    assert temp_files(cache.root) == []
+
+
+def test_module_does_not_import_jax() -> None:
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import _directory_worker as w; "
+        "w.load_directory_module(); print('jax' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(_WORKER_PATH.parent)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip() == "False"
 
 
 # -- processes ----------------------------------------------------------------------------------

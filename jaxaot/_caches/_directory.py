@@ -108,7 +108,7 @@ def _check_safe(root: str) -> None:
     """Raises :class:`UnsafeCacheDirError` unless ``root`` is ours and private enough."""
     st = os.stat(root)
     if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeCacheDirError(f"jaxaot cache directory {root} is not a directory")
+        raise NotADirectoryError(errno.ENOTDIR, "jaxaot cache path is not a directory", root)
     getuid = getattr(os, "getuid", None)
     if getuid is not None and st.st_uid != getuid():
         raise UnsafeCacheDirError(
@@ -169,14 +169,16 @@ class DirectoryCache:
         stored.
       lock_timeout: seconds a writer waits for the writers' lock before
         skipping its put with a warning.
-      fallback_ok: if true, a root that cannot be created (an ``OSError``
-        other than :class:`UnsafeCacheDirError`) does not raise: the cache
-        starts empty and each ``put`` tries to create the root again.
+      fallback_ok: if true, a root that cannot be created or is not a
+        directory (an ``OSError`` other than :class:`UnsafeCacheDirError`)
+        does not raise: the cache logs one warning, starts empty, and each
+        ``put`` tries again (and is skipped while that fails).
 
     Raises:
       UnsafeCacheDirError: the root is owned by another user or writable by
         others.
-      OSError: the root could not be created and ``fallback_ok`` is false.
+      OSError: the root could not be created, or is not a directory, and
+        ``fallback_ok`` is false.
 
     Example::
 
@@ -220,12 +222,13 @@ class DirectoryCache:
         }
         try:
             _makedirs_private(root)
+            _check_safe(root)
+        except UnsafeCacheDirError:
+            raise  # never a fallback: the caller decides what to use instead
         except OSError as e:
             if not fallback_ok:
                 raise
-            self._warn_once("create", f"cannot create the cache directory ({_cause(e)}: {e})")
-            return
-        _check_safe(root)
+            self._warn_once("create", f"cannot use the cache directory ({_cause(e)}: {e})")
 
     def __repr__(self) -> str:
         return f"DirectoryCache({self._root!r}, max_bytes={self.max_bytes})"

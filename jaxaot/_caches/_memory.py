@@ -26,7 +26,9 @@ class MemoryCache:
 
     def __init__(self, max_bytes: int = DEFAULT_MEMORY_BYTES) -> None:
         if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
-            raise ValueError(f"MemoryCache: max_bytes must be a non-negative int, got {max_bytes!r}")
+            raise ValueError(
+                f"MemoryCache: max_bytes must be a non-negative int, got {max_bytes!r}"
+            )
         self.max_bytes = max_bytes
         self._data: OrderedDict[str, bytes] = OrderedDict()
         self._hits: dict[str, int] = {}

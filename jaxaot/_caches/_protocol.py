@@ -19,9 +19,7 @@ _KEY_RE = re.compile(r"^[0-9a-f]{16,128}$")
 def check_key(key: object) -> str:
     """Returns ``key`` if it is a valid cache key, else raises ``ValueError``."""
     if not isinstance(key, str) or not _KEY_RE.match(key):
-        raise ValueError(
-            f"jaxaot cache keys are 16-128 lowercase hex characters, got {key!r:.80}"
-        )
+        raise ValueError(f"jaxaot cache keys are 16-128 lowercase hex characters, got {key!r:.80}")
     return key
 
 

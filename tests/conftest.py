@@ -1,0 +1,47 @@
+"""Shared fixtures: every test runs with its own empty in-memory cache, and
+nothing ever touches the real home directory's cache."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+# Before jaxaot is imported anywhere: point every default location at a
+# throwaway directory, so no test (or subprocess it starts) writes to $HOME.
+_SESSION_TMP = tempfile.mkdtemp(prefix="jaxaot-tests-")
+os.environ["JAXAOT_CACHE_DIR"] = os.path.join(_SESSION_TMP, "default-cache")
+os.environ["XDG_CACHE_HOME"] = os.path.join(_SESSION_TMP, "xdg")
+os.environ.pop("JAXAOT_CACHE", None)
+os.environ.pop("JAXAOT_CACHE_HMAC_KEY", None)
+os.environ.pop("JAXAOT_EXPLAIN_MISSES", None)
+
+import jaxaot  # noqa: E402
+from jaxaot import _stats  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache() -> Iterator[jaxaot.MemoryCache]:
+    """An empty MemoryCache as the process default for the test."""
+    cache = jaxaot.MemoryCache()
+    previous = jaxaot.get_cache()
+    jaxaot.set_cache(cache)
+    _stats.reset_warnings()
+    try:
+        yield cache
+    finally:
+        jaxaot.set_cache(previous)
+
+
+@pytest.fixture
+def subprocess_env(tmp_path: os.PathLike[str]) -> dict[str, str]:
+    """Environment for child Python processes: the repo importable, a private cache dir."""
+    env = dict(os.environ)
+    env["JAXAOT_CACHE_DIR"] = os.path.join(os.fspath(tmp_path), "cache")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env.get("PYTHONPATH", "")]
+    )
+    env["JAX_PLATFORMS"] = "cpu"
+    return env

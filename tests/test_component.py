@@ -1,0 +1,444 @@
+"""The component decorator: keys, top-level calls, pytrees, arguments, errors,
+debug info, threads and logging."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections import namedtuple
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from jaxaot import _entry
+
+Point = namedtuple("Point", ["x", "y"])
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class State:
+    a: jax.Array
+    b: jax.Array
+
+
+def _raising(*args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError("body must not be traced")
+
+
+# -- 1. same key, same computation ---------------------------------------------
+
+
+def test_same_key_is_served_without_tracing(fresh_cache: jaxaot.MemoryCache) -> None:
+    first = jaxaot.component(lambda x: jnp.sin(x) * 2, key="shared")
+    second = jaxaot.component(_raising, key="shared")
+    x = jnp.arange(4.0)
+    expected = first(x)
+    np.testing.assert_allclose(second(x), expected)
+    np.testing.assert_allclose(jax.jit(second)(x), expected)
+    assert second.cache_info().traces == 0
+    assert second.cache_info().hits >= 1
+    assert first.cache_info().traces == 1
+    assert len(fresh_cache.keys()) == 1
+
+
+def test_raising_body_runs_for_a_new_signature() -> None:
+    jaxaot.component(lambda x: x + 1, key="k")(jnp.ones(3))
+    second = jaxaot.component(_raising, key="k")
+    with pytest.raises(NotImplementedError):
+        second(jnp.ones(4))
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ((jnp.ones(3),), (jnp.ones(4),)),
+        ((jnp.ones(3),), (jnp.ones(3, jnp.int32),)),
+        ((jnp.ones(3),), (jnp.ones((3, 1)),)),
+        ((1.0,), (jnp.float32(1.0),)),  # weak type differs
+        (({"a": jnp.ones(3)},), ({"b": jnp.ones(3)},)),  # tree structure differs
+    ],
+)
+def test_signature_changes_the_key(a: tuple[Any, ...], b: tuple[Any, ...]) -> None:
+    comp = jaxaot.component(lambda x: x, key="sig")
+    ka, kb = comp.cache_key(*a), comp.cache_key(*b)
+    assert ka != kb and ka.digest != kb.digest
+    assert ka.explain(kb)
+
+
+def test_static_values_and_platform_change_the_key() -> None:
+    comp = jaxaot.component(lambda x, n: x * n, key="st", static_argnums=1)
+    x = jnp.ones(3)
+    assert comp.cache_key(x, 2) != comp.cache_key(x, 3)
+    assert comp.cache_key(x, 2) == comp.cache_key(x, 2)
+    key = comp.cache_key(x, 2)
+    assert key.parts["platforms"] == ("cpu",)
+    assert key.replace(platforms=("cuda",)) != key
+    np.testing.assert_allclose(comp(x, 2), 2 * x)
+    np.testing.assert_allclose(comp(x, 3), 3 * x)
+
+
+# -- 2. top level ----------------------------------------------------------------
+
+
+def test_top_level_matches_and_reuses_the_executable() -> None:
+    calls = []
+
+    def f(x: jax.Array, y: jax.Array) -> jax.Array:
+        calls.append(1)
+        return jnp.tanh(x) @ y
+
+    comp = jaxaot.component(f)
+    x, y = jnp.ones((3, 4)), jnp.arange(8.0).reshape(4, 2)
+    expected = f(x, y)
+    for _ in range(5):
+        np.testing.assert_allclose(comp(x, y), expected, rtol=1e-6)
+    info = comp.cache_info()
+    assert info.traces == 1 and len(calls) == 2  # one trace by jaxaot, one plain call here
+    assert info.compiles == 1 and info.lowerings == 1
+    comp(jnp.ones((2, 4)), y)
+    assert comp.cache_info().compiles == 2
+
+
+def test_component_has_wrapped_and_stage_methods() -> None:
+    def f(x: jax.Array) -> jax.Array:
+        return x * 3
+
+    comp = jaxaot.component(f)
+    assert comp.__wrapped__ is f
+    assert comp.__name__ == "f"
+    sds = jax.ShapeDtypeStruct((2,), jnp.float32)
+    traced = comp.trace(sds)
+    lowered = comp.lower(sds)
+    assert isinstance(traced, jax.stages.Traced)
+    assert isinstance(lowered, jax.stages.Lowered)
+    np.testing.assert_allclose(lowered.compile()(jnp.ones(2)), 3 * jnp.ones(2))
+    assert "stablehlo.multiply" in lowered.as_text()
+    assert isinstance(comp.cache_key(sds), jaxaot.ComponentKey)
+
+
+def test_python_scalars_and_numpy_inputs() -> None:
+    comp = jaxaot.component(lambda x, s: x * s)
+    np.testing.assert_allclose(comp(np.ones(3, np.float32), 2.0), 2 * np.ones(3))
+    out = comp(jnp.ones(3, jnp.float32), 2.0)
+    assert out.dtype == jnp.float32
+
+
+# -- 3. inside jit ----------------------------------------------------------------
+
+
+def test_inside_jit_one_function_many_calls() -> None:
+    comp = jaxaot.component(lambda x: jnp.sin(x) + 1)
+
+    def g(x: jax.Array) -> jax.Array:
+        for _ in range(4):
+            x = comp(x)
+        return x
+
+    x = jnp.arange(3.0)
+    text = jax.jit(g).lower(x).as_text()
+    assert text.count("func.func private @jaxaot_") == 1
+    assert text.count("call @jaxaot_") == 4
+    np.testing.assert_allclose(
+        jax.jit(g)(x), g.__wrapped__(x) if hasattr(g, "__wrapped__") else _plain_g(x), rtol=1e-6
+    )
+    assert comp.cache_info().traces == 1
+
+
+def _plain_g(x: jax.Array) -> jax.Array:
+    for _ in range(4):
+        x = jnp.sin(x) + 1
+    return x
+
+
+# -- 7. pytrees and arguments ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x: x,
+        lambda x: (x,),
+        lambda x: [x],
+        lambda x: (x, None, {"k": x * 2}),
+        lambda x: Point(x, x + 1),
+        lambda x: State(a=x, b=-x),
+        lambda x: {"loss": jnp.sum(x), "aux": [x, (x,)]},
+    ],
+)
+def test_result_structure_is_preserved(make: Any) -> None:
+    comp = jaxaot.component(make)
+    x = jnp.arange(3.0)
+    expected = make(x)
+    for got in (comp(x), jax.jit(comp)(x)):
+        assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(expected)
+        jax.tree_util.tree_map(np.testing.assert_allclose, got, expected)
+
+
+def test_pytree_inputs_and_keyword_arguments() -> None:
+    def f(p: dict[str, Any], pt: Point, s: State, *, scale: jax.Array, none: Any = None) -> Any:
+        assert none is None
+        return p["w"] * pt.x + s.a * scale + pt.y - s.b
+
+    comp = jaxaot.component(f)
+    args = ({"w": jnp.ones(2)}, Point(jnp.ones(2), jnp.ones(2)), State(jnp.ones(2), jnp.ones(2)))
+    expected = f(*args, scale=jnp.float32(3.0))
+    np.testing.assert_allclose(comp(*args, scale=jnp.float32(3.0)), expected)
+    np.testing.assert_allclose(
+        jax.jit(lambda *a: comp(*a, scale=jnp.float32(3.0)))(*args), expected
+    )
+
+
+def test_static_argnums_and_argnames() -> None:
+    def f(x: jax.Array, n: int, *, mode: str) -> jax.Array:
+        return x * n if mode == "mul" else x + n
+
+    comp = jaxaot.component(f, static_argnums=1, static_argnames="mode")
+    x = jnp.ones(3)
+    np.testing.assert_allclose(comp(x, 3, mode="mul"), 3 * x)
+    np.testing.assert_allclose(comp(x, 3, mode="add"), x + 3)
+    np.testing.assert_allclose(jax.jit(lambda v: comp(v, 2, mode="mul"))(x), 2 * x)
+    np.testing.assert_allclose(comp(x, 3, mode="mul"), 3 * x)
+    assert comp.cache_info().traces == 3
+
+
+@pytest.mark.parametrize("bad", [[1, 2], {"a": 1}, object(), np.ones(2)])
+def test_unhashable_or_unstable_static_is_refused(
+    bad: Any, fresh_cache: jaxaot.MemoryCache
+) -> None:
+    comp = jaxaot.component(lambda x, n: x, static_argnums=1)
+    with pytest.raises(TypeError, match=r"<lambda>.*static argument 'n'"):
+        comp(jnp.ones(2), bad)
+    assert fresh_cache.keys() == []
+
+
+def test_donate_argnums_at_top_level() -> None:
+    comp = jaxaot.component(lambda x, y: x + y, donate_argnums=0)
+    x, y = jnp.ones(1024), jnp.ones(1024)
+    out = comp(x, y)
+    np.testing.assert_allclose(out, 2 * np.ones(1024))
+    assert x.is_deleted()
+    assert not y.is_deleted()
+
+
+# -- 9. nothing silently stale ------------------------------------------------------------
+
+
+def test_closed_over_array_is_refused() -> None:
+    w = jnp.ones((3, 2), jnp.float32)
+    comp = jaxaot.component(lambda x: x @ w)
+    with pytest.raises(ValueError, match=r"shape \(3, 2\), dtype float32.*as an argument"):
+        comp(jnp.ones((1, 3)))
+
+
+def test_closed_over_tracer_is_refused() -> None:
+    def outer(x: jax.Array, w: jax.Array) -> jax.Array:
+        inner = jaxaot.component(lambda v: v * w)
+        return inner(x)
+
+    with pytest.raises(ValueError, match="traced value"):
+        jax.jit(outer)(jnp.ones(2), jnp.ones(2))
+
+
+def test_changing_a_closed_over_scalar_never_returns_the_old_result() -> None:
+    scale = [2.0]
+
+    def make() -> jaxaot.Component[..., Any]:
+        s = scale[0]
+        return jaxaot.component(lambda x: x * s)
+
+    x = jnp.ones(3)
+    np.testing.assert_allclose(make()(x), 2 * x)
+    scale[0] = 5.0
+    np.testing.assert_allclose(make()(x), 5 * x)
+    np.testing.assert_allclose(jax.jit(lambda v: make()(v))(x), 5 * x)
+
+
+GLOBAL_SCALE = 2.0
+
+
+def _uses_global(x: jax.Array) -> jax.Array:
+    return x * GLOBAL_SCALE
+
+
+def test_changing_a_global_changes_the_key() -> None:
+    global GLOBAL_SCALE
+    x = jnp.ones(3)
+    comp = jaxaot.component(_uses_global)
+    k1 = comp.cache_key(x)
+    np.testing.assert_allclose(jax.jit(lambda v: comp(v))(x), 2 * x)
+    GLOBAL_SCALE = 7.0
+    try:
+        assert comp.cache_key(x) != k1
+        np.testing.assert_allclose(jax.jit(lambda v: comp(v))(x), 7 * x)
+        np.testing.assert_allclose(jaxaot.component(_uses_global)(x), 7 * x)
+    finally:
+        GLOBAL_SCALE = 2.0
+
+
+# -- 11. debug info and error messages ---------------------------------------------------
+
+
+def test_debug_info_follows_jax_conventions() -> None:
+    def f(x: jax.Array, params: dict[str, jax.Array]) -> Any:
+        return x, {"loss": jnp.sum(params["w"])}
+
+    comp = jaxaot.component(f)
+    x, params = jnp.ones(2), {"w": jnp.ones(3)}
+    entry = comp.entry(x, params)
+    assert entry.arg_names == ("x", "params['w']")
+    assert entry.result_paths == ("result[0]", "result[1]['loss']")
+    debug = comp.trace(x, params).jaxpr.debug_info
+    assert tuple(debug.arg_names) == ("x", "params['w']")
+    blob = _entry.encode(entry)
+    assert _entry.decode(blob).arg_names == ("x", "params['w']")
+
+
+def test_unknown_argument_names_are_empty_strings() -> None:
+    comp = jaxaot.component(lambda *xs: sum(xs))
+    names = comp.entry(jnp.ones(1), jnp.ones(1)).arg_names
+    assert all(isinstance(n, str) for n in names)
+    assert "None" not in names
+
+
+def test_single_result_path_is_result() -> None:
+    comp = jaxaot.component(lambda x: x)
+    assert comp.entry(jnp.ones(1)).result_paths == ("result",)
+
+
+# -- 12. threads -----------------------------------------------------------------------
+
+
+def test_sixteen_threads_trace_each_signature_once() -> None:
+    counts: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def make(k: int) -> jaxaot.Component[..., Any]:
+        def body(x: jax.Array) -> jax.Array:
+            with lock:
+                counts[k] = counts.get(k, 0) + 1
+            return jnp.cos(x) * (k + 1)
+
+        return jaxaot.component(body, key=f"thread-{k}")
+
+    comps = [make(k) for k in range(4)]
+    shapes = [(2,), (3,)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(16)
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait()
+            for j in range(6):
+                k = (i + j) % 4
+                x = jnp.ones(shapes[(i + j) % 2])
+                expected = np.cos(np.ones(x.shape)) * (k + 1)
+                np.testing.assert_allclose(comps[k](x), expected, rtol=1e-6)
+                np.testing.assert_allclose(
+                    jax.jit(lambda v, c=comps[k]: c(v))(x), expected, rtol=1e-6
+                )
+        except BaseException as e:  # noqa: BLE001 - collected and re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    for k, comp in enumerate(comps):
+        assert comp.cache_info().traces <= len(shapes), (k, comp.cache_info())
+        assert counts[k] <= len(shapes)
+
+
+# -- 13. logging -----------------------------------------------------------------------------
+
+
+def test_nothing_logged_or_printed_by_default(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    caplog.set_level(logging.INFO, logger="jaxaot")
+    comp = jaxaot.component(lambda x: x + 1)
+    comp(jnp.ones(2))
+    jax.jit(comp)(jnp.ones(3))
+    assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
+def test_explain_misses(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("JAXAOT_EXPLAIN_MISSES", "1")
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    comp = jaxaot.component(lambda x: x * 2, key="explained")
+    comp(jnp.ones(3))
+    caplog.clear()
+    comp(jnp.ones(5))
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        "'<lambda>'" in m and "args: ('float32[5]',) != ('float32[3]',)" in m for m in messages
+    ), messages
+
+
+# -- 14. bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", [[1, 2], {"a": 1}, object(), 1j * np.ones(1)])
+def test_unsupported_key_type(key: Any) -> None:
+    with pytest.raises(TypeError, match="key must be"):
+        jaxaot.component(lambda x: x, key=key)
+
+
+def test_key_function_must_return_a_stable_value(fresh_cache: jaxaot.MemoryCache) -> None:
+    comp = jaxaot.component(lambda x, mode: x, key=lambda x, mode: ("m", mode), static_argnums=1)
+    np.testing.assert_allclose(comp(jnp.ones(2), "a"), jnp.ones(2))
+    assert comp.cache_key(jnp.ones(2), "a").parts["component"] == "key:('m', 'a')"
+    bad = jaxaot.component(lambda x: x, key=lambda x: object())
+    with pytest.raises(TypeError, match="key function"):
+        bad(jnp.ones(2))
+
+
+def test_wrong_number_of_arguments(fresh_cache: jaxaot.MemoryCache) -> None:
+    def f(x: jax.Array, y: jax.Array) -> jax.Array:
+        return x + y
+
+    comp = jaxaot.component(f)
+    with pytest.raises(TypeError, match=r"component 'f'.*argument"):
+        comp(jnp.ones(2))
+    with pytest.raises(TypeError, match=r"component 'f'"):
+        comp(jnp.ones(2), jnp.ones(2), jnp.ones(2))
+    assert fresh_cache.keys() == []
+
+
+def test_non_array_leaf_names_the_argument(fresh_cache: jaxaot.MemoryCache) -> None:
+    def f(x: jax.Array, params: dict[str, Any]) -> jax.Array:
+        return x
+
+    comp = jaxaot.component(f)
+    with pytest.raises(TypeError, match=r"component 'f': argument \"params\['b'\]\" is a str"):
+        comp(jnp.ones(2), {"a": jnp.ones(1), "b": "text"})
+    with pytest.raises(TypeError, match=r"argument 'x' is a str"):
+        jax.jit(lambda p: comp("oops", p))({"a": jnp.ones(1)})
+    assert fresh_cache.keys() == []
+
+
+def test_non_callable_is_refused() -> None:
+    with pytest.raises(TypeError, match="expected a callable"):
+        jaxaot.component(3)  # type: ignore[call-overload]
+
+
+# -- process-wide statistics ---------------------------------------------------------------
+
+
+def test_process_stats_count_every_component() -> None:
+    before = jaxaot.stats()
+    comp = jaxaot.component(lambda x: x - 1)
+    comp(jnp.ones(2))
+    after = jaxaot.stats()
+    assert after["traces"] == before["traces"] + 1
+    assert after["compiles"] == before["compiles"] + 1
+    assert after["misses"] >= before["misses"] + 1

@@ -1,0 +1,237 @@
+"""ComponentKey: parts, equality, digests across processes, explanations, and
+function fingerprints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from jaxaot._key import (
+    ClosureError,
+    ComponentKey,
+    function_fingerprint,
+    parse_aval_str,
+    stable_repr,
+)
+
+REQUIRED_PARTS = {
+    "format",
+    "jax",
+    "jaxlib",
+    "x64",
+    "config",
+    "platforms",
+    "component",
+    "in_tree",
+    "static",
+    "args",
+    "transform",
+}
+
+
+def test_parts_are_complete_and_ordered() -> None:
+    comp = jaxaot.component(lambda x, n: x * n, key="parts", static_argnums=1)
+    key = comp.cache_key(jnp.ones((2, 3), jnp.float32), 4)
+    assert REQUIRED_PARTS <= set(key.parts)
+    assert key.parts["args"] == ("float32[2,3]",)
+    assert key.parts["static"] == (("n", "4"),)
+    assert key.parts["component"] == "key:'parts'"
+    assert key.parts["transform"] == ()
+    assert key.parts["jax"] == jax.__version__
+    assert key.parts["x64"] is False
+    assert list(key.parts)[0] == "format"
+
+
+def test_equality_compares_parts_not_hashes() -> None:
+    a = ComponentKey({"component": "a", "args": ("float32[3]",)})
+    b = ComponentKey({"component": "b", "args": ("float32[3]",)})
+    b._hash = a._hash  # force a hash collision
+    b._digest = a._digest  # and a digest collision
+    assert a != b
+    assert a == ComponentKey({"component": "a", "args": ("float32[3]",)})
+    assert len({a, b}) == 2
+
+
+def test_keys_are_immutable() -> None:
+    key = ComponentKey({"component": "a"})
+    with pytest.raises(TypeError):
+        key.parts["component"] = "b"  # type: ignore[index]
+    assert key.replace(component="b").parts["component"] == "b"
+    assert key.parts["component"] == "a"
+
+
+def test_explain_names_every_differing_part() -> None:
+    a = ComponentKey({"component": "a", "args": ("float32[3]",), "x64": False})
+    b = a.replace(args=("float32[4]",), x64=True)
+    lines = a.explain(b)
+    assert len(lines) == 2
+    assert lines[0].startswith("args:") and lines[1].startswith("x64:")
+    assert a.explain(a) == []
+
+
+def test_json_round_trip() -> None:
+    a = ComponentKey(
+        {"component": "a", "static": (("n", "1"),), "transform": (("vmap", (0, None), 3),)}
+    )
+    assert ComponentKey.from_json(a.to_json()) == a
+    assert ComponentKey.from_json(a.to_json()).digest == a.digest
+    with pytest.raises(ValueError):
+        ComponentKey.from_json([["a"]])
+
+
+@pytest.mark.parametrize("part", ["jax", "jaxlib", "platforms", "x64", "format", "config"])
+def test_changing_any_environment_part_changes_digest(part: str) -> None:
+    comp = jaxaot.component(lambda x: x, key="env")
+    key = comp.cache_key(jnp.ones(2))
+    changed = key.replace(**{part: ("something", "else")})
+    assert changed != key and changed.digest != key.digest
+
+
+def test_x64_is_part_of_the_key() -> None:
+    comp = jaxaot.component(lambda x: x, key="x64")
+    key32 = comp.cache_key(jax.ShapeDtypeStruct((2,), jnp.float32))
+    with jax.enable_x64(True):
+        key64 = comp.cache_key(jax.ShapeDtypeStruct((2,), jnp.float32))
+    assert key32.parts["x64"] is False and key64.parts["x64"] is True
+    assert key32 != key64
+
+
+DIGEST_SCRIPT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, jaxaot
+    def block(x, y, *, scale):
+        return jnp.tanh(x @ y) * scale
+    c = jaxaot.component(block, static_argnames="scale")
+    print(c.cache_key(jnp.ones((2, 3)), {"w": jnp.ones((3, 4), jnp.int32)}, scale=2.5).digest)
+    print(jaxaot.component(block, key=("blk", 1), static_argnames="scale").cache_key(
+        jnp.ones((2, 3)), jnp.ones((3, 4)), scale=1.0).digest)
+    """
+)
+
+
+def test_digest_is_identical_in_two_fresh_processes(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    script = tmp_path / "digest.py"
+    script.write_text(DIGEST_SCRIPT)
+    outs = [
+        subprocess.run(
+            [sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            env=subprocess_env,
+            check=True,
+        ).stdout
+        for _ in range(2)
+    ]
+    assert outs[0] == outs[1]
+    assert len(outs[0].split()) == 2 and all(len(d) == 64 for d in outs[0].split())
+
+
+HELPER_V1 = "def helper(x):\n    return x * 2\n"
+HELPER_V2 = "def helper(x):\n    return x * 3\n"
+MAIN_SRC = textwrap.dedent(
+    """
+    import jax.numpy as jnp
+    from helpers_mod import helper
+
+    def block(x):
+        return helper(x) + 1
+    """
+)
+MAIN_SRC_EDITED = MAIN_SRC.replace("+ 1", "+ 2")
+PRINT_KEY = "import jax.numpy as jnp, jaxaot, main_mod; print(jaxaot.component(main_mod.block).cache_key(jnp.ones(3)).digest)"
+
+
+def _digest_in_fresh_process(pkg: Path, env: dict[str, str]) -> str:
+    env = dict(env)
+    env["PYTHONPATH"] = str(pkg) + ":" + env["PYTHONPATH"]
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return subprocess.run(
+        [sys.executable, "-c", PRINT_KEY], capture_output=True, text=True, env=env, check=True
+    ).stdout.strip()
+
+
+def test_editing_source_or_a_project_helper_changes_the_key(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    pkg = tmp_path / "proj"
+    pkg.mkdir()
+    (pkg / "helpers_mod.py").write_text(HELPER_V1)
+    (pkg / "main_mod.py").write_text(MAIN_SRC)
+    d1 = _digest_in_fresh_process(pkg, subprocess_env)
+    assert d1 == _digest_in_fresh_process(pkg, subprocess_env)
+    (pkg / "helpers_mod.py").write_text(HELPER_V2)
+    d2 = _digest_in_fresh_process(pkg, subprocess_env)
+    assert d2 != d1
+    (pkg / "main_mod.py").write_text(MAIN_SRC_EDITED)
+    d3 = _digest_in_fresh_process(pkg, subprocess_env)
+    assert d3 not in (d1, d2)
+
+
+def test_fingerprint_follows_closures_defaults_and_partials() -> None:
+    import functools
+
+    def make(c: float) -> Any:
+        return lambda x: x * c
+
+    assert function_fingerprint(make(1.0), "f") == function_fingerprint(make(1.0), "f")
+    assert function_fingerprint(make(1.0), "f") != function_fingerprint(make(2.0), "f")
+
+    def g(x: Any, k: int = 1) -> Any:
+        return x * k
+
+    def h(x: Any, k: int = 2) -> Any:
+        return x * k
+
+    assert function_fingerprint(g, "g") != function_fingerprint(h, "g")
+    assert function_fingerprint(functools.partial(g, k=3), "g") != function_fingerprint(
+        functools.partial(g, k=4), "g"
+    )
+    with pytest.raises(ClosureError, match=r"shape \(2,\)"):
+        function_fingerprint(functools.partial(g, k=np.ones(2)), "g")
+
+
+def test_library_functions_are_identified_by_name() -> None:
+    fp1 = function_fingerprint(lambda x: jax.nn.gelu(x), "f")
+    fp2 = function_fingerprint(lambda x: jax.nn.relu(x), "f")
+    assert fp1 != fp2
+
+
+def test_arrays_in_containers_and_objects_are_refused() -> None:
+    class Holder:
+        def __init__(self) -> None:
+            self.w = jnp.ones((4,), jnp.int32)
+
+    holder = Holder()
+    table = {"w": np.zeros((2, 2))}
+    with pytest.raises(ClosureError, match=r"int32"):
+        function_fingerprint(lambda x: x * holder.w, "f")
+    with pytest.raises(ClosureError, match=r"\(2, 2\)"):
+        function_fingerprint(lambda x: x * table["w"], "f")
+
+
+def test_stable_repr() -> None:
+    assert stable_repr((1, "a", None, 2.5)) == "(1, 'a', None, 2.5)"
+    assert stable_repr((1,)) == "(1,)"
+    assert stable_repr(np.dtype("float32")) == "dtype(float32)"
+    assert stable_repr(jnp.float32) is None or stable_repr(jnp.float32) == "dtype(float32)"
+    assert stable_repr([1]) is None
+    assert stable_repr(object()) is None
+    assert stable_repr(frozenset({2, 1})) == stable_repr(frozenset({1, 2}))
+
+
+def test_aval_text_round_trip() -> None:
+    assert parse_aval_str("float32[2,3]~w") == ((2, 3), np.dtype("float32"), True)
+    assert parse_aval_str("int8[]") == ((), np.dtype("int8"), False)
+    with pytest.raises(ValueError):
+        parse_aval_str("float32")

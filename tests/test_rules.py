@@ -1,0 +1,760 @@
+"""Tests for jaxaot._rules: the ``jaxaot_component`` primitive under transformations.
+
+Every test compares a component against the plain function it wraps, and counts
+how many times the Python body ran (a list appended to in the body, and
+``Component.cache_info().traces``). "Cached" tests make a second component with
+the same explicit ``key=`` whose body raises: it can only give the right answer
+if every entry it needs (including derived vmap/JVP/transpose entries) comes
+from the active cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import io_callback
+from jax.test_util import check_grads
+
+import jaxaot
+from jaxaot import _entry
+
+RTOL = 1e-5
+ATOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def cache() -> Any:
+    """A fresh in-memory cache for every test, so no test sees another's entries."""
+    c = jaxaot.MemoryCache()
+    with jaxaot.using_cache(c):
+        yield c
+
+
+def make(fn: Callable[..., Any], key: str) -> tuple[jaxaot.Component[..., Any], list[int]]:
+    """A component of ``fn`` with an explicit key, and a list that grows per body run."""
+    calls: list[int] = []
+
+    @functools.wraps(fn)
+    def body(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return fn(*args, **kwargs)
+
+    return jaxaot.component(body, key=key), calls
+
+
+def raising(fn: Callable[..., Any], key: str) -> jaxaot.Component[..., Any]:
+    """A component with ``fn``'s signature and ``key`` whose body must never run."""
+
+    @functools.wraps(fn)
+    def body(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("the body of a cached component was traced")
+
+    return jaxaot.component(body, key=key)
+
+
+def assert_tree_close(got: Any, want: Any) -> None:
+    got_leaves, got_tree = jax.tree_util.tree_flatten(got)
+    want_leaves, want_tree = jax.tree_util.tree_flatten(want)
+    assert got_tree == want_tree
+    for g, w in zip(got_leaves, want_leaves, strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape
+        assert g.dtype == w.dtype
+        if w.dtype == jax.dtypes.float0:
+            continue
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
+def arange(*shape: int, dtype: Any = np.float32, start: float = 0.3) -> np.ndarray:
+    n = int(np.prod(shape))
+    return (start + 0.17 * np.arange(n, dtype=np.float64)).reshape(shape).astype(dtype)
+
+
+def blocks_cache_entries(cache: jaxaot.MemoryCache) -> list[_entry.Entry]:
+    return [_entry.decode(cache.get(k)) for k in cache.keys()]
+
+
+# ----------------------------------------------------------------------------
+# vmap
+
+
+def f_tree(p: dict[str, Any], x: Any) -> tuple[Any, Any]:
+    """Output 0 depends on w, b and x; output 1 depends on b and x only."""
+    return jnp.tanh(p["w"] * x + p["b"]), jnp.sum(x**2) * p["b"]
+
+
+def p_of(w: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+    return {"w": w, "b": b}
+
+
+B = 2  # batch size
+N = 3  # feature size
+
+VMAP_CASES = {
+    # name: (in_axes, out_axes, args)
+    "x0": ((None, 0), 0, (p_of(arange(N), arange(N, start=-0.2)), arange(B, N))),
+    "all0": (0, 0, (p_of(arange(B, N), arange(B, N, start=-0.4)), arange(B, N, start=0.1))),
+    "x_neg": ((None, -1), 0, (p_of(arange(N), arange(N, start=-0.2)), arange(N, B))),
+    "x_nonleading": ((None, 1), 0, (p_of(arange(N), arange(N, start=-0.2)), arange(N, B))),
+    "dict_axes": (
+        ({"w": 0, "b": None}, 1),
+        0,
+        (p_of(arange(B, N), arange(N, start=-0.2)), arange(N, B)),
+    ),
+    "dict_neg_axes": (
+        ({"w": -1, "b": 0}, None),
+        0,
+        (p_of(arange(N, B), arange(B, N, start=-0.2)), arange(N)),
+    ),
+    "out1": ((None, 0), 1, (p_of(arange(N), arange(N, start=-0.2)), arange(B, N))),
+    "out_neg": ((0, 0), -1, (p_of(arange(B, N), arange(B, N)), arange(B, N, start=0.5))),
+    "out_per_output": (
+        ({"w": 0, "b": None}, 1),
+        (1, 0),
+        (p_of(arange(B, N), arange(N, start=-0.2)), arange(N, B)),
+    ),
+    # Only w is batched: output 1 does not depend on it and may stay unmapped.
+    "out_unbatched": (
+        ({"w": 0, "b": None}, None),
+        (1, None),
+        (p_of(arange(B, N), arange(N, start=-0.2)), arange(N)),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(VMAP_CASES))
+def test_vmap_matches_plain(case: str) -> None:
+    in_axes, out_axes, args = VMAP_CASES[case]
+    comp, calls = make(f_tree, key=f"vmap-{case}")
+    got = jax.vmap(comp, in_axes=in_axes, out_axes=out_axes)(*args)
+    want = jax.vmap(f_tree, in_axes=in_axes, out_axes=out_axes)(*args)
+    assert_tree_close(got, want)
+    assert len(calls) == 1
+    assert comp.cache_info().traces == 1
+
+
+@pytest.mark.parametrize("case", list(VMAP_CASES))
+def test_vmap_inside_jit(case: str) -> None:
+    in_axes, out_axes, args = VMAP_CASES[case]
+    comp, calls = make(f_tree, key=f"vmapjit-{case}")
+    got = jax.jit(jax.vmap(comp, in_axes=in_axes, out_axes=out_axes))(*args)
+    want = jax.vmap(f_tree, in_axes=in_axes, out_axes=out_axes)(*args)
+    assert_tree_close(got, want)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("case", ["x0", "dict_axes", "out_per_output"])
+def test_jit_inside_vmap(case: str) -> None:
+    in_axes, out_axes, args = VMAP_CASES[case]
+    comp, calls = make(f_tree, key=f"jitvmap-{case}")
+    got = jax.vmap(jax.jit(lambda p, x: comp(p, x)), in_axes=in_axes, out_axes=out_axes)(*args)
+    want = jax.vmap(f_tree, in_axes=in_axes, out_axes=out_axes)(*args)
+    assert_tree_close(got, want)
+    assert len(calls) == 1
+
+
+def test_vmap_unbatched_output_stays_unbatched() -> None:
+    def f(x: Any, y: Any) -> tuple[Any, Any]:
+        return jnp.sin(x) * 2.0, jnp.cos(y) + 1.0
+
+    comp, _ = make(f, key="unbatched")
+    x, y = arange(B, N), arange(N, start=-0.5)
+    got = jax.vmap(comp, in_axes=(0, None), out_axes=(0, None))(x, y)
+    want = jax.vmap(f, in_axes=(0, None), out_axes=(0, None))(x, y)
+    assert_tree_close(got, want)
+    assert got[1].shape == (N,)
+    # Also inside jit, and with the roles of the arguments swapped.
+    got = jax.jit(jax.vmap(comp, in_axes=(None, 0), out_axes=(None, 0)))(y, x)
+    want = jax.vmap(f, in_axes=(None, 0), out_axes=(None, 0))(y, x)
+    assert_tree_close(got, want)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_nested_vmap(jit: bool) -> None:
+    comp, calls = make(f_tree, key="nested")
+    b1, b2 = 2, 4
+    p = p_of(arange(b2, N), arange(N, start=-0.3))
+    x = arange(b1, b2, N, start=0.05)
+    inner_axes = (None, 0)  # over b1 (x's axis 0 after the outer map removes b2)
+    outer_axes = ({"w": 0, "b": None}, 1)  # over b2
+
+    def nest(f: Callable[..., Any]) -> Callable[..., Any]:
+        return jax.vmap(jax.vmap(f, in_axes=inner_axes, out_axes=(0, 1)), in_axes=outer_axes)
+
+    run = jax.jit(nest(comp)) if jit else nest(comp)
+    assert_tree_close(run(p, x), nest(f_tree)(p, x))
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("case", ["x0", "dict_axes", "out_per_output", "out_unbatched"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_vmap_entry_is_cached(case: str, jit: bool) -> None:
+    in_axes, out_axes, args = VMAP_CASES[case]
+    key = f"vmap-cached-{case}-{jit}"
+    comp, calls = make(f_tree, key=key)
+
+    def run(c: Any) -> Any:
+        g = jax.vmap(c, in_axes=in_axes, out_axes=out_axes)
+        return (jax.jit(g) if jit else g)(*args)
+
+    first = run(comp)
+    assert len(calls) == 1
+    again = raising(f_tree, key=key)
+    second = run(again)
+    assert_tree_close(second, first)
+    assert_tree_close(second, jax.vmap(f_tree, in_axes=in_axes, out_axes=out_axes)(*args))
+    assert again.cache_info().traces == 0
+    assert again.cache_info().misses == 0
+
+
+# ----------------------------------------------------------------------------
+# Autodiff
+
+
+def f_scalar(x: Any, y: Any) -> Any:
+    return jnp.sum(jnp.sin(x) * y) + jnp.sum(x**3) * jnp.cos(y[0])
+
+
+def f_vec(x: Any, y: Any) -> Any:
+    return jnp.tanh(x * y) + x**2
+
+
+XY = (arange(N, start=0.2), arange(N, start=-0.6))
+
+AD_TRANSFORMS: dict[str, Callable[[Callable[..., Any]], Any]] = {
+    "grad": lambda f: jax.grad(f_sum(f), argnums=(0, 1))(*XY),
+    "grad_arg1": lambda f: jax.grad(f_sum(f), argnums=1)(*XY),
+    "value_and_grad": lambda f: jax.value_and_grad(f_sum(f))(*XY),
+    "jvp": lambda f: jax.jvp(f, XY, (np.ones(N, np.float32), arange(N, start=-1.0))),
+    "jvp_one_tangent": lambda f: jax.jvp(lambda x: f(x, XY[1]), (XY[0],), (arange(N),)),
+    "vjp": lambda f: jax.vjp(f, *XY)[1](arange(N, start=0.7)),
+    "linearize": lambda f: jax.linearize(f, *XY)[1](arange(N), arange(N, start=0.4)),
+    "hessian": lambda f: jax.hessian(f_sum(f), argnums=(0, 1))(*XY),
+    "grad_of_grad": lambda f: jax.grad(lambda x, y: jnp.sum(jax.grad(f_sum(f))(x, y)))(*XY),
+    "jacfwd": lambda f: jax.jacfwd(f)(*XY),
+    "jacrev": lambda f: jax.jacrev(f, argnums=1)(*XY),
+    "jit_grad": lambda f: jax.jit(jax.grad(f_sum(f)))(*XY),
+    "grad_jit": lambda f: jax.grad(jax.jit(f_sum(f)))(*XY),
+    "vmap_grad": lambda f: jax.vmap(jax.grad(f_sum(f)), in_axes=(0, None))(
+        arange(B, N, start=0.1), XY[1]
+    ),
+    "grad_vmap": lambda f: jax.grad(
+        lambda x, y: jnp.sum(jax.vmap(f, in_axes=(0, None))(x, y) ** 2)
+    )(arange(B, N, start=0.1), XY[1]),
+}
+
+
+def f_sum(f: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda x, y: jnp.sum(f(x, y) ** 2)
+
+
+@pytest.mark.parametrize("name", list(AD_TRANSFORMS))
+def test_autodiff_matches_plain(name: str) -> None:
+    comp, calls = make(f_vec, key=f"ad-{name}")
+    got = AD_TRANSFORMS[name](comp)
+    want = AD_TRANSFORMS[name](f_vec)
+    assert_tree_close(got, want)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("fn", [f_scalar, f_vec], ids=["scalar", "vector"])
+def test_check_grads(fn: Callable[..., Any]) -> None:
+    comp, calls = make(fn, key=f"check-grads-{fn.__name__}")
+    x, y = XY
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    with jax.enable_x64(True):
+        check_grads(comp, (x, y), order=2, modes=("fwd", "rev"))
+    # Also in float32 with float32 tolerances.
+    check_grads(comp, XY, order=2, modes=("fwd", "rev"), atol=1e-2, rtol=1e-2)
+
+
+def test_grad_scalar_and_hessian() -> None:
+    comp, calls = make(f_scalar, key="scalar")
+    assert_tree_close(jax.grad(comp, argnums=(0, 1))(*XY), jax.grad(f_scalar, argnums=(0, 1))(*XY))
+    assert_tree_close(jax.hessian(comp)(*XY), jax.hessian(f_scalar)(*XY))
+    assert_tree_close(jax.jacrev(jax.grad(comp))(*XY), jax.jacrev(jax.grad(f_scalar))(*XY))
+    assert len(calls) == 1
+
+
+def f_mixed(x: Any, n: Any) -> tuple[Any, Any]:
+    """A float and an integer input, a float and an integer output."""
+    return jnp.sin(x) * n.astype(x.dtype) + x**2, n * 2 + 1
+
+
+XN = (arange(N, start=0.4), np.array([1, 2, 3], dtype=np.int32))
+
+
+def _float0(a: Any) -> np.ndarray:
+    return np.zeros(np.shape(a), dtype=jax.dtypes.float0)
+
+
+MIXED_TRANSFORMS: dict[str, Callable[[Callable[..., Any]], Any]] = {
+    "grad": lambda f: jax.grad(lambda x, n: jnp.sum(f(x, n)[0]))(*XN),
+    "grad_int_arg": lambda f: jax.grad(lambda x, n: jnp.sum(f(x, n)[0]), argnums=(0, 1),
+                                       allow_int=True)(*XN),
+    "grad_has_aux": lambda f: jax.grad(lambda x, n: (jnp.sum(f(x, n)[0]), f(x, n)[1]),
+                                       has_aux=True)(*XN),
+    "jvp_float0": lambda f: jax.jvp(f, XN, (arange(N, start=1.0), _float0(XN[1]))),
+    "vjp": lambda f: jax.vjp(f, *XN)[1]((arange(N, start=0.9), _float0(XN[1]))),
+    "hessian": lambda f: jax.hessian(lambda x, n: jnp.sum(f(x, n)[0] ** 2))(*XN),
+    "vmap_grad": lambda f: jax.vmap(jax.grad(lambda x, n: jnp.sum(f(x, n)[0])))(
+        arange(B, N), np.arange(B * N, dtype=np.int32).reshape(B, N)
+    ),
+    "jit_value_and_grad": lambda f: jax.jit(
+        jax.value_and_grad(lambda x, n: jnp.sum(f(x, n)[0] * f(x, n)[1]))
+    )(*XN),
+}
+
+
+@pytest.mark.parametrize("name", list(MIXED_TRANSFORMS))
+def test_integer_inputs_and_outputs(name: str) -> None:
+    comp, calls = make(f_mixed, key=f"mixed-{name}")
+    got = MIXED_TRANSFORMS[name](comp)
+    want = MIXED_TRANSFORMS[name](f_mixed)
+    assert_tree_close(got, want)
+    assert len(calls) == 1
+
+
+def test_integer_check_grads() -> None:
+    comp, _ = make(f_mixed, key="mixed-check")
+    n = XN[1]
+    with jax.enable_x64(True):
+        check_grads(
+            lambda x: comp(x, n)[0], (XN[0].astype(np.float64),), order=2, modes=("fwd", "rev")
+        )
+
+
+CACHED_AD = ["grad", "value_and_grad", "jvp", "vjp", "linearize", "hessian", "jit_grad",
+             "vmap_grad", "grad_vmap"]
+
+
+@pytest.mark.parametrize("name", CACHED_AD)
+def test_derived_autodiff_entries_are_cached(name: str) -> None:
+    key = f"ad-cached-{name}"
+    comp, calls = make(f_vec, key=key)
+    first = AD_TRANSFORMS[name](comp)
+    assert len(calls) == 1
+    again = raising(f_vec, key=key)
+    second = AD_TRANSFORMS[name](again)
+    assert_tree_close(second, first)
+    assert_tree_close(second, AD_TRANSFORMS[name](f_vec))
+    assert again.cache_info().traces == 0
+    assert again.cache_info().misses == 0
+
+
+def test_mixed_derived_entries_are_cached() -> None:
+    comp, _ = make(f_mixed, key="mixed-cached")
+    first = MIXED_TRANSFORMS["jvp_float0"](comp), MIXED_TRANSFORMS["grad"](comp)
+    again = raising(f_mixed, key="mixed-cached")
+    second = MIXED_TRANSFORMS["jvp_float0"](again), MIXED_TRANSFORMS["grad"](again)
+    assert_tree_close(second, first)
+    assert again.cache_info().traces == 0
+
+
+def test_body_traced_once_for_many_transformations() -> None:
+    comp, calls = make(f_scalar, key="many")
+    x, y = XY
+    xb = arange(B, N, start=0.1)
+    assert_tree_close(comp(x, y), f_scalar(x, y))
+    assert_tree_close(jax.vmap(comp, in_axes=(0, None))(xb, y), jax.vmap(f_scalar, (0, None))(xb, y))
+    assert_tree_close(jax.grad(comp)(x, y), jax.grad(f_scalar)(x, y))
+    assert_tree_close(jax.hessian(comp)(x, y), jax.hessian(f_scalar)(x, y))
+    assert_tree_close(jax.jit(jax.grad(comp))(x, y), jax.grad(f_scalar)(x, y))
+    assert_tree_close(
+        jax.vmap(jax.hessian(comp), in_axes=(0, None))(xb, y),
+        jax.vmap(jax.hessian(f_scalar), in_axes=(0, None))(xb, y),
+    )
+    assert comp.cache_info().traces == 1
+    assert len(calls) == 1
+
+
+# ----------------------------------------------------------------------------
+# Control flow and nesting
+
+
+def step(c: Any, x: Any) -> Any:
+    return jnp.tanh(c * x + 0.5) + 0.1 * c
+
+
+XS = arange(4, N, start=-0.3)  # four scan steps
+C0 = arange(N, start=0.25)
+
+CONTROL: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "scan": lambda f: lambda c, xs: lax.scan(lambda c, x: (f(c, x), jnp.sum(c)), c, xs),
+    "cond_true": lambda f: lambda c, xs: lax.cond(
+        jnp.sum(c) > 0, lambda c: f(c, xs[0]), lambda c: -c, c
+    ),
+    "cond_false": lambda f: lambda c, xs: lax.cond(
+        jnp.sum(c) < 0, lambda c: f(c, xs[0]), lambda c: -c, c
+    ),
+    "fori_loop": lambda f: lambda c, xs: lax.fori_loop(0, 3, lambda i, c: f(c, jnp.asarray(xs)[i]), c),
+    "while_loop": lambda f: lambda c, xs: lax.while_loop(
+        lambda s: s[0] < 3, lambda s: (s[0] + 1, f(s[1], jnp.asarray(xs)[s[0]])), (0, c)
+    )[1],
+    "checkpoint": lambda f: lambda c, xs: jax.checkpoint(lambda c: f(f(c, xs[0]), xs[1]))(c),
+    "checkpoint_in_scan": lambda f: lambda c, xs: lax.scan(
+        jax.checkpoint(lambda c, x: (f(c, x), None)), c, xs
+    )[0],
+}
+
+DIFFERENTIABLE = ["scan", "cond_true", "cond_false", "fori_loop", "checkpoint",
+                  "checkpoint_in_scan"]
+
+
+def _loss(g: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda c, xs: sum(jnp.sum(leaf**2) for leaf in jax.tree_util.tree_leaves(g(c, xs)))
+
+
+@pytest.mark.parametrize("name", list(CONTROL))
+@pytest.mark.parametrize("jit", [False, True])
+def test_control_flow(name: str, jit: bool) -> None:
+    comp, calls = make(step, key=f"control-{name}")
+    g = CONTROL[name](comp)
+    got = (jax.jit(g) if jit else g)(C0, XS)
+    assert_tree_close(got, CONTROL[name](step)(C0, XS))
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_grad_through_control_flow(name: str) -> None:
+    comp, calls = make(step, key=f"control-grad-{name}")
+    got = jax.grad(_loss(CONTROL[name](comp)), argnums=(0, 1))(C0, XS)
+    want = jax.grad(_loss(CONTROL[name](step)), argnums=(0, 1))(C0, XS)
+    assert_tree_close(got, want)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("name", ["scan", "fori_loop", "checkpoint", "cond_true"])
+def test_vmap_of_control_flow(name: str) -> None:
+    comp, calls = make(step, key=f"control-vmap-{name}")
+    c0 = arange(B, N, start=0.2)
+    got = jax.vmap(CONTROL[name](comp), in_axes=(0, None))(c0, XS)
+    want = jax.vmap(CONTROL[name](step), in_axes=(0, None))(c0, XS)
+    assert_tree_close(got, want)
+    assert len(calls) == 1
+
+
+def test_check_grads_through_scan_and_checkpoint() -> None:
+    comp, _ = make(step, key="control-check")
+    g = CONTROL["checkpoint_in_scan"](comp)
+    with jax.enable_x64(True):
+        check_grads(
+            g, (C0.astype(np.float64), XS.astype(np.float64)), order=2, modes=("fwd", "rev")
+        )
+
+
+def inner_fn(a: Any, b: Any) -> Any:
+    return jnp.sin(a) * b + a
+
+
+def make_nested(key: str) -> tuple[Any, list[int], Any, list[int], Callable[..., Any]]:
+    inner, inner_calls = make(inner_fn, key=key + "-inner")
+
+    def outer_fn(x: Any, y: Any) -> Any:
+        return inner(inner(x, y), y * 2.0) + inner(y, x)
+
+    def plain(x: Any, y: Any) -> Any:
+        return inner_fn(inner_fn(x, y), y * 2.0) + inner_fn(y, x)
+
+    outer, outer_calls = make(outer_fn, key=key + "-outer")
+    return inner, inner_calls, outer, outer_calls, plain
+
+
+NESTED: dict[str, Callable[[Callable[..., Any]], Any]] = {
+    "call": lambda f: f(*XY),
+    "jit": lambda f: jax.jit(f)(*XY),
+    "grad": lambda f: jax.grad(f_sum(f), argnums=(0, 1))(*XY),
+    "vmap": lambda f: jax.vmap(f, in_axes=(0, None))(arange(B, N), XY[1]),
+    "vmap_out1": lambda f: jax.vmap(f, in_axes=(None, 1), out_axes=1)(XY[0], arange(N, B)),
+    "jit_vmap_grad": lambda f: jax.jit(jax.vmap(jax.grad(f_sum(f)), in_axes=(0, None)))(
+        arange(B, N), XY[1]
+    ),
+    "hessian": lambda f: jax.hessian(f_sum(f))(*XY),
+    "jvp": lambda f: jax.jvp(f, XY, (arange(N), arange(N, start=1.0))),
+}
+
+
+@pytest.mark.parametrize("name", list(NESTED))
+def test_component_calling_component(name: str) -> None:
+    inner, inner_calls, outer, outer_calls, plain = make_nested(f"nested-{name}")
+    assert_tree_close(NESTED[name](outer), NESTED[name](plain))
+    assert len(outer_calls) == 1
+    assert len(inner_calls) == 1  # one signature of inner, however often it is called
+
+
+def test_nested_components_cached() -> None:
+    _, _, outer, _, plain = make_nested("nested-cached")
+    first = NESTED["jit_vmap_grad"](outer), NESTED["grad"](outer)
+    inner2 = raising(inner_fn, key="nested-cached-inner")
+
+    @functools.wraps(plain)
+    def outer2_fn(x: Any, y: Any) -> Any:
+        raise NotImplementedError
+
+    outer2 = jaxaot.component(outer2_fn, key="nested-cached-outer")
+    second = NESTED["jit_vmap_grad"](outer2), NESTED["grad"](outer2)
+    assert_tree_close(second, first)
+    assert outer2.cache_info().traces == 0
+    assert inner2.cache_info().traces == 0
+
+
+# ----------------------------------------------------------------------------
+# Inside jax.jit: one linked function, N call sites
+
+
+def f_unary(x: Any) -> Any:
+    return jnp.sin(x) * 2.0 + 1.0
+
+
+def _calls_n(f: Callable[..., Any], n: int) -> Callable[..., Any]:
+    def g(x: Any) -> Any:
+        for _ in range(n):
+            x = f(x)
+        return x
+
+    return g
+
+
+def _linked(text: str) -> tuple[list[str], dict[str, int]]:
+    privates = re.findall(r"func\.func private @([\w$.-]+)", text)
+    mine = [s for s in privates if "jaxaot" in s]
+    return mine, {s: len(re.findall(rf"call @{re.escape(s)}\(", text)) for s in mine}
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_jit_links_one_function_n_calls(n: int) -> None:
+    comp, calls = make(f_unary, key=f"jit-link-{n}")
+    x = arange(N)
+    g = _calls_n(comp, n)
+    text = jax.jit(g).lower(x).as_text()
+    mine, counts = _linked(text)
+    assert len(mine) == 1, text
+    assert counts[mine[0]] == n, text
+    assert len(calls) == 1
+    assert comp.cache_info().traces == 1
+    assert_tree_close(jax.jit(g)(x), _calls_n(f_unary, n)(x))
+    assert comp.cache_info().traces == 1
+
+    again = raising(f_unary, key=f"jit-link-{n}")
+    g2 = _calls_n(again, n)
+    text2 = jax.jit(g2).lower(x).as_text()
+    mine2, counts2 = _linked(text2)
+    assert len(mine2) == 1 and counts2[mine2[0]] == n, text2
+    assert_tree_close(jax.jit(g2)(x), _calls_n(f_unary, n)(x))
+    assert again.cache_info().traces == 0
+
+
+def test_jit_two_signatures_two_functions() -> None:
+    comp, calls = make(f_unary, key="jit-two-sigs")
+
+    def g(x: Any, y: Any) -> Any:
+        return jnp.sum(comp(comp(x))) + jnp.sum(comp(comp(y)))
+
+    text = jax.jit(g).lower(arange(N), arange(2 * N)).as_text()
+    mine, counts = _linked(text)
+    assert len(mine) == 2, text
+    assert sorted(counts.values()) == [2, 2]
+    assert len(calls) == 2  # once per signature
+
+
+def test_jit_of_vmap_links_derived_once() -> None:
+    comp, calls = make(f_unary, key="jit-vmap-link")
+    g = jax.vmap(_calls_n(comp, 5))
+    text = jax.jit(g).lower(arange(B, N)).as_text()
+    mine, counts = _linked(text)
+    assert len(mine) == 1, text
+    assert counts[mine[0]] == 5
+    assert len(calls) == 1
+    assert_tree_close(jax.jit(g)(arange(B, N)), jax.vmap(_calls_n(f_unary, 5))(arange(B, N)))
+
+
+def test_top_level_call_compiles_once() -> None:
+    comp, calls = make(f_unary, key="top-level")
+    x = arange(N)
+    for _ in range(3):
+        assert_tree_close(comp(x), f_unary(x))
+    info = comp.cache_info()
+    assert info.traces == 1
+    assert info.compiles == 1
+    assert len(calls) == 1
+
+
+# ----------------------------------------------------------------------------
+# Platforms
+
+PLATFORM_PROGRAMS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "call": lambda f: lambda x: f(x) * 3.0,
+    "vmap": lambda f: lambda x: jax.vmap(f)(jnp.stack([x, x + 1.0])),
+    "grad": lambda f: jax.grad(lambda x: jnp.sum(f(x))),
+}
+
+
+@pytest.mark.parametrize("name", list(PLATFORM_PROGRAMS))
+def test_multi_platform_lowering(name: str, cache: jaxaot.MemoryCache) -> None:
+    comp, _ = make(f_unary, key=f"platforms-{name}")
+    g = PLATFORM_PROGRAMS[name](comp)
+    x = arange(N)
+    lowered = jax.jit(g).trace(x).lower(lowering_platforms=("cpu", "cuda", "tpu"))
+    text = lowered.as_text()
+    assert "stablehlo.case" in text
+    component_id = "key:" + repr(f"platforms-{name}")
+    platforms = {
+        e.key.parts["platforms"]
+        for e in blocks_cache_entries(cache)
+        if e.key.parts["component"] == component_id
+    }
+    assert ("cpu",) in platforms
+    assert ("cuda",) in platforms
+    assert ("tpu",) in platforms
+    # The program still runs here, on the CPU.
+    assert_tree_close(jax.jit(g)(x), PLATFORM_PROGRAMS[name](f_unary)(x))
+
+
+def test_platform_entries_differ() -> None:
+    comp, _ = make(f_unary, key="platform-keys")
+    x = arange(N)
+    jax.jit(lambda x: comp(x)).trace(x).lower(lowering_platforms=("cpu", "cuda", "tpu"))
+    cache = jaxaot.get_cache()
+    assert isinstance(cache, jaxaot.MemoryCache)
+    by_platform = {}
+    for e in blocks_cache_entries(cache):
+        by_platform[e.key.parts["platforms"]] = e
+    assert set(by_platform) >= {("cpu",), ("cuda",), ("tpu",)}
+    digests = {e.key.digest for e in by_platform.values()}
+    assert len(digests) == len(by_platform)
+    for e in by_platform.values():
+        assert e.stablehlo is not None
+
+
+# ----------------------------------------------------------------------------
+# Host callbacks and effects
+
+
+def f_debug_print(x: Any) -> Any:
+    jax.debug.print("jaxaot-debug x0={v}", v=x[0])
+    return x * 2.0
+
+
+def f_pure_callback(x: Any) -> Any:
+    y = jax.pure_callback(
+        lambda a: np.sin(np.asarray(a)).astype(np.float32),
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        x,
+    )
+    return y * 2.0 + x
+
+
+IO_LOG: list[np.ndarray] = []
+
+
+def _record(a: Any) -> np.ndarray:
+    IO_LOG.append(np.array(a))
+    return np.asarray(a) + np.float32(1.0)
+
+
+def f_io_callback(x: Any) -> Any:
+    y = io_callback(_record, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return y * 3.0
+
+
+CALLBACK_FNS = {
+    "debug_print": f_debug_print,
+    "pure_callback": f_pure_callback,
+    "io_callback": f_io_callback,
+}
+
+CALLBACK_WANT = {
+    "debug_print": lambda x: x * 2.0,
+    "pure_callback": lambda x: np.sin(x) * 2.0 + x,
+    "io_callback": lambda x: (x + 1.0) * 3.0,
+}
+
+
+def _check_side_effect(name: str, capsys: Any, x: np.ndarray, times: int) -> None:
+    jax.effects_barrier()
+    if name == "debug_print":
+        out = capsys.readouterr().out
+        assert out.count("jaxaot-debug x0=0.3") == times, out
+    elif name == "io_callback":
+        assert len(IO_LOG) == times
+        for logged in IO_LOG:
+            np.testing.assert_allclose(logged, x)
+
+
+@pytest.mark.parametrize("name", list(CALLBACK_FNS))
+@pytest.mark.parametrize("where", ["top", "jit"])
+def test_host_callbacks(name: str, where: str, capsys: Any, cache: jaxaot.MemoryCache) -> None:
+    IO_LOG.clear()
+    capsys.readouterr()
+    comp, calls = make(CALLBACK_FNS[name], key=f"callback-{name}-{where}")
+    x = arange(N)
+    # Checked before running: an entry that holds a callback but is not marked
+    # as such would be linked as serialized StableHLO with a dangling callback.
+    assert comp.entry(x).host_callbacks is True
+    run = comp if where == "top" else jax.jit(lambda x: comp(x) + 0.0)
+    got = run(x)
+    assert_tree_close(got, CALLBACK_WANT[name](x).astype(np.float32))
+    _check_side_effect(name, capsys, x, 1)
+    # A second run calls back again (the callback is not constant-folded away).
+    assert_tree_close(run(x), got)
+    _check_side_effect(name, capsys, x, 2)
+    assert len(calls) == 1
+
+    assert comp.entry(x).host_callbacks is True
+    component_id = "key:" + repr(f"callback-{name}-{where}")
+    stored = [e for e in blocks_cache_entries(cache) if e.key.parts["component"] == component_id]
+    assert stored == []
+    with pytest.raises(_entry.NotPersistable):
+        _entry.encode(comp.entry(x))
+
+    # For contrast: an ordinary component used alongside it is written.
+    plain, _ = make(f_unary, key=f"callback-contrast-{name}-{where}")
+    plain(x)
+    assert any(
+        e.key.parts["component"] == "key:" + repr(f"callback-contrast-{name}-{where}")
+        for e in blocks_cache_entries(cache)
+    )
+
+
+def test_debug_print_under_grad_and_vmap(capsys: Any) -> None:
+    capsys.readouterr()
+    comp, calls = make(f_debug_print, key="callback-grad")
+    x = arange(N)
+    assert comp.entry(x).host_callbacks is True  # before running: see test_host_callbacks
+    g = jax.grad(lambda x: jnp.sum(comp(x) ** 2))(x)
+    np.testing.assert_allclose(g, 8.0 * x, rtol=RTOL)
+    v = jax.jit(jax.vmap(comp))(arange(B, N))
+    np.testing.assert_allclose(v, 2.0 * arange(B, N), rtol=RTOL)
+    jax.effects_barrier()
+    out = capsys.readouterr().out
+    assert out.count("jaxaot-debug") >= 1 + B, out
+    assert len(calls) == 1
+
+
+def f_io_ordered(x: Any) -> Any:
+    return io_callback(_record, jax.ShapeDtypeStruct(x.shape, x.dtype), x, ordered=True) * 2.0
+
+
+def f_print_ordered(x: Any) -> Any:
+    jax.debug.print("ordered {v}", v=x, ordered=True)
+    return x + 1.0
+
+
+@pytest.mark.parametrize("fn", [f_io_ordered, f_print_ordered], ids=["io_callback", "debug_print"])
+@pytest.mark.parametrize("where", ["top", "jit", "vmap"])
+def test_ordered_effects_refused_with_name(fn: Callable[..., Any], where: str) -> None:
+    comp, _ = make(fn, key=f"ordered-{fn.__name__}-{where}")
+    x = arange(N)
+    run = {"top": comp, "jit": jax.jit(comp), "vmap": jax.vmap(comp)}[where]
+    arg = arange(B, N) if where == "vmap" else x
+    with pytest.raises(ValueError, match=fn.__name__) as info:
+        run(arg)
+    assert "ordered" in str(info.value)
