@@ -1,9 +1,12 @@
 """jaxaot: reusable, cached, compiled building blocks for JAX programs."""
 
 from ._caches import Cache as Cache
+from ._caches import DirectoryCache as DirectoryCache
+from ._caches import UnsafeCacheDirError as UnsafeCacheDirError
 from ._caches import MemoryCache as MemoryCache
 from ._component import Component as Component
 from ._component import component as component
+from ._config import default_cache_dir as default_cache_dir
 from ._config import get_cache as get_cache
 from ._config import set_cache as set_cache
 from ._config import using_cache as using_cache
@@ -20,8 +23,11 @@ __all__ = [
     "ClosureError",
     "Component",
     "ComponentKey",
+    "DirectoryCache",
     "MemoryCache",
+    "UnsafeCacheDirError",
     "component",
+    "default_cache_dir",
     "get_cache",
     "set_cache",
     "stats",

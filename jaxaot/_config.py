@@ -2,8 +2,13 @@
 environment variables that choose the default.
 
 Environment variables (read when the default cache is first needed):
-  JAXAOT_CACHE           ``memory`` (the default) or ``off``.
-  JAXAOT_EXPLAIN_MISSES  ``1`` to log, at WARNING, why each cache miss happened.
+  JAXAOT_CACHE            ``dir`` (the default): a DirectoryCache at the default
+                          location; ``memory``: this process only; ``off``: no cache.
+  JAXAOT_CACHE_DIR        the default cache directory; else ``$XDG_CACHE_HOME/jaxaot``,
+                          else ``~/.cache/jaxaot``.
+  JAXAOT_CACHE_MAX_BYTES  the default cache's size cap (default 10 GiB).
+  JAXAOT_CACHE_HMAC_KEY   if set, entries are signed and verified with this key.
+  JAXAOT_EXPLAIN_MISSES   ``1`` to log, at WARNING, why each cache miss happened.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._caches import Cache, MemoryCache
+from ._caches._directory import DEFAULT_DIRECTORY_BYTES, DirectoryCache, UnsafeCacheDirError
 
 _UNSET: Any = object()
 _default: Any = _UNSET
@@ -31,13 +37,49 @@ def explain_misses() -> bool:
     return _truthy("JAXAOT_EXPLAIN_MISSES")
 
 
+def default_cache_dir() -> str:
+    """Where the default cache lives: $JAXAOT_CACHE_DIR, $XDG_CACHE_HOME/jaxaot or ~/.cache/jaxaot."""
+    explicit = os.environ.get("JAXAOT_CACHE_DIR")
+    if explicit:
+        return os.path.abspath(os.path.expanduser(explicit))
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = xdg if xdg else os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.abspath(os.path.join(base, "jaxaot"))
+
+
+def default_max_bytes() -> int:
+    text = os.environ.get("JAXAOT_CACHE_MAX_BYTES", "").strip()
+    if not text:
+        return DEFAULT_DIRECTORY_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"JAXAOT_CACHE_MAX_BYTES must be an integer, got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"JAXAOT_CACHE_MAX_BYTES must be non-negative, got {value}")
+    return value
+
+
 def _default_from_env() -> Cache | None:
-    choice = os.environ.get("JAXAOT_CACHE", "memory").strip().lower()
+    choice = os.environ.get("JAXAOT_CACHE", "dir").strip().lower()
     if choice in ("off", "none", "0", "false"):
         return None
-    if choice in ("memory", "mem", ""):
+    if choice in ("memory", "mem"):
         return MemoryCache()
-    raise ValueError(f"JAXAOT_CACHE must be 'memory' or 'off', got {choice!r}")
+    if choice in ("dir", "directory", "disk", ""):
+        path = default_cache_dir()
+        try:
+            return DirectoryCache(path, max_bytes=default_max_bytes())
+        except (UnsafeCacheDirError, OSError) as e:
+            from ._stats import warn_once
+
+            warn_once(
+                "default-cache-dir",
+                f"jaxaot: not using the cache directory {path} ({e}); "
+                "caching in memory for this process instead",
+            )
+            return MemoryCache()
+    raise ValueError(f"JAXAOT_CACHE must be 'dir', 'memory' or 'off', got {choice!r}")
 
 
 def _check_cache(cache: Any, what: str) -> None:

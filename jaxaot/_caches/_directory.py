@@ -4,6 +4,7 @@ Layout::
 
   <root>/.lock                  writers' lock (``filelock``; released when its holder dies)
   <root>/<key[:2]>/<key>        one file per entry, mode 0600
+  <root>/<key[:2]>/<key>.hits   one byte appended per hit (O_APPEND: safe across processes)
   <root>/<key[:2]>/.tmp-<pid>-<hex>   a write in flight (or left by a killed writer)
   <root>/quarantine/<key>.<ns>  entries moved aside by :meth:`DirectoryCache.quarantine`
 
@@ -66,6 +67,7 @@ QUARANTINE_MAX_FILES = 16
 FUTURE_SLACK = 86400.0
 
 _TEMP_PREFIX = ".tmp-"
+_HITS_SUFFIX = ".hits"
 _LOCK_NAME = ".lock"
 _QUARANTINE_DIR = "quarantine"
 _HEX = frozenset("0123456789abcdef")
@@ -302,7 +304,38 @@ class DirectoryCache:
         finally:
             os.close(fd)
         self._count("hits")
+        self._record_hit(os.fspath(path))
         return data
+
+    def _record_hit(self, path: str) -> None:
+        try:
+            fd = os.open(
+                path + _HITS_SUFFIX,
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW,
+                0o600,
+            )
+        except OSError:
+            return  # a read-only cache still serves hits; the count is best effort
+        try:
+            os.write(fd, b".")
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def hit_count(self, key: str) -> int:
+        """How many times ``get`` served ``key`` (from any process) since it was written."""
+        try:
+            return os.stat(os.fspath(self.path_for(key)) + _HITS_SUFFIX).st_size
+        except OSError:
+            return 0
+
+    @staticmethod
+    def _forget_hits(path: str) -> None:
+        try:
+            os.unlink(path + _HITS_SUFFIX)
+        except OSError:
+            pass
 
     def put(self, key: str, value: bytes | bytearray | memoryview) -> None:
         """Stores ``value`` under ``key`` unless an entry is already there.
@@ -355,6 +388,7 @@ class DirectoryCache:
     def delete(self, key: str) -> bool:
         """Removes the entry under ``key``; returns whether one was removed."""
         path = self.path_for(key)
+        self._forget_hits(os.fspath(path))
         try:
             os.unlink(path)
         except OSError as e:
@@ -370,6 +404,7 @@ class DirectoryCache:
     def clear(self) -> None:
         """Removes every entry and every quarantined entry."""
         for e in self._scan(clean=True).entries:
+            self._forget_hits(e.path)
             try:
                 os.unlink(e.path)
             except OSError as exc:
@@ -422,6 +457,7 @@ class DirectoryCache:
             if len(self._listdir(qdir)) < QUARANTINE_MAX_FILES:
                 target = os.path.join(qdir, f"{key}.{time.time_ns()}")
                 os.replace(path, target)
+                self._forget_hits(path)
                 try:
                     os.chmod(target, 0o600)
                 except OSError:
@@ -519,6 +555,7 @@ class DirectoryCache:
         for e in victims:
             if total + incoming <= self.max_bytes:
                 break
+            self._forget_hits(e.path)
             try:
                 os.unlink(e.path)
                 evicted += 1

@@ -1,0 +1,292 @@
+"""Components with a persistent DirectoryCache: fresh processes, corruption,
+planted files, faults and hostile keys."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from jaxaot import _entry
+
+COMPONENTS = textwrap.dedent(
+    """
+    import os
+    import jax, jax.numpy as jnp, jaxaot
+
+    def _guard():
+        if os.environ.get("JAXAOT_TEST_RAISE") == "1":
+            raise RuntimeError("body traced in the warm process")
+
+    @jaxaot.component(key="persist-block")
+    def block(x, w):
+        _guard()
+        return jnp.tanh(x @ w)
+
+    @jaxaot.component(key="persist-loss")
+    def loss(params, x):
+        _guard()
+        return jnp.mean(block(x, params["w"]) ** 2) + jnp.sum(params["b"])
+
+    def run():
+        x = jnp.arange(12.0).reshape(3, 4) / 10
+        w = jnp.ones((4, 2)) / 3
+        params = {"w": w, "b": jnp.ones(2)}
+        top = block(x, w)
+        jitted = jax.jit(lambda x: block(x, w) * 2)(x)
+        batched = jax.vmap(block, in_axes=(0, None))(x[:, None, :], w)
+        grads = jax.grad(loss)(params, x)
+        value = jax.jit(loss)(params, x)
+        return {
+            "top": top.tolist(), "jit": jitted.tolist(), "vmap": batched.tolist(),
+            "grad_w": grads["w"].tolist(), "grad_b": grads["b"].tolist(), "loss": float(value),
+            "traces": block.cache_info().traces + loss.cache_info().traces,
+        }
+    """
+)
+
+RUN = "import json, comps; print(json.dumps(comps.run()))"
+
+
+def _run_in_fresh_process(
+    tmp_path: Path, env: dict[str, str], raise_if_traced: bool
+) -> dict[str, Any]:
+    env = dict(env)
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env["PYTHONPATH"]
+    env["JAXAOT_TEST_RAISE"] = "1" if raise_if_traced else "0"
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_fresh_process_with_warm_cache_traces_nothing(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    (tmp_path / "comps.py").write_text(COMPONENTS)
+    cold = _run_in_fresh_process(tmp_path, subprocess_env, raise_if_traced=False)
+    assert cold["traces"] >= 2
+    cache_dir = Path(subprocess_env["JAXAOT_CACHE_DIR"])
+    assert any(cache_dir.rglob("*"))
+    warm = _run_in_fresh_process(tmp_path, subprocess_env, raise_if_traced=True)
+    assert warm["traces"] == 0
+    for name in ("top", "jit", "vmap", "grad_w", "grad_b", "loss"):
+        np.testing.assert_allclose(warm[name], cold[name], rtol=1e-6)
+    x = np.arange(12.0).reshape(3, 4) / 10
+    np.testing.assert_allclose(cold["top"], np.tanh(x @ (np.ones((4, 2)) / 3)), rtol=1e-5)
+
+
+# -- in-process helpers --------------------------------------------------------------
+
+
+@pytest.fixture
+def dcache(tmp_path: Path) -> jaxaot.DirectoryCache:
+    cache = jaxaot.DirectoryCache(tmp_path / "cache")
+    jaxaot.set_cache(cache)
+    return cache
+
+
+def _populate(key: str = "persist") -> tuple[jax.Array, jax.Array, str]:
+    x = jnp.arange(6.0)
+    comp = jaxaot.component(lambda v: jnp.sin(v) * 3, key=key)
+    expected = comp(x)
+    return x, expected, comp.cache_key(x).digest
+
+
+def _raising(key: str) -> jaxaot.Component[..., Any]:
+    def body(v: jax.Array) -> jax.Array:
+        raise RuntimeError("traced")
+
+    return jaxaot.component(body, key=key)
+
+
+def _recomputing(key: str) -> jaxaot.Component[..., Any]:
+    return jaxaot.component(lambda v: jnp.sin(v) * 3, key=key)
+
+
+def _damage(path: Path, how: str) -> None:
+    blob = path.read_bytes()
+    n = len(blob)
+    if how.startswith("truncate"):
+        size = {"truncate0": 0, "truncate1": 1, "truncate_half": n // 2, "truncate_n-1": n - 1}[how]
+        path.write_bytes(blob[:size])
+    else:
+        region = {"flip_header": 20, "flip_payload": n - 100, "flip_checksum": n - 1}[how]
+        damaged = bytearray(blob)
+        damaged[region] ^= 0x10
+        path.write_bytes(bytes(damaged))
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "truncate0",
+        "truncate1",
+        "truncate_half",
+        "truncate_n-1",
+        "flip_header",
+        "flip_payload",
+        "flip_checksum",
+    ],
+)
+def test_corrupt_entry_is_a_miss_with_one_warning(
+    dcache: jaxaot.DirectoryCache, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    x, expected, digest = _populate()
+    _damage(dcache.path_for(digest), how)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    again = _recomputing("persist")
+    np.testing.assert_allclose(again(x), expected)
+    assert again.cache_info().traces == 1
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "bad cache entry" in warnings[0].getMessage()
+    assert jaxaot.stats()["corrupt_entries"] >= 1
+    assert list((Path(dcache.stats()["path"]) / "quarantine").iterdir())
+    # The fresh entry was written back: the next new component hits it.
+    np.testing.assert_allclose(_raising("persist")(x), expected)
+
+
+def test_planted_pickle_never_runs(dcache: jaxaot.DirectoryCache, tmp_path: Path) -> None:
+    x, expected, digest = _populate("planted")
+    sentinel = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self) -> Any:
+            return (open, (str(sentinel), "w"))
+
+    path = dcache.path_for(digest)
+    path.write_bytes(pickle.dumps(Exploit()))
+    np.testing.assert_allclose(_recomputing("planted")(x), expected)
+    assert not sentinel.exists()
+    # Even a planted pickle wrapped in valid-looking magic bytes is refused.
+    path.write_bytes(_entry.MAGIC + pickle.dumps(Exploit()))
+    np.testing.assert_allclose(_recomputing("planted")(x), expected)
+    assert not sentinel.exists()
+
+
+def test_read_only_cache(
+    dcache: jaxaot.DirectoryCache, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    x, expected, _ = _populate("ro")
+    from jaxaot._caches import _directory
+
+    def read_only(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(_directory.DirectoryCache, "_write", read_only)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    np.testing.assert_allclose(_raising("ro")(x), expected)  # hits still work
+    for i in range(3):  # misses compute, puts skipped
+        comp = jaxaot.component(lambda v, i=i: v + i, key=f"ro-miss-{i}")
+        np.testing.assert_allclose(comp(x), x + i)
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    assert len(dcache.keys()) == 1
+
+
+def test_disk_full(
+    dcache: jaxaot.DirectoryCache, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    x, expected, _ = _populate("full")
+    from jaxaot._caches import _directory
+
+    real_fsync = os.fsync
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_directory.os, "fsync", full)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    for i in range(3):
+        comp = jaxaot.component(lambda v, i=i: v * i, key=f"full-{i}")
+        np.testing.assert_allclose(comp(x), x * i)
+    monkeypatch.setattr(_directory.os, "fsync", real_fsync)
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    assert dcache.stats()["temp_files"] == 0
+    assert len(dcache.keys()) == 1
+    np.testing.assert_allclose(_raising("full")(x), expected)
+
+
+def test_cache_directory_vanishing_mid_run(dcache: jaxaot.DirectoryCache) -> None:
+    x, expected, _ = _populate("vanish")
+    shutil.rmtree(dcache.stats()["path"])
+    np.testing.assert_allclose(_recomputing("vanish")(x), expected)
+    np.testing.assert_allclose(_raising("vanish")(x), expected)
+
+
+@pytest.mark.parametrize(
+    "key", ["../../escape", "/etc/passwd", "a\x00b", "k" * 300, "ключ-鍵-🔑", "..\\..\\win"]
+)
+def test_hostile_user_keys_stay_inside_the_root(
+    dcache: jaxaot.DirectoryCache, tmp_path: Path, key: str
+) -> None:
+    comp = jaxaot.component(lambda v: v + 1, key=key)
+    np.testing.assert_allclose(comp(jnp.ones(2)), 2 * np.ones(2))
+    root = Path(dcache.stats()["path"]).resolve()
+    for path in tmp_path.rglob("*"):
+        assert path == root or root in path.resolve().parents, path
+    assert all(len(k) == 64 and set(k) <= set("0123456789abcdef") for k in dcache.keys())
+
+
+def test_host_callback_entries_are_never_written(
+    dcache: jaxaot.DirectoryCache, caplog: pytest.LogCaptureFixture
+) -> None:
+    def noisy(v: jax.Array) -> jax.Array:
+        jax.debug.print("v={v}", v=v)
+        return v * 2
+
+    caplog.set_level(logging.DEBUG, logger="jaxaot")
+    comp = jaxaot.component(noisy)
+    np.testing.assert_allclose(comp(jnp.ones(2)), 2 * np.ones(2))
+    assert dcache.keys() == []
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any("host callbacks" in r.getMessage() for r in caplog.records)
+
+
+def test_unsafe_default_directory_falls_back_to_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from jaxaot import _config
+
+    unsafe = tmp_path / "shared"
+    unsafe.mkdir()
+    os.chmod(unsafe, 0o777)
+    monkeypatch.setenv("JAXAOT_CACHE_DIR", str(unsafe))
+    monkeypatch.delenv("JAXAOT_CACHE", raising=False)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    cache = _config._default_from_env()
+    assert isinstance(cache, jaxaot.MemoryCache)
+    assert len(caplog.records) == 1 and str(unsafe) in caplog.records[0].getMessage()
+    with pytest.raises(jaxaot.UnsafeCacheDirError, match=str(unsafe)):
+        jaxaot.DirectoryCache(unsafe)
+
+
+def test_default_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("JAXAOT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert jaxaot.default_cache_dir() == str(tmp_path / "xdg" / "jaxaot")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert jaxaot.default_cache_dir() == str(tmp_path / "home" / ".cache" / "jaxaot")
+    monkeypatch.setenv("JAXAOT_CACHE_DIR", str(tmp_path / "explicit"))
+    from jaxaot import _config
+
+    monkeypatch.setenv("JAXAOT_CACHE_MAX_BYTES", "12345")
+    cache = _config._default_from_env()
+    assert isinstance(cache, jaxaot.DirectoryCache)
+    assert cache.stats()["path"] == str(tmp_path / "explicit") and cache.max_bytes == 12345
+    assert oct(os.stat(tmp_path / "explicit").st_mode & 0o777) == "0o700"
