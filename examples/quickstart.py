@@ -47,7 +47,9 @@ def main() -> None:
     print(f"block: {block.cache_info()}")
     print("the lowered program calls one cached function for all layers:")
     text = loss.lower(layers, x).as_text()
-    print(f"  {text.count('func.func private @jaxaot_block')} function, {text.count('call @jaxaot_block')} calls")
+    print(
+        f"  {text.count('func.func private @jaxaot_block')} function, {text.count('call @jaxaot_block')} calls"
+    )
 
     @jaxaot.component(key="shared-block")
     def first(x: jax.Array) -> jax.Array:

@@ -2,8 +2,8 @@
 
 from ._caches import Cache as Cache
 from ._caches import DirectoryCache as DirectoryCache
-from ._caches import UnsafeCacheDirError as UnsafeCacheDirError
 from ._caches import MemoryCache as MemoryCache
+from ._caches import UnsafeCacheDirError as UnsafeCacheDirError
 from ._component import Component as Component
 from ._component import component as component
 from ._config import default_cache_dir as default_cache_dir

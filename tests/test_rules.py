@@ -392,10 +392,12 @@ def _float0(a: Any) -> np.ndarray:
 
 MIXED_TRANSFORMS: dict[str, Callable[[Callable[..., Any]], Any]] = {
     "grad": lambda f: jax.grad(lambda x, n: jnp.sum(f(x, n)[0]))(*XN),
-    "grad_int_arg": lambda f: jax.grad(lambda x, n: jnp.sum(f(x, n)[0]), argnums=(0, 1),
-                                       allow_int=True)(*XN),
-    "grad_has_aux": lambda f: jax.grad(lambda x, n: (jnp.sum(f(x, n)[0]), f(x, n)[1]),
-                                       has_aux=True)(*XN),
+    "grad_int_arg": lambda f: jax.grad(
+        lambda x, n: jnp.sum(f(x, n)[0]), argnums=(0, 1), allow_int=True
+    )(*XN),
+    "grad_has_aux": lambda f: jax.grad(
+        lambda x, n: (jnp.sum(f(x, n)[0]), f(x, n)[1]), has_aux=True
+    )(*XN),
     "jvp_float0": lambda f: jax.jvp(f, XN, (arange(N, start=1.0), _float0(XN[1]))),
     "vjp": lambda f: jax.vjp(f, *XN)[1]((arange(N, start=0.9), _float0(XN[1]))),
     "hessian": lambda f: jax.hessian(lambda x, n: jnp.sum(f(x, n)[0] ** 2))(*XN),
@@ -426,8 +428,17 @@ def test_integer_check_grads() -> None:
         )
 
 
-CACHED_AD = ["grad", "value_and_grad", "jvp", "vjp", "linearize", "hessian", "jit_grad",
-             "vmap_grad", "grad_vmap"]
+CACHED_AD = [
+    "grad",
+    "value_and_grad",
+    "jvp",
+    "vjp",
+    "linearize",
+    "hessian",
+    "jit_grad",
+    "vmap_grad",
+    "grad_vmap",
+]
 
 
 @pytest.mark.parametrize("name", CACHED_AD)
@@ -458,7 +469,9 @@ def test_body_traced_once_for_many_transformations() -> None:
     x, y = XY
     xb = arange(B, N, start=0.1)
     assert_tree_close(comp(x, y), f_scalar(x, y))
-    assert_tree_close(jax.vmap(comp, in_axes=(0, None))(xb, y), jax.vmap(f_scalar, (0, None))(xb, y))
+    assert_tree_close(
+        jax.vmap(comp, in_axes=(0, None))(xb, y), jax.vmap(f_scalar, (0, None))(xb, y)
+    )
     assert_tree_close(jax.grad(comp)(x, y), jax.grad(f_scalar)(x, y))
     assert_tree_close(jax.hessian(comp)(x, y), jax.hessian(f_scalar)(x, y))
     assert_tree_close(jax.jit(jax.grad(comp))(x, y), jax.grad(f_scalar)(x, y))
@@ -483,24 +496,34 @@ C0 = arange(N, start=0.25)
 
 CONTROL: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "scan": lambda f: lambda c, xs: lax.scan(lambda c, x: (f(c, x), jnp.sum(c)), c, xs),
-    "cond_true": lambda f: lambda c, xs: lax.cond(
-        jnp.sum(c) > 0, lambda c: f(c, xs[0]), lambda c: -c, c
+    "cond_true": lambda f: (
+        lambda c, xs: lax.cond(jnp.sum(c) > 0, lambda c: f(c, xs[0]), lambda c: -c, c)
     ),
-    "cond_false": lambda f: lambda c, xs: lax.cond(
-        jnp.sum(c) < 0, lambda c: f(c, xs[0]), lambda c: -c, c
+    "cond_false": lambda f: (
+        lambda c, xs: lax.cond(jnp.sum(c) < 0, lambda c: f(c, xs[0]), lambda c: -c, c)
     ),
-    "fori_loop": lambda f: lambda c, xs: lax.fori_loop(0, 3, lambda i, c: f(c, jnp.asarray(xs)[i]), c),
-    "while_loop": lambda f: lambda c, xs: lax.while_loop(
-        lambda s: s[0] < 3, lambda s: (s[0] + 1, f(s[1], jnp.asarray(xs)[s[0]])), (0, c)
-    )[1],
+    "fori_loop": lambda f: (
+        lambda c, xs: lax.fori_loop(0, 3, lambda i, c: f(c, jnp.asarray(xs)[i]), c)
+    ),
+    "while_loop": lambda f: (
+        lambda c, xs: lax.while_loop(
+            lambda s: s[0] < 3, lambda s: (s[0] + 1, f(s[1], jnp.asarray(xs)[s[0]])), (0, c)
+        )[1]
+    ),
     "checkpoint": lambda f: lambda c, xs: jax.checkpoint(lambda c: f(f(c, xs[0]), xs[1]))(c),
-    "checkpoint_in_scan": lambda f: lambda c, xs: lax.scan(
-        jax.checkpoint(lambda c, x: (f(c, x), None)), c, xs
-    )[0],
+    "checkpoint_in_scan": lambda f: (
+        lambda c, xs: lax.scan(jax.checkpoint(lambda c, x: (f(c, x), None)), c, xs)[0]
+    ),
 }
 
-DIFFERENTIABLE = ["scan", "cond_true", "cond_false", "fori_loop", "checkpoint",
-                  "checkpoint_in_scan"]
+DIFFERENTIABLE = [
+    "scan",
+    "cond_true",
+    "cond_false",
+    "fori_loop",
+    "checkpoint",
+    "checkpoint_in_scan",
+]
 
 
 def _loss(g: Callable[..., Any]) -> Callable[..., Any]:
