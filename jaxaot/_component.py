@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -33,12 +34,14 @@ from ._entry import Entry, EntryError, NotPersistable
 from ._jaxcompat import (
     ShapedArray,
     Tracer,
+    batch_jaxpr,
     default_platform,
+    deserialize_executable,
     has_host_callbacks,
-    input_dependencies,
     is_ordered_effect,
     jaxpr_as_fun,
     module_to_bytecode,
+    serialize_executable,
     trace_state_clean,
 )
 from ._key import ClosureError, ComponentKey, aval_str, function_fingerprint, stable_repr
@@ -52,6 +55,7 @@ R = TypeVar("R")
 _ARRAY_SCALARS = (bool, int, float, complex, np.generic)
 _ARRAY_TYPE = type(jax.numpy.zeros(()))
 _tree_flatten = jax.tree_util.tree_flatten
+_TraceAnnotation = jax.profiler.TraceAnnotation
 
 
 def _aval_of(x: Any) -> Any:
@@ -98,21 +102,19 @@ class Call:
     """The parameter of one ``jaxaot_component`` equation: one cache entry and how to
     derive the entries of its transformations. Equal when the keys are equal."""
 
-    __slots__ = ("component", "key", "entry", "_make_fn", "_trace")
+    __slots__ = ("component", "key", "entry", "_trace")
 
     def __init__(
         self,
         component: Component[..., Any],
         key: ComponentKey,
         entry: Entry,
-        make_fn: Callable[[], Callable[..., Sequence[Any]]],
         trace: Callable[[], Any],
     ) -> None:
         self.component = component
         self.key = key
         self.entry = entry
-        self._make_fn = make_fn
-        self._trace = trace
+        self._trace = trace  # traces this computation afresh: a jax.stages.Traced
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Call) and self.key == other.key
@@ -131,21 +133,35 @@ class Call:
         names = self.entry.arg_names
         return f"argument {names[i]!r}" if i < len(names) and names[i] else f"flat input {i}"
 
-    def fn(self) -> Callable[..., Sequence[Any]]:
-        """This computation as a flat Python callable (from the jaxpr when this
-        process has it, else by re-deriving it from the body)."""
+    def jaxpr(self) -> Any:
+        """This computation's closed jaxpr: kept from this process's trace, else
+        traced again (for a root entry loaded from a cache, that runs the body)."""
         if self.entry.jaxpr is not None:
-            return jaxpr_as_fun(self.entry.jaxpr)  # type: ignore[no-any-return]
-        return self._make_fn()
+            return self.entry.jaxpr
+        closed = self._trace().jaxpr
+        self.entry.jaxpr = closed
+        return closed
+
+    def fn(self) -> Callable[..., Sequence[Any]]:
+        """This computation as a flat callable."""
+        return jaxpr_as_fun(self.jaxpr())  # type: ignore[no-any-return]
 
     def entry_for_platform(self, platform: str) -> Entry:
         if self.key.parts["platforms"] == (platform,):
             return self.entry
         key = self.key.replace(platforms=(platform,))
-        entry = self.entry
+        base = self.entry
+
+        def trace() -> Any:
+            # From the jaxpr this process already has: the body is not run again.
+            fn = self.fn()
+            return jax.jit(fn, keep_unused=True).trace(*[_sds(a) for a in base.in_avals])
 
         def build() -> Entry:
-            return self.component._build_entry(key, self._trace, entry.name)
+            entry = self.component._build_entry(key, trace, base.name)
+            entry.arg_names, entry.result_paths = base.arg_names, base.result_paths
+            entry.out_tree, entry.extra = base.out_tree, dict(base.extra)
+            return entry
 
         return self.component._get_entry(key, build)
 
@@ -153,9 +169,11 @@ class Call:
         self,
         transform: tuple[Any, ...],
         args: Sequence[Any],
-        make_fn: Callable[[], Callable[..., Sequence[Any]]],
+        make_fn: Callable[[], tuple[Callable[..., Sequence[Any]], dict[str, Any]]],
         arg_names: Sequence[str],
     ) -> Call:
+        """A call of a transformation of this computation. ``make_fn`` returns the
+        transformed flat function and facts to keep in the entry's ``extra``."""
         in_avals = [_aval_of(a) for a in args]
         key = self.key.replace(
             args=_avals_text(in_avals),
@@ -163,50 +181,43 @@ class Call:
         )
         name = self.entry.name
         component = self.component
+        extra: dict[str, Any] = {}
 
         def trace() -> Any:
-            fn = make_fn()
+            fn, facts = make_fn()
+            extra.update(facts)
             return jax.jit(fn, keep_unused=True).trace(*[_sds(a) for a in in_avals])
 
         def build() -> Entry:
             entry = component._build_entry(key, trace, name)
+            entry.extra.update(extra)
             if len(entry.arg_names) == len(arg_names):
                 entry.arg_names = tuple(arg_names)
             return entry
 
         entry = component._get_entry(key, build)
-        return Call(component, key, entry, make_fn, trace)
+        return Call(component, key, entry, trace)
 
-    def vmap(
-        self,
-        in_axes: tuple[int | None, ...],
-        out_axes: tuple[int | None, ...],
-        size: int,
-        args: Sequence[Any],
-    ) -> Call:
+    def vmap(self, axis_data: Any, in_axes: tuple[int | None, ...], args: Sequence[Any]) -> Call:
+        """Batched along ``in_axes``; the entry's ``extra["out_axes"]`` says which
+        outputs come out batched (at axis 0) and which stay unbatched (None)."""
         parent = self
 
-        def make_fn() -> Callable[..., Sequence[Any]]:
-            pf = parent.fn()
+        def make_fn() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
+            batched, out_axes = batch_jaxpr(parent.jaxpr(), axis_data, in_axes)
+            return jaxpr_as_fun(batched), {"out_axes": list(out_axes)}
 
-            def batched(*xs: Any) -> tuple[Any, ...]:
-                return tuple(
-                    jax.vmap(
-                        lambda *a: tuple(pf(*a)), in_axes=in_axes, out_axes=out_axes, axis_size=size
-                    )(*xs)
-                )
-
-            return batched
-
-        return self._derive(("vmap", in_axes, out_axes, size), args, make_fn, self.entry.arg_names)
+        transform = ("vmap", in_axes, int(axis_data.size))
+        return self._derive(transform, args, make_fn, self.entry.arg_names)
 
     def jvp(self, mask: tuple[bool, ...], args: Sequence[Any]) -> Call:
+        """Tangents of the differentiable outputs, given primals and the nonzero tangents."""
         parent = self
         in_avals = self.entry.in_avals
         out_avals = self.entry.out_avals
         n = len(in_avals)
 
-        def make_fn() -> Callable[..., Sequence[Any]]:
+        def make_fn() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
             pf = parent.fn()
 
             def tangent_fn(*xs: Any) -> tuple[Any, ...]:
@@ -222,7 +233,7 @@ class Call:
                     if np.issubdtype(a.dtype, np.inexact)
                 )
 
-            return tangent_fn
+            return tangent_fn, {}
 
         names = list(self.entry.arg_names) + [
             f"tangent of {nm}" if nm else "" for nm, m in zip(self._names(), mask, strict=True) if m
@@ -230,12 +241,13 @@ class Call:
         return self._derive(("jvp", mask), args, make_fn, names)
 
     def transpose(self, undefined: tuple[bool, ...], args: Sequence[Any]) -> Call:
+        """Cotangents of the linear (undefined) inputs, given the others and output cotangents."""
         parent = self
         in_avals = self.entry.in_avals
         lin_avals = [a for a, u in zip(in_avals, undefined, strict=True) if u]
         n_defined = len(in_avals) - len(lin_avals)
 
-        def make_fn() -> Callable[..., Sequence[Any]]:
+        def make_fn() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
             pf = parent.fn()
 
             def transposed(*xs: Any) -> tuple[Any, ...]:
@@ -249,7 +261,7 @@ class Call:
                 t = jax.linear_transpose(linear, *[_sds(a) for a in lin_avals])
                 return tuple(t(tuple(cts)))
 
-            return transposed
+            return transposed, {}
 
         names = [nm for nm, u in zip(self._names(), undefined, strict=True) if not u]
         names += [f"cotangent of {p}" for p in self.entry.result_paths]
@@ -308,6 +320,8 @@ class Component(Generic[P, R]):
         self._entries: dict[ComponentKey, Entry] = {}
         self._compiled: dict[Any, Any] = {}
         self._fast: dict[Any, Any] = {}
+        self._costs: dict[Any, dict[str, float] | None] = {}
+        self._annotation = f"jaxaot:{self.name}"
         self._simple = not self._static_argnums and not self._static_argnames and not callable(key)
 
         @functools.wraps(fun)
@@ -570,7 +584,6 @@ class Component(Generic[P, R]):
             result_paths=result_paths,
             stablehlo=stablehlo,
             host_callbacks=callbacks,
-            deps=input_dependencies(closed),
             jaxpr=closed,
             effects=frozenset(closed.effects),
         )
@@ -623,12 +636,7 @@ class Component(Generic[P, R]):
             return self._trace_root(sds_args, sds_kwargs)
 
         entry = self._get_entry(key, lambda: self._build_entry(key, trace, self.name))
-
-        def make_fn() -> Callable[..., Sequence[Any]]:
-            traced = trace()
-            return jaxpr_as_fun(traced.jaxpr)  # type: ignore[no-any-return]
-
-        return Call(self, key, entry, make_fn, trace), leaves
+        return Call(self, key, entry, trace), leaves
 
     def _call_traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call, leaves = self._root_call(args, kwargs, allow_sds=False)
@@ -655,6 +663,9 @@ class Component(Generic[P, R]):
             if fast is not None:
                 run = self._fast.get(fast)
                 if run is not None:
+                    if _TraceAnnotation.is_enabled():
+                        with _TraceAnnotation(self._annotation):
+                            return run(*args, **kwargs)  # type: ignore[no-any-return]
                     return run(*args, **kwargs)  # type: ignore[no-any-return]
         return self._call_slow(args, kwargs, fast)  # type: ignore[arg-type]
 
@@ -663,21 +674,68 @@ class Component(Generic[P, R]):
         leaves, in_tree = self._flatten(dyn_args, dyn_kwargs, allow_sds=False)
         if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
             return self._call_traced(args, kwargs)
+        exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)
+        if _TraceAnnotation.is_enabled():
+            with _TraceAnnotation(self._annotation):
+                out = exe(*dyn_args, **dyn_kwargs)
+        else:
+            out = exe(*dyn_args, **dyn_kwargs)
+        if fast is not None and all(type(x) is _ARRAY_TYPE for x in leaves):
+            self._fast[fast] = getattr(exe, "_call", None) or exe
+        return out
+
+    def _executable(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        in_tree: Any,
+        leaves: Sequence[Any],
+        statics: tuple[tuple[str, str], ...],
+    ) -> tuple[Any, Any]:
+        """The executable for a top-level call's signature, and its signature.
+
+        Looked up in this process, then as a cache entry (deserialized, no
+        trace, lowering or compile), and only then compiled (and stored)."""
         sig: tuple[Any, ...] = (in_tree, tuple(_aval_of(x) for x in leaves), statics)
         if callable(self._key):
             sig = (*sig, self._identity(args, kwargs))
         exe = self._compiled.get(sig)
-        if exe is None:
-            with self._lock:
-                exe = self._compiled.get(sig)
-                if exe is None:
-                    exe = self._jitted.trace(*args, **kwargs).lower().compile()
-                    self._counters.add("compiles")
-                    self._compiled[sig] = exe
-        out = exe(*dyn_args, **dyn_kwargs)
-        if fast is not None and all(type(x) is _ARRAY_TYPE for x in leaves):
-            self._fast[fast] = getattr(exe, "_call", None) or exe
-        return out
+        if exe is not None:
+            return exe, sig
+        with self._lock:
+            exe = self._compiled.get(sig)
+            if exe is not None:
+                return exe, sig
+            root_key = self._root_key(args, kwargs, in_tree, [_aval_of(x) for x in leaves], statics)
+            exe_key = root_key.replace(executable=_executable_parts(self._donate_argnums))
+            cache = get_cache()
+            loaded = _load_executable(cache, exe_key) if cache is not None else None
+            if loaded is not None:
+                exe, costs = loaded
+                self._counters.add("hits")
+            else:
+                self._counters.add("misses")
+                exe = self._jitted.trace(*args, **kwargs).lower().compile()
+                self._counters.add("compiles")
+                costs = _cost_dict(exe)
+                root = self._entries.get(root_key)
+                if cache is not None and root is not None and not root.host_callbacks:
+                    _store_executable(cache, exe_key, root, exe, costs)
+            self._costs[sig] = costs
+            self._compiled[sig] = exe
+            return exe, sig
+
+    def cost_analysis(self, *args: Any, **kwargs: Any) -> dict[str, float] | None:
+        """The compiled program's cost analysis for this signature as a plain dict
+        (``flops``, ``bytes accessed``, ...), or ``None`` where the backend gives none.
+
+        Loads or compiles the executable if needed; does not run it."""
+        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        leaves, in_tree = self._flatten(dyn_args, dyn_kwargs, allow_sds=True)
+        leaves = [_sds(_aval_of(x)) if isinstance(x, jax.ShapeDtypeStruct) else x for x in leaves]
+        _, sig = self._executable(args, kwargs, in_tree, leaves, statics)
+        costs = self._costs.get(sig)
+        return dict(costs) if costs is not None else None
 
     # -- stages and introspection ---------------------------------------------
 
@@ -704,6 +762,7 @@ class Component(Generic[P, R]):
             self._entries.clear()
             self._compiled.clear()
             self._fast.clear()
+            self._costs.clear()
 
 
 def _read(cache: Cache, key: ComponentKey) -> Entry | None:
@@ -728,15 +787,98 @@ def _read(cache: Cache, key: ComponentKey) -> Entry | None:
             cache,
             e,
         )
-        quarantine = getattr(cache, "quarantine", None)
-        try:
-            if quarantine is not None:
-                quarantine(key.digest)
-            else:
-                cache.delete(key.digest)
-        except Exception:  # removing a bad entry is best effort
-            logger.debug("jaxaot: could not remove bad entry %s", key.digest[:16], exc_info=True)
+        _discard(cache, key.digest)
         return None
+
+
+def _executable_parts(donate_argnums: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
+    """Key parts that make a foreign or stale executable impossible to load."""
+    device = jax.devices()[0]
+    client = device.client
+    return (
+        ("backend", str(client.platform)),
+        ("platform_version", str(client.platform_version)),
+        ("device_kind", str(device.device_kind)),
+        ("device_count", jax.device_count()),
+        ("process_count", jax.process_count()),
+        ("donate_argnums", tuple(donate_argnums)),
+        ("xla_flags", os.environ.get("XLA_FLAGS", "")),
+        ("libtpu_init_args", os.environ.get("LIBTPU_INIT_ARGS", "")),
+    )
+
+
+def _cost_dict(compiled: Any) -> dict[str, float] | None:
+    try:
+        costs = compiled.cost_analysis()
+    except Exception:  # a backend without cost analysis
+        return None
+    if isinstance(costs, list | tuple):
+        costs = costs[0] if costs else None
+    if not costs:
+        return None
+    out: dict[str, float] = {}
+    for name, value in dict(costs).items():
+        try:
+            out[str(name)] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _load_executable(cache: Cache, key: ComponentKey) -> tuple[Any, dict[str, float] | None] | None:
+    entry = _read(cache, key)
+    if entry is None:
+        return None
+    try:
+        if entry.executable is None:
+            raise EntryError("entry has no executable section")
+        in_tree = _entry.tree_from_json(entry.extra["executable_in_tree"])
+        exe = deserialize_executable(entry.executable, in_tree, entry.out_tree)
+    except Exception as e:  # damaged, foreign or unloadable: a miss, never a crash
+        _stats.bump("corrupt_entries")
+        logger.warning(
+            "jaxaot: could not load the cached executable %s (%s: %s); compiling instead",
+            key.digest[:16],
+            type(e).__name__,
+            e,
+        )
+        _discard(cache, key.digest)
+        return None
+    costs = entry.extra.get("cost_analysis")
+    return exe, dict(costs) if isinstance(costs, dict) else None
+
+
+def _store_executable(
+    cache: Cache, key: ComponentKey, root: Entry, exe: Any, costs: dict[str, float] | None
+) -> None:
+    try:
+        payload, in_tree, out_tree = serialize_executable(exe)
+        entry = Entry(
+            key=key,
+            name=root.name,
+            in_avals=root.in_avals,
+            out_avals=root.out_avals,
+            out_tree=out_tree,
+            arg_names=root.arg_names,
+            result_paths=root.result_paths,
+            executable=payload,
+            extra={"cost_analysis": costs, "executable_in_tree": _entry.tree_to_json(in_tree)},
+        )
+    except Exception as e:
+        logger.debug("jaxaot: not caching the executable of %s: %s", root.name, e)
+        return
+    _write(cache, entry)
+
+
+def _discard(cache: Cache, digest: str) -> None:
+    quarantine = getattr(cache, "quarantine", None)
+    try:
+        if quarantine is not None:
+            quarantine(digest)
+        else:
+            cache.delete(digest)
+    except Exception:  # removing a bad entry is best effort
+        logger.debug("jaxaot: could not remove bad entry %s", digest[:16], exc_info=True)
 
 
 def _write(cache: Cache, entry: Entry) -> None:

@@ -16,7 +16,10 @@ single byte of the header or payload; nothing in an entry is ever unpickled.
 Format changelog (bump ENTRY_FORMAT_VERSION on every change; the version is a
 key part, so entries of another version are never read, only missed):
   * 1 (2026-11-29): first version. Sections: ``stablehlo`` (MLIR bytecode of
-    the component lowered for the key's platforms).
+    the component lowered for the key's platforms) and ``executable`` (a
+    top-level compiled executable in ``jax.experimental.serialize_executable``'s
+    format; only ever deserialized after the digest verified). Executable
+    entries carry ``extra.cost_analysis`` and ``extra.executable_in_tree``.
 """
 
 from __future__ import annotations
@@ -66,8 +69,8 @@ class Entry:
     out_tree: Any
     arg_names: tuple[str, ...]
     result_paths: tuple[str, ...]
-    deps: tuple[tuple[int, ...], ...] = ()
     stablehlo: bytes | None = None
+    executable: bytes | None = None
     host_callbacks: bool = False
     jaxpr: Any = None
     effects: frozenset[Any] = frozenset()
@@ -190,7 +193,6 @@ def _header(entry: Entry, sections: list[tuple[str, bytes]]) -> dict[str, Any]:
         "out_tree": tree_to_json(entry.out_tree),
         "arg_names": list(entry.arg_names),
         "result_paths": list(entry.result_paths),
-        "deps": [list(d) for d in entry.deps],
         "platforms": list(entry.platforms),
         "jax": jax.__version__,
         "jaxlib": _jaxlib_version(),
@@ -219,6 +221,8 @@ def encode(entry: Entry) -> bytes:
     sections: list[tuple[str, bytes]] = []
     if entry.stablehlo is not None:
         sections.append(("stablehlo", entry.stablehlo))
+    if entry.executable is not None:
+        sections.append(("executable", entry.executable))
     header = json.dumps(_header(entry, sections), separators=(",", ":")).encode("utf-8")
     body = b"".join(
         [_PREFIX.pack(MAGIC, ENTRY_FORMAT_VERSION, len(header)), header]
@@ -286,8 +290,8 @@ def decode(blob: bytes, expected: ComponentKey | None = None) -> Entry:
             out_tree=tree_from_json(header["out_tree"]),
             arg_names=tuple(header["arg_names"]),
             result_paths=tuple(header["result_paths"]),
-            deps=tuple(tuple(int(i) for i in d) for d in header["deps"]),
             stablehlo=sections.get("stablehlo"),
+            executable=sections.get("executable"),
             host_callbacks=bool(header["host_callbacks"]),
             created=float(header["created"]),
             extra=dict(header.get("extra") or {}),

@@ -138,20 +138,32 @@ def inline_jaxpr_lowering(ctx: Any, closed_jaxpr: Any, args: Sequence[Any]) -> S
     return rule(ctx, *args)
 
 
-def input_dependencies(closed_jaxpr: Any) -> tuple[tuple[int, ...], ...]:
-    """For each output of the jaxpr, the (sorted) indices of the inputs it may depend on.
+def serialize_executable(compiled: Any) -> tuple[bytes, Any, Any]:
+    """(payload, in_tree, out_tree) of a ``jax.stages.Compiled``."""
+    from jax.experimental import serialize_executable as _se
 
-    Conservative: every output of an equation depends on all of its inputs."""
-    jaxpr = closed_jaxpr.jaxpr
-    deps: dict[Any, frozenset[int]] = {v: frozenset([i]) for i, v in enumerate(jaxpr.invars)}
+    return _se.serialize(compiled)  # type: ignore[no-any-return]
 
-    def of(atom: Any) -> frozenset[int]:
-        if isinstance(atom, _core.Literal):
-            return frozenset()
-        return deps.get(atom, frozenset())
 
-    for eqn in jaxpr.eqns:
-        union = frozenset().union(*[of(a) for a in eqn.invars]) if eqn.invars else frozenset()
-        for out in eqn.outvars:
-            deps[out] = union
-    return tuple(tuple(sorted(of(v))) for v in jaxpr.outvars)
+def deserialize_executable(payload: bytes, in_tree: Any, out_tree: Any) -> Any:
+    """A loaded ``jax.stages.Compiled`` from ``serialize_executable``'s payload.
+
+    The payload is JAX's own format (it includes a pickle of the executable's
+    metadata): call this only on bytes whose checksum or signature verified."""
+    from jax.experimental import serialize_executable as _se
+
+    return _se.deserialize_and_load(payload, in_tree, out_tree)
+
+
+def batch_jaxpr(
+    closed_jaxpr: Any, axis_data: Any, in_axes: Sequence[int | None]
+) -> tuple[Any, list[int | None]]:
+    """The jaxpr batched along ``in_axes``, and each output's batch axis (0, or None
+    for outputs that stay unbatched), exactly as ``jax.vmap`` would batch it."""
+    batched, out_batched = batching.batch_jaxpr_axes(
+        closed_jaxpr,
+        axis_data,
+        list(in_axes),
+        [batching.zero_if_mapped] * len(closed_jaxpr.out_avals),
+    )
+    return batched, [0 if b else None for b in out_batched]

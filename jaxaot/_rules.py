@@ -96,11 +96,10 @@ def _batch(axis_data: Any, vals: Sequence[Any], dims: Sequence[Any], *, call: An
     if all(d is None for d in in_axes):
         outs = bind(call, vals)
         return outs, [not_mapped] * len(outs)
-    batched = {i for i, d in enumerate(in_axes) if d is not None}
-    out_axes = tuple(0 if batched.intersection(dep) else None for dep in call.entry.deps)
-    derived = call.vmap(in_axes, out_axes, int(axis_data.size), vals)
+    derived = call.vmap(axis_data, in_axes, vals)
     outs = bind(derived, vals)
-    return outs, [not_mapped if d is None else d for d in out_axes]
+    out_axes = derived.entry.extra["out_axes"]
+    return outs, [not_mapped if d is None else int(d) for d in out_axes]
 
 
 batching.fancy_primitive_batchers[component_p] = _batch

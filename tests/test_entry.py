@@ -38,7 +38,7 @@ def test_round_trip_keeps_everything_but_process_local_state() -> None:
     assert back.in_avals == entry.in_avals and back.out_avals == entry.out_avals
     assert back.out_tree == entry.out_tree
     assert back.arg_names == entry.arg_names and back.result_paths == entry.result_paths
-    assert back.stablehlo == entry.stablehlo and back.deps == entry.deps
+    assert back.stablehlo == entry.stablehlo and back.extra == entry.extra
     assert back.jaxpr is None and entry.jaxpr is not None
 
 

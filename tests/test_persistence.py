@@ -101,10 +101,15 @@ def dcache(tmp_path: Path) -> jaxaot.DirectoryCache:
     return cache
 
 
+def _in_jit(comp: jaxaot.Component[..., Any], x: jax.Array) -> jax.Array:
+    """Calls ``comp`` inside jax.jit: uses the lowered entry, never an executable entry."""
+    return jax.jit(lambda v: comp(v))(x)
+
+
 def _populate(key: str = "persist") -> tuple[jax.Array, jax.Array, str]:
     x = jnp.arange(6.0)
     comp = jaxaot.component(lambda v: jnp.sin(v) * 3, key=key)
-    expected = comp(x)
+    expected = _in_jit(comp, x)
     return x, expected, comp.cache_key(x).digest
 
 
@@ -151,14 +156,14 @@ def test_corrupt_entry_is_a_miss_with_one_warning(
     _damage(dcache.path_for(digest), how)
     caplog.set_level(logging.WARNING, logger="jaxaot")
     again = _recomputing("persist")
-    np.testing.assert_allclose(again(x), expected)
+    np.testing.assert_allclose(_in_jit(again, x), expected)
     assert again.cache_info().traces == 1
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "bad cache entry" in warnings[0].getMessage()
     assert jaxaot.stats()["corrupt_entries"] >= 1
     assert list((Path(dcache.stats()["path"]) / "quarantine").iterdir())
     # The fresh entry was written back: the next new component hits it.
-    np.testing.assert_allclose(_raising("persist")(x), expected)
+    np.testing.assert_allclose(_in_jit(_raising("persist"), x), expected)
 
 
 def test_planted_pickle_never_runs(dcache: jaxaot.DirectoryCache, tmp_path: Path) -> None:
@@ -171,11 +176,11 @@ def test_planted_pickle_never_runs(dcache: jaxaot.DirectoryCache, tmp_path: Path
 
     path = dcache.path_for(digest)
     path.write_bytes(pickle.dumps(Exploit()))
-    np.testing.assert_allclose(_recomputing("planted")(x), expected)
+    np.testing.assert_allclose(_in_jit(_recomputing("planted"), x), expected)
     assert not sentinel.exists()
     # Even a planted pickle wrapped in valid-looking magic bytes is refused.
     path.write_bytes(_entry.MAGIC + pickle.dumps(Exploit()))
-    np.testing.assert_allclose(_recomputing("planted")(x), expected)
+    np.testing.assert_allclose(_in_jit(_recomputing("planted"), x), expected)
     assert not sentinel.exists()
 
 
@@ -190,7 +195,7 @@ def test_read_only_cache(
 
     monkeypatch.setattr(_directory.DirectoryCache, "_write", read_only)
     caplog.set_level(logging.WARNING, logger="jaxaot")
-    np.testing.assert_allclose(_raising("ro")(x), expected)  # hits still work
+    np.testing.assert_allclose(_in_jit(_raising("ro"), x), expected)  # hits still work
     for i in range(3):  # misses compute, puts skipped
         comp = jaxaot.component(lambda v, i=i: v + i, key=f"ro-miss-{i}")
         np.testing.assert_allclose(comp(x), x + i)
@@ -218,14 +223,14 @@ def test_disk_full(
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
     assert dcache.stats()["temp_files"] == 0
     assert len(dcache.keys()) == 1
-    np.testing.assert_allclose(_raising("full")(x), expected)
+    np.testing.assert_allclose(_in_jit(_raising("full"), x), expected)
 
 
 def test_cache_directory_vanishing_mid_run(dcache: jaxaot.DirectoryCache) -> None:
     x, expected, _ = _populate("vanish")
     shutil.rmtree(dcache.stats()["path"])
-    np.testing.assert_allclose(_recomputing("vanish")(x), expected)
-    np.testing.assert_allclose(_raising("vanish")(x), expected)
+    np.testing.assert_allclose(_in_jit(_recomputing("vanish"), x), expected)
+    np.testing.assert_allclose(_in_jit(_raising("vanish"), x), expected)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,1094 @@
+"""The ``jaxaot`` command line (also ``python -m jaxaot``).
+
+Commands::
+
+  jaxaot cache ls      [--dir PATH] [--sort {name,size,hits,last-used}] [--json]
+  jaxaot cache info    KEY [--dir PATH] [--json]
+  jaxaot cache stats   [--dir PATH] [--json]
+  jaxaot cache verify  [--dir PATH] [--fix] [--json]
+  jaxaot cache prune   [--dir PATH] (--max-bytes N | --older-than DURATION) [--dry-run] [-v]
+  jaxaot cache clear   [--dir PATH] [--yes]
+
+Without ``--dir`` the commands work on the default cache directory
+(``$JAXAOT_CACHE_DIR``, ``$XDG_CACHE_HOME/jaxaot`` or ``~/.cache/jaxaot``).
+
+Structure: every command is a :class:`Command` (its arguments and a ``run``
+function), commands are grouped in :class:`Group` s, and :data:`COMMANDS` is the
+top-level registry that :func:`build_parser` turns into argparse subparsers.
+A new top-level command (``demo``, ``bench``) is one more entry there.
+
+Caches are read through the byte-level protocol (``keys``, ``get``, ``delete``,
+``clear``, ``stats``) plus optional extras looked up with ``getattr``
+(``path_for``, ``access_time``, ``hit_count``, ``quarantine``), so any backend
+that implements the protocol can be inspected. ``rich`` is imported here only,
+and only when stdout is a terminal; piped output is plain text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, NoReturn
+
+PROG = "jaxaot"
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+# ----------------------------------------------------------------------------
+# Errors and the argument parser.
+
+
+class CLIError(Exception):
+    """A failure reported as one line on stderr (``jaxaot: error: ...``)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line and raise :class:`CLIError`."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CLIError(f"{message} (see '{self.prog} --help')", 2)
+
+
+# ----------------------------------------------------------------------------
+# Output: a rich rendering on a terminal, plain aligned text otherwise.
+
+
+def _is_terminal(stream: IO[str]) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+class Output:
+    """Writes tables, key/value blocks, lines and JSON to ``stream``.
+
+    On a terminal (and when ``rich`` is importable) tables are drawn by rich;
+    otherwise they are plain text, columns separated by two spaces, with no box
+    drawing and no colors.
+    """
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stdout
+        self._console: Any = None
+        if _is_terminal(self.stream):
+            try:
+                from rich.console import Console
+            except ImportError:  # pragma: no cover - rich is a dependency
+                pass
+            else:
+                self._console = Console(file=self.stream, force_terminal=True, highlight=False)
+
+    @property
+    def rich(self) -> bool:
+        return self._console is not None
+
+    def line(self, text: str = "") -> None:
+        if self._console is not None:
+            self._console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(text, file=self.stream)
+
+    def json(self, value: Any) -> None:
+        print(json.dumps(value, indent=2, sort_keys=False, default=str), file=self.stream)
+
+    def table(
+        self,
+        columns: Sequence[tuple[str, str]],
+        rows: Sequence[Sequence[str]],
+        *,
+        title: str | None = None,
+        caption: str | None = None,
+    ) -> None:
+        """``columns`` are ``(header, "left"|"right")``; ``title``/``caption`` only on a terminal."""
+        if self._console is not None:
+            from rich.table import Table
+            from rich.text import Text
+
+            table = Table(title=title, caption=caption, title_justify="left")
+            for header, justify in columns:
+                table.add_column(header, justify="right" if justify == "right" else "left")
+            for row in rows:
+                table.add_row(*[Text(cell) for cell in row])
+            self._console.print(table)
+            return
+        widths = [len(h) for h, _ in columns]
+        for row in rows:
+            widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+        for row in [[h for h, _ in columns], *rows]:
+            cells = [
+                c.rjust(w) if justify == "right" else c.ljust(w)
+                for c, w, (_, justify) in zip(row, widths, columns, strict=True)
+            ]
+            print("  ".join(cells).rstrip(), file=self.stream)
+
+    def fields(self, pairs: Sequence[tuple[str, str]], *, title: str | None = None) -> None:
+        """A block of ``name  value`` lines, names aligned, under an optional title."""
+        if self._console is not None:
+            from rich.table import Table
+            from rich.text import Text
+
+            if title:
+                self._console.print(Text(title, style="bold"))
+            grid = Table.grid(padding=(0, 2))
+            grid.add_column(style="cyan", no_wrap=True)
+            grid.add_column(overflow="fold")
+            for name, value in pairs:
+                grid.add_row(Text(name), Text(value))
+            self._console.print(grid)
+            return
+        indent = ""
+        if title:
+            print(f"{title}:", file=self.stream)
+            indent = "  "
+        width = max((len(n) for n, _ in pairs), default=0)
+        for name, value in pairs:
+            print(f"{indent}{name.ljust(width)}  {value}".rstrip(), file=self.stream)
+
+
+# ----------------------------------------------------------------------------
+# Parsing and formatting sizes, durations, times.
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``123``, ``500M``, ``2G``, ``1.5GiB``...; K/M/G/T/P are powers of 1024."""
+    m = _SIZE_RE.match(text)
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}: use bytes or a number with K, M, G or T (powers of 1024)"
+        )
+    return int(float(m.group(1)) * 1024 ** _SIZE_UNITS[m.group(2).lower()])
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``30s``, ``15m``, ``12h``, ``7d``, ``2w`` (a plain number is seconds)."""
+    m = _DURATION_RE.match(text)
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use a number with s, m, h, d or w (e.g. 7d)"
+        )
+    return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024
+        if value < 1024 or unit == "PiB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def iso_time(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
+
+
+def human_time(ts: float | None, now: float | None = None) -> str:
+    """``42s ago``, ``3h ago``, ``5d ago``; a date for older or future times."""
+    if ts is None:
+        return "-"
+    now = time.time() if now is None else now
+    age = now - ts
+    if -60 < age < 60:
+        return "just now" if age < 1 else f"{int(age)}s ago"
+    if 0 < age < 3600:
+        return f"{int(age // 60)}m ago"
+    if 0 < age < 86400:
+        return f"{int(age // 3600)}h ago"
+    if 0 < age < 30 * 86400:
+        return f"{int(age // 86400)}d ago"
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
+
+
+def _human_count(value: float) -> str:
+    if not math.isfinite(value):
+        return str(value)
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f}{unit}"
+    return f"{value:g}"
+
+
+def _entries(n: int) -> str:
+    return "1 entry" if n == 1 else f"{n} entries"
+
+
+# ----------------------------------------------------------------------------
+# Cache access through the protocol, with optional backend extras.
+
+
+class CacheView:
+    """A cache for inspection: protocol methods plus the extras the backend has.
+
+    ``read`` does not count as a use: when the backend names a file for a key
+    (``path_for``) the file is read directly, so listing a cache neither bumps
+    hit counts nor refreshes access times. Other backends are read with ``get``.
+    """
+
+    def __init__(self, cache: Any, location: str) -> None:
+        self.cache = cache
+        self.location = location
+        self._path_for: Callable[[str], Any] | None = getattr(cache, "path_for", None)
+        self._access_time: Callable[[str], float | None] | None = getattr(
+            cache, "access_time", None
+        )
+        self._hit_count: Callable[[str], int] | None = getattr(cache, "hit_count", None)
+        self._quarantine: Callable[[str], None] | None = getattr(cache, "quarantine", None)
+
+    @property
+    def has_access_times(self) -> bool:
+        return self._access_time is not None
+
+    def keys(self) -> list[str]:
+        return sorted(self.cache.keys())
+
+    def path(self, key: str) -> str | None:
+        return os.fspath(self._path_for(key)) if self._path_for is not None else None
+
+    def read(self, key: str) -> bytes | None:
+        """The stored bytes, or ``None`` if the entry is gone. Raises ``OSError``."""
+        path = self.path(key)
+        if path is None:
+            value = self.cache.get(key)
+            return bytes(value) if value is not None else None
+        try:
+            fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def size(self, key: str) -> int | None:
+        path = self.path(key)
+        if path is not None:
+            try:
+                return os.stat(path, follow_symlinks=False).st_size
+            except FileNotFoundError:
+                return None
+        blob = self.read(key)
+        return None if blob is None else len(blob)
+
+    def hits(self, key: str) -> int | None:
+        return self._hit_count(key) if self._hit_count is not None else None
+
+    def last_used(self, key: str) -> float | None:
+        return self._access_time(key) if self._access_time is not None else None
+
+    def exists(self, key: str) -> bool:
+        path = self.path(key)
+        if path is not None:
+            return os.path.lexists(path)
+        return key in self.cache.keys()
+
+    def remove_bad(self, key: str) -> str:
+        """Quarantines (else deletes) a bad entry; returns what was done."""
+        if self._quarantine is not None:
+            self._quarantine(key)
+            return "quarantined"
+        self.cache.delete(key)
+        return "deleted"
+
+
+@dataclass
+class Record:
+    """One entry as listed: its header if it verified, else the reason it did not."""
+
+    key: str
+    size: int
+    header: dict[str, Any] | None = None
+    sections: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+    hits: int | None = None
+    last_used: float | None = None
+    #: The entry is another entry format version's (a newer or older jaxaot's):
+    #: unreadable here, but not damaged, so ``verify`` neither counts nor removes it.
+    other_format: int | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.header.get("name", "?")) if self.header is not None else "<bad entry>"
+
+    @property
+    def parts(self) -> dict[str, Any]:
+        if self.header is None:
+            return {}
+        try:
+            return {str(k): v for k, v in self.header.get("key", [])}
+        except (TypeError, ValueError):
+            return {}
+
+    @property
+    def created(self) -> float | None:
+        value = self.header.get("created") if self.header is not None else None
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def when(self) -> float | None:
+        """Last use, else creation time: the recency used for sorting and pruning."""
+        return self.last_used if self.last_used is not None else self.created
+
+    @property
+    def transform(self) -> str:
+        return short_transform(self.parts.get("transform"))
+
+    @property
+    def flops(self) -> float | None:
+        extra = self.header.get("extra") if self.header is not None else None
+        cost = extra.get("cost_analysis") if isinstance(extra, dict) else None
+        if isinstance(cost, list) and cost and isinstance(cost[0], dict):
+            cost = cost[0]
+        value = cost.get("flops") if isinstance(cost, dict) else None
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def executable(self) -> bool:
+        return "executable" in self.sections
+
+
+def short_transform(transform: Any) -> str:
+    """``vmap``, ``jvp``, ``jvp+transpose`` (application order); ``-`` when untransformed."""
+    if not transform:
+        return "-"
+    names = []
+    for t in transform if isinstance(transform, list | tuple) else [transform]:
+        if isinstance(t, list | tuple) and t:
+            names.append(str(t[0]))
+        else:
+            names.append(str(t))
+    return "+".join(names)
+
+
+def check_entry(key: str, blob: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """``_entry.verify`` plus: the entry's own key digest names this cache key."""
+    from . import _entry
+    from ._key import ComponentKey
+
+    header, sections = _entry.verify(blob)
+    try:
+        digest = ComponentKey.from_json(header["key"]).digest
+    except (KeyError, TypeError, ValueError) as e:
+        raise _entry.EntryError(f"malformed key parts: {e}") from e
+    if header.get("digest") != digest or not key.startswith(digest):
+        raise _entry.EntryError(f"stored under the wrong key (its key digest is {digest[:12]})")
+    return header, sections
+
+
+def _other_format(blob: bytes) -> int | None:
+    """The format version of an entry of another version, else ``None``."""
+    from . import _entry
+
+    if len(blob) < _entry._PREFIX.size or not blob.startswith(_entry.MAGIC):
+        return None
+    version = int(_entry._PREFIX.unpack_from(blob)[1])
+    return version if version != _entry.ENTRY_FORMAT_VERSION else None
+
+
+def load_record(view: CacheView, key: str, *, with_header: bool = True) -> Record | None:
+    """The record for ``key``, or ``None`` if the entry vanished meanwhile."""
+    from . import _entry
+
+    try:
+        blob = view.read(key) if with_header else None
+        size = len(blob) if blob is not None else view.size(key)
+    except OSError as e:
+        return Record(key, 0, error=f"cannot read: {e.strerror or e}")
+    if size is None:
+        return None
+    record = Record(key, size, hits=view.hits(key), last_used=view.last_used(key))
+    if blob is not None:
+        try:
+            header, sections = check_entry(key, blob)
+        except _entry.EntryError as e:
+            record.error = str(e)
+            record.other_format = _other_format(blob)
+        else:
+            record.header = header
+            record.sections = {name: len(data) for name, data in sections.items()}
+    return record
+
+
+def load_records(view: CacheView) -> list[Record]:
+    return [r for r in (load_record(view, k) for k in view.keys()) if r is not None]
+
+
+def open_cache(args: argparse.Namespace) -> CacheView:
+    """The cache a command works on: ``--dir PATH``, else the default cache directory."""
+    from ._caches import DirectoryCache, UnsafeCacheDirError
+    from ._config import default_cache_dir, default_max_bytes
+
+    try:
+        max_bytes = default_max_bytes()
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    if args.dir is not None:
+        path = os.path.abspath(os.path.expanduser(args.dir))
+        if not os.path.lexists(path):
+            raise CLIError(f"no such directory: {path}")
+    else:
+        choice = os.environ.get("JAXAOT_CACHE", "dir").strip().lower()
+        if choice in ("off", "none", "0", "false"):
+            raise CLIError(
+                f"JAXAOT_CACHE={choice}: caching is off, there is no persistent cache "
+                "(use --dir PATH to inspect a cache directory)"
+            )
+        if choice in ("memory", "mem"):
+            raise CLIError(
+                f"JAXAOT_CACHE={choice}: the cache lives in each process's memory, there is "
+                "no persistent cache (use --dir PATH to inspect a cache directory)"
+            )
+        if choice not in ("dir", "directory", "disk", ""):
+            raise CLIError(f"JAXAOT_CACHE must be 'dir', 'memory' or 'off', got {choice!r}")
+        path = default_cache_dir()
+        if not os.path.lexists(path):
+            raise CLIError(f"no such directory: {path} (the default cache; nothing cached yet)")
+    if not os.path.isdir(path):
+        raise CLIError(f"not a directory: {path}")
+    try:
+        cache = DirectoryCache(path, max_bytes=max_bytes)
+    except UnsafeCacheDirError as e:
+        raise CLIError(str(e)) from None
+    except OSError as e:
+        raise CLIError(f"cannot open the cache directory {path}: {e.strerror or e}") from None
+    return CacheView(cache, path)
+
+
+def resolve_key(view: CacheView, prefix: str) -> str:
+    """The one key that is ``prefix`` or starts with it (exit status 2 otherwise)."""
+    text = prefix.strip().lower()
+    if len(text) < 4 or not re.fullmatch(r"[0-9a-f]+", text):
+        raise CLIError(f"invalid key {prefix!r}: give a digest or a prefix of 4+ hex digits", 2)
+    keys = view.keys()
+    if text in keys:
+        return text
+    matches = [k for k in keys if k.startswith(text)]
+    if not matches:
+        raise CLIError(f"no entry matches {text!r} in {view.location}", 2)
+    if len(matches) > 1:
+        shown = ", ".join(k[:16] for k in matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise CLIError(f"ambiguous key prefix {text!r}: {len(matches)} entries match ({shown})", 2)
+    return matches[0]
+
+
+# ----------------------------------------------------------------------------
+# Commands.
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: ``configure`` adds its arguments, ``run`` does the work and
+    returns the exit status."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, Output], int]
+    description: str = ""
+    epilog: str = ""
+    uses_cache: bool = True
+
+
+@dataclass(frozen=True)
+class Group:
+    """A command with subcommands (``jaxaot cache ...``)."""
+
+    name: str
+    help: str
+    commands: tuple[Command, ...]
+    description: str = ""
+
+
+# -- ls ------------------------------------------------------------------------
+
+_SORTS: dict[str, Callable[[Record], Any]] = {
+    "name": lambda r: (r.name.lower(), r.key),
+    "size": lambda r: (-r.size, r.key),
+    "hits": lambda r: (-(r.hits if r.hits is not None else -1), r.key),
+    "last-used": lambda r: (-(r.when if r.when is not None else -math.inf), r.key),
+}
+
+
+def _ls_configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sort",
+        choices=list(_SORTS),
+        default="last-used",
+        help="order: name (A-Z), size, hits (largest first) or last-used (newest first; default)",
+    )
+    p.add_argument("--json", action="store_true", help="a JSON list of entries, for scripts")
+
+
+def _record_json(r: Record) -> dict[str, Any]:
+    h = r.header or {}
+    return {
+        "digest": r.key,
+        "name": r.name,
+        "ok": r.error is None,
+        "error": r.error,
+        "transform": r.transform if r.header is not None else None,
+        "signature": h.get("signature"),
+        "platforms": h.get("platforms"),
+        "size": r.size,
+        "hits": r.hits,
+        "last_used": r.last_used,
+        "last_used_iso": iso_time(r.last_used),
+        "created": r.created,
+        "executable": r.executable,
+        "flops": r.flops,
+        "sections": r.sections,
+    }
+
+
+def _cmd_ls(args: argparse.Namespace, out: Output) -> int:
+    view = open_cache(args)
+    records = sorted(load_records(view), key=_SORTS[args.sort])
+    if args.json:
+        out.json([_record_json(r) for r in records])
+        return 0
+    if not records:
+        out.line(f"no entries in {view.location}")
+        return 0
+    now = time.time()
+    rows = []
+    for r in records:
+        if r.header is None:
+            rows.append(
+                [r.name, "-", r.error or "", "-", human_bytes(r.size), _opt(r.hits)]
+                + [human_time(r.last_used, now), "-", "-", r.key[:12]]
+            )
+            continue
+        flops = r.flops
+        rows.append(
+            [
+                r.name,
+                r.transform,
+                str(r.header.get("signature", "?")),
+                ",".join(str(p) for p in r.header.get("platforms") or []) or "-",
+                human_bytes(r.size),
+                _opt(r.hits),
+                human_time(r.when, now),
+                "yes" if r.executable else "no",
+                _human_count(flops) if flops is not None else "-",
+                r.key[:12],
+            ]
+        )
+    columns = [
+        ("NAME", "left"),
+        ("TRANSFORM", "left"),
+        ("SIGNATURE", "left"),
+        ("PLATFORMS", "left"),
+        ("SIZE", "right"),
+        ("HITS", "right"),
+        ("LAST USED", "left"),
+        ("EXECUTABLE", "left"),
+        ("FLOPS", "right"),
+        ("DIGEST", "left"),
+    ]
+    total = sum(r.size for r in records)
+    out.table(
+        columns,
+        rows,
+        title=f"jaxaot cache {view.location}",
+        caption=f"{_entries(len(records))}, {human_bytes(total)}",
+    )
+    return 0
+
+
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+# -- info ----------------------------------------------------------------------
+
+
+def _info_configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("key", metavar="KEY", help="a full digest or a unique prefix (4+ hex digits)")
+    p.add_argument("--json", action="store_true", help="print the entry's details as JSON")
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value if value else '""'
+    return json.dumps(value, separators=(", ", ": "))
+
+
+def _is_pairs(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in value)
+    )
+
+
+def _flatten(name: str, value: Any) -> list[tuple[str, str]]:
+    """``name  value`` rows; name/value-pair lists and flat dicts become dotted rows."""
+    if _is_pairs(value):
+        return [(f"{name}.{k}", _value_text(v)) for k, v in value]
+    if isinstance(value, dict) and value:
+        return [(f"{name}.{k}", _value_text(v)) for k, v in value.items()]
+    return [(name, _value_text(value))]
+
+
+def _labelled(names: Sequence[Any], avals: Sequence[Any], default: str) -> list[tuple[str, str]]:
+    rows = []
+    for i in range(max(len(names), len(avals))):
+        name = str(names[i]) if i < len(names) and names[i] else f"{default} {i}"
+        rows.append((name, str(avals[i]) if i < len(avals) else "?"))
+    return rows
+
+
+def _cmd_info(args: argparse.Namespace, out: Output) -> int:
+    view = open_cache(args)
+    key = resolve_key(view, args.key)
+    record = load_record(view, key)
+    if record is None:
+        raise CLIError(f"entry {key[:16]} vanished while it was read", 2)
+    path = view.path(key)
+    if args.json:
+        data = _record_json(record)
+        data["path"] = path
+        if record.header is not None:
+            h = record.header
+            data.update(
+                {
+                    "key_parts": record.parts,
+                    "versions": {"jax": h.get("jax"), "jaxlib": h.get("jaxlib")},
+                    "format": h.get("format"),
+                    "created_iso": iso_time(record.created),
+                    "host_callbacks": h.get("host_callbacks"),
+                    "arg_names": h.get("arg_names"),
+                    "result_paths": h.get("result_paths"),
+                    "in_avals": h.get("in_avals"),
+                    "out_avals": h.get("out_avals"),
+                    "out_tree": h.get("out_tree"),
+                    "deps": h.get("deps"),
+                    "extra": h.get("extra"),
+                }
+            )
+        out.json(data)
+        return 0 if record.error is None else 1
+    overview = [
+        ("digest", key),
+        ("name", record.name),
+        ("size", f"{human_bytes(record.size)} ({record.size} bytes)"),
+    ]
+    if path is not None:
+        overview.append(("file", path))
+    overview += [
+        ("hits", _opt(record.hits)),
+        ("last used", _when_text(record.last_used)),
+    ]
+    if record.header is None:
+        overview.append(("error", record.error or "?"))
+        out.fields(overview, title="entry")
+        return 1
+    h = record.header
+    overview += [
+        ("created", _when_text(record.created)),
+        ("transform", record.transform),
+        ("signature", str(h.get("signature", "?"))),
+        ("platforms", ", ".join(str(p) for p in h.get("platforms") or []) or "-"),
+        ("host callbacks", "yes" if h.get("host_callbacks") else "no"),
+        ("executable", "yes" if record.executable else "no"),
+    ]
+    out.fields(overview, title="entry")
+    out.fields(
+        [
+            ("format", _value_text(h.get("format"))),
+            ("jax", _value_text(h.get("jax"))),
+            ("jaxlib", _value_text(h.get("jaxlib"))),
+        ],
+        title="versions",
+    )
+    parts: list[tuple[str, str]] = []
+    for name, value in record.parts.items():
+        parts += _flatten(name, value)
+    out.fields(parts, title="key parts")
+    out.fields(
+        [(n, f"{human_bytes(s)} ({s} bytes)") for n, s in record.sections.items()]
+        or [("(none)", "")],
+        title="sections",
+    )
+    out.fields(
+        _labelled(h.get("arg_names") or [], h.get("in_avals") or [], "input") or [("(none)", "")],
+        title="arguments",
+    )
+    out.fields(
+        _labelled(h.get("result_paths") or [], h.get("out_avals") or [], "output")
+        or [("(none)", "")],
+        title="results",
+    )
+    extra_rows: list[tuple[str, str]] = []
+    for name, value in (h.get("extra") or {}).items():
+        extra_rows += _flatten(str(name), value)
+    out.fields(extra_rows or [("(none)", "")], title="extra")
+    return 0
+
+
+def _when_text(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return f"{iso_time(ts)} ({human_time(ts)})"
+
+
+# -- stats ---------------------------------------------------------------------
+
+
+def _stats_configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+
+
+def _cmd_stats(args: argparse.Namespace, out: Output) -> int:
+    view = open_cache(args)
+    stats = dict(view.cache.stats())
+    stats.setdefault("path", view.location)
+    recorded = None
+    if getattr(view.cache, "hit_count", None) is not None:
+        recorded = sum(view.hits(k) or 0 for k in view.keys())
+    stats["recorded_hits"] = recorded
+    if args.json:
+        out.json(stats)
+        return 0
+    entries, total, cap = stats.get("entries"), stats.get("bytes"), stats.get("max_bytes")
+    rows = [
+        ("path", str(stats["path"])),
+        ("backend", str(stats.get("backend", type(view.cache).__name__))),
+        ("entries", _opt(entries)),
+        ("total", f"{human_bytes(total)} ({total} bytes)" if total is not None else "-"),
+    ]
+    if cap is not None:
+        used = f", {100.0 * total / cap:.1f}% used" if total is not None and cap else ""
+        rows.append(("cap", f"{human_bytes(cap)} ({cap} bytes{used})"))
+    rows.append(("recorded hits", _opt(recorded)))
+    out.fields(rows)
+    shown = {"path", "backend", "entries", "bytes", "max_bytes", "recorded_hits"}
+    more = [(n.replace("_", " "), _value_text(v)) for n, v in stats.items() if n not in shown]
+    if more:
+        # Whatever else the backend reports; a DirectoryCache's counters count this process.
+        out.fields(more, title="backend stats")
+    return 0
+
+
+# -- verify --------------------------------------------------------------------
+
+
+def _verify_configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--fix",
+        action="store_true",
+        help="remove bad entries (moved to the cache's quarantine when it has one, else deleted)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _cmd_verify(args: argparse.Namespace, out: Output) -> int:
+    from ._entry import HMAC_ENV
+
+    view = open_cache(args)
+    records = load_records(view)
+    others = [r for r in records if r.other_format is not None]
+    records = [r for r in records if r.other_format is None]
+    bad = [r for r in records if r.error is not None]
+    removed: dict[str, str] = {}
+    if args.fix:
+        for r in bad:
+            try:
+                how = view.remove_bad(r.key)
+            except OSError:
+                continue
+            if not view.exists(r.key):
+                removed[r.key] = how
+    signed = bool(os.environ.get(HMAC_ENV))
+    status = 0 if not bad or (args.fix and len(removed) == len(bad)) else 1
+    if args.json:
+        out.json(
+            {
+                "path": view.location,
+                "checked": len(records),
+                "ok": len(records) - len(bad),
+                "signatures": signed,
+                "other_format": [{"digest": r.key, "format": r.other_format} for r in others],
+                "bad": [
+                    {"digest": r.key, "error": r.error, "removed": removed.get(r.key)} for r in bad
+                ],
+            }
+        )
+        return status
+    check = f"signatures (${HMAC_ENV})" if signed else "checksums"
+    out.line(f"checked {_entries(len(records))} in {view.location} ({check})")
+    if bad:
+        rows = []
+        for r in bad:
+            row = [r.key[:12], human_bytes(r.size), r.error or "?"]
+            if args.fix:
+                row.append(removed.get(r.key, "NOT REMOVED"))
+            rows.append(row)
+        columns = [("DIGEST", "left"), ("SIZE", "right"), ("PROBLEM", "left")]
+        if args.fix:
+            columns.append(("ACTION", "left"))
+        out.table(columns, rows)
+    summary = f"{len(records) - len(bad)} ok, {len(bad)} bad"
+    if others:
+        versions = ", ".join(sorted({str(r.other_format) for r in others}))
+        summary += f", {len(others)} of another entry format ({versions}; skipped)"
+    if args.fix and bad:
+        summary += f", {len(removed)} removed"
+        if len(removed) < len(bad):
+            summary += f", {len(bad) - len(removed)} could not be removed"
+    out.line(summary)
+    return status
+
+
+# -- prune ---------------------------------------------------------------------
+
+
+def _prune_configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-bytes",
+        type=parse_size,
+        metavar="N",
+        help="remove least recently used entries until the entries total at most N bytes "
+        "(suffixes K, M, G, T are powers of 1024: 500M, 2G)",
+    )
+    p.add_argument(
+        "--older-than",
+        type=parse_duration,
+        metavar="DURATION",
+        help="remove entries not used for longer than DURATION (30s, 15m, 12h, 7d, 2w)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="show what would be removed")
+    p.add_argument("-v", "--verbose", action="store_true", help="list each removed entry")
+
+
+def _cmd_prune(args: argparse.Namespace, out: Output) -> int:
+    if args.max_bytes is None and args.older_than is None:
+        raise CLIError(
+            "prune needs --max-bytes N or --older-than DURATION (see 'jaxaot cache prune --help')",
+            2,
+        )
+    view = open_cache(args)
+    records = [
+        r
+        for r in (load_record(view, k, with_header=view.has_access_times) for k in view.keys())
+        if r is not None
+    ]
+    if not view.has_access_times:
+        # No access times from the backend: fall back to creation times in the headers.
+        records = [r for r in (load_record(view, r.key) for r in records) if r is not None]
+    # Least recently used first; entries with no time at all go first.
+    records.sort(key=lambda r: (r.when if r.when is not None else -math.inf, r.key))
+    victims: list[Record] = []
+    keep = list(records)
+    if args.older_than is not None:
+        cutoff = time.time() - args.older_than
+        victims = [r for r in keep if r.when is None or r.when < cutoff]
+        keep = [r for r in keep if not (r.when is None or r.when < cutoff)]
+    if args.max_bytes is not None:
+        total = sum(r.size for r in keep)
+        while keep and total > args.max_bytes:
+            r = keep.pop(0)
+            victims.append(r)
+            total -= r.size
+    removed: list[Record] = []
+    for r in victims:
+        if args.dry_run or view.cache.delete(r.key):
+            removed.append(r)
+    verb = "would remove" if args.dry_run else "removed"
+    if args.verbose:
+        for r in removed:
+            out.line(f"{verb} {r.key[:12]}  {human_bytes(r.size)}  {r.name}")
+    gone = {r.key for r in removed}
+    left = [r for r in records if r.key not in gone]
+    out.line(
+        f"{verb} {_entries(len(removed))} ({human_bytes(sum(r.size for r in removed))}) "
+        f"from {view.location}; {_entries(len(left))} "
+        f"({human_bytes(sum(r.size for r in left))}) left"
+    )
+    return 0
+
+
+# -- clear ---------------------------------------------------------------------
+
+
+def _clear_configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+
+
+def _cmd_clear(args: argparse.Namespace, out: Output) -> int:
+    view = open_cache(args)
+    stats = view.cache.stats()
+    n, size = int(stats.get("entries", 0)), int(stats.get("bytes", 0))
+    what = f"{_entries(n)} ({human_bytes(size)})"
+    if n == 0:
+        out.line(f"no entries in {view.location}")
+        return 0
+    if not args.yes:
+        if not _is_terminal(sys.stdin):
+            raise CLIError(
+                f"not clearing {what} from {view.location}: stdin is not a terminal to "
+                "confirm on; pass --yes"
+            )
+        try:
+            answer = input(f"Remove {what} from {view.location}? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            out.line("nothing removed")
+            return 1
+    view.cache.clear()
+    out.line(f"removed {what} from {view.location}")
+    return 0
+
+
+# ----------------------------------------------------------------------------
+# The registry and main.
+
+_DIR_HELP = (
+    "the cache directory (default: $JAXAOT_CACHE_DIR, $XDG_CACHE_HOME/jaxaot or ~/.cache/jaxaot)"
+)
+
+CACHE = Group(
+    "cache",
+    help="inspect and maintain a jaxaot cache directory",
+    description="Inspect and maintain a jaxaot cache: the default cache directory, "
+    "or the one given with --dir.",
+    commands=(
+        Command("ls", "list the entries", _ls_configure, _cmd_ls),
+        Command(
+            "info",
+            "show everything about one entry",
+            _info_configure,
+            _cmd_info,
+            epilog="Exit status: 0 ok, 1 the entry is damaged, 2 unknown or ambiguous KEY.",
+        ),
+        Command("stats", "entries, size, cap and counters", _stats_configure, _cmd_stats),
+        Command(
+            "verify",
+            "check every entry's checksum (signature when $JAXAOT_CACHE_HMAC_KEY is set)",
+            _verify_configure,
+            _cmd_verify,
+            epilog="Exit status: 0 when every entry is good, or when --fix removed every bad "
+            "one; 1 when bad entries remain. Entries of another entry format version (written "
+            "by another jaxaot release) are reported and skipped, never removed.",
+        ),
+        Command(
+            "prune",
+            "remove least recently used or long unused entries",
+            _prune_configure,
+            _cmd_prune,
+            epilog="Both options may be given: entries older than DURATION go first, then "
+            "the least recently used until the rest fit in N bytes.",
+        ),
+        Command(
+            "clear",
+            "remove every entry (asks first unless --yes)",
+            _clear_configure,
+            _cmd_clear,
+            epilog="Without --yes, clear asks on the terminal, and refuses (exit status 1) "
+            "when stdin is not a terminal.",
+        ),
+    ),
+)
+
+#: The top-level commands, in help order. Add ``demo``/``bench`` here.
+COMMANDS: list[Command | Group] = [CACHE]
+
+
+def _add_command(sub: Any, cmd: Command) -> None:
+    p = sub.add_parser(
+        cmd.name,
+        help=cmd.help,
+        description=cmd.description or cmd.help[:1].upper() + cmd.help[1:] + ".",
+        epilog=cmd.epilog or None,
+    )
+    if cmd.uses_cache:
+        p.add_argument("--dir", metavar="PATH", default=None, help=_DIR_HELP)
+    cmd.configure(p)
+    p.set_defaults(_run=cmd.run)
+
+
+def _missing(parser: argparse.ArgumentParser, names: Sequence[str]) -> Callable[..., int]:
+    def run(args: argparse.Namespace, out: Output) -> int:
+        raise CLIError(
+            f"'{parser.prog}' needs a command ({', '.join(names)}); see '{parser.prog} --help'", 2
+        )
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="jaxaot: reusable, cached, compiled building blocks for JAX programs.",
+    )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    top = parser.add_subparsers(title="commands", metavar="COMMAND")
+    parser.set_defaults(_run=_missing(parser, [c.name for c in COMMANDS]))
+    for item in COMMANDS:
+        if isinstance(item, Command):
+            _add_command(top, item)
+            continue
+        gp = top.add_parser(item.name, help=item.help, description=item.description or None)
+        gsub = gp.add_subparsers(title="commands", metavar="COMMAND")
+        gp.set_defaults(_run=_missing(gp, [c.name for c in item.commands]))
+        for cmd in item.commands:
+            _add_command(gsub, cmd)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command line; returns the exit status."""
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help and --version
+            return e.code if isinstance(e.code, int) else 0
+        return int(args._run(args, Output()))
+    except CLIError as e:
+        _error(str(e))
+        return e.code
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`jaxaot cache ls | head`): stop quietly.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 1
+    except OSError as e:
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        _error(f"{e.strerror or e}{where}")
+        return 1
+
+
+def _error(message: str) -> None:
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)

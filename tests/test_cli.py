@@ -1,0 +1,630 @@
+"""The ``jaxaot`` command line: ``jaxaot cache ls|info|stats|verify|prune|clear``."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxaot
+from jaxaot import _cli, _entry
+
+
+@jaxaot.component
+def affine(x, w):
+    return x @ w + 1.0
+
+
+@jaxaot.component
+def tree_fn(params, x):
+    return {"y": jnp.tanh(params["w"] @ x) + params["b"][0], "n": jnp.sum(x)}
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache directory with plain, vmap-derived and pytree-argument entries (made once)."""
+    root = tmp_path_factory.mktemp("cli") / "template"
+    with jaxaot.using_cache(jaxaot.DirectoryCache(root)):
+        x, w = jnp.ones((2, 3)), jnp.ones((3, 4))
+        affine(x, w)
+        jax.vmap(affine, in_axes=(0, None))(jnp.ones((5, 2, 3)), w)
+        tree_fn({"w": jnp.ones((2, 3)), "b": (jnp.ones(2),)}, jnp.ones(3))
+    return root
+
+
+@pytest.fixture
+def cache_dir(template: Path, tmp_path: Path) -> Path:
+    """A private copy of the template cache."""
+    root = tmp_path / "c"
+    shutil.copytree(template, root)
+    return root
+
+
+def headers(root: Path) -> dict[str, dict[str, Any]]:
+    cache = jaxaot.DirectoryCache(root)
+    return {k: _entry.verify(cache.path_for(k).read_bytes())[0] for k in cache.keys()}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = _cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def assert_one_line_error(err: str, *needles: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("jaxaot: error: "), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], err
+
+
+def set_mtimes(root: Path, times: dict[str, float]) -> None:
+    cache = jaxaot.DirectoryCache(root)
+    for key, t in times.items():
+        os.utime(cache.path_for(key), (t, t))
+
+
+def corrupt(root: Path, key: str) -> None:
+    path = jaxaot.DirectoryCache(root).path_for(key)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+# -- ls --------------------------------------------------------------------------
+
+
+def test_template_has_the_expected_entries(cache_dir: Path) -> None:
+    hs = headers(cache_dir)
+    names = {h["name"] for h in hs.values()}
+    assert names == {"affine", "tree_fn"}
+    transforms = [dict(h["key"])["transform"] for h in hs.values()]
+    assert any(t and t[0][0] == "vmap" for t in transforms)
+
+
+def test_ls_table(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "cache", "ls", "--dir", str(cache_dir))
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["NAME", "TRANSFORM", "SIGNATURE"]
+    assert not any(ch in out for ch in "│┃━─\x1b")  # plain text when piped
+    hs = headers(cache_dir)
+    assert len(lines) == 1 + len(hs)
+    cache = jaxaot.DirectoryCache(cache_dir)
+    for key, h in hs.items():
+        (row,) = [line for line in lines if key[:12] in line]
+        assert row.startswith(h["name"])
+        assert h["signature"] in row
+        assert _cli.human_bytes(cache.path_for(key).stat().st_size) in row
+        transform = dict(h["key"])["transform"]
+        assert f"  {_cli.short_transform(transform)}  " in row
+    vmap_rows = [line for line in lines if "  vmap  " in line]
+    assert vmap_rows and all("float32[5,2,3]" in r for r in vmap_rows)
+    assert any("'b'" not in line and "float32[2,3]" in line for line in lines)
+
+
+def test_ls_json_fields(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = run_json(capsys, "cache", "ls", "--dir", str(cache_dir))
+    hs = headers(cache_dir)
+    cache = jaxaot.DirectoryCache(cache_dir)
+    assert {r["digest"] for r in rows} == set(hs)
+    for r in rows:
+        h = hs[r["digest"]]
+        assert len(r["digest"]) == 64
+        assert r["ok"] is True and r["error"] is None
+        assert r["name"] == h["name"]
+        assert r["signature"] == h["signature"]
+        assert r["platforms"] == h["platforms"]
+        assert r["size"] == cache.path_for(r["digest"]).stat().st_size
+        assert r["hits"] == 0
+        assert r["last_used"] == pytest.approx(cache.access_time(r["digest"]))
+        assert r["created"] == h["created"]
+        assert r["sections"] == {name: size for name, size in h["sections"]}
+        assert r["executable"] == ("executable" in r["sections"])
+        flops = h["extra"].get("cost_analysis", {}).get("flops")
+        assert r["flops"] == flops
+        t = dict(h["key"])["transform"]
+        assert r["transform"] == ("-" if not t else "+".join(step[0] for step in t))
+    assert any(r["transform"] == "vmap" for r in rows)
+
+
+def test_ls_sorting(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = sorted(headers(cache_dir))
+    now = time.time()
+    set_mtimes(cache_dir, {k: now - 1000 * (i + 1) for i, k in enumerate(keys)})
+    cache = jaxaot.DirectoryCache(cache_dir)
+    cache.get(keys[-1])  # hits; a get also refreshes the access time
+    cache.get(keys[-1])
+    cache.get(keys[1])
+    set_mtimes(cache_dir, {keys[-1]: now, keys[1]: now - 10})  # the oldest is now the newest
+
+    d = ["--dir", str(cache_dir)]
+    by_default = [r["digest"] for r in run_json(capsys, "cache", "ls", *d)]
+    assert by_default == [keys[-1], keys[1], keys[0], *keys[2:-1]]
+
+    by_name = [r["name"] for r in run_json(capsys, "cache", "ls", "--sort", "name", *d)]
+    assert by_name == sorted(by_name, key=str.lower)
+
+    sizes = [r["size"] for r in run_json(capsys, "cache", "ls", "--sort", "size", *d)]
+    assert sizes == sorted(sizes, reverse=True)
+
+    by_hits = run_json(capsys, "cache", "ls", "--sort", "hits", *d)
+    assert [r["hits"] for r in by_hits[:2]] == [2, 1]
+    assert [r["digest"] for r in by_hits[:2]] == [keys[-1], keys[1]]
+
+
+def test_ls_reads_without_counting_hits(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = jaxaot.DirectoryCache(cache_dir)
+    old = time.time() - 5000
+    set_mtimes(cache_dir, dict.fromkeys(cache.keys(), old))
+    for _ in range(2):
+        run(capsys, "cache", "ls", "--dir", str(cache_dir))
+        run(capsys, "cache", "verify", "--dir", str(cache_dir))
+    for key in cache.keys():
+        assert cache.hit_count(key) == 0
+        assert cache.access_time(key) == pytest.approx(old)
+
+
+def test_ls_lists_bad_entries(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    key = sorted(headers(cache_dir))[0]
+    corrupt(cache_dir, key)
+    code, out, _ = run(capsys, "cache", "ls", "--dir", str(cache_dir))
+    assert code == 0
+    (row,) = [line for line in out.splitlines() if key[:12] in line]
+    assert row.startswith("<bad entry>") and "checksum mismatch" in row
+    rows = run_json(capsys, "cache", "ls", "--dir", str(cache_dir))
+    (bad,) = [r for r in rows if not r["ok"]]
+    assert bad["digest"] == key and bad["name"] == "<bad entry>" and "checksum" in bad["error"]
+
+
+def test_ls_rich_table_on_a_terminal(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_cli, "_is_terminal", lambda stream: True)
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run(capsys, "cache", "ls", "--dir", str(cache_dir))
+    assert code == 0
+    assert "affine" in out and "tree_fn" in out and "float32[5,2,3]" in out
+    assert any(ch in out for ch in "│┃━─")
+
+
+def test_ls_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    jaxaot.DirectoryCache(tmp_path / "empty")
+    code, out, _ = run(capsys, "cache", "ls", "--dir", str(tmp_path / "empty"))
+    assert code == 0 and "no entries" in out
+    assert run_json(capsys, "cache", "ls", "--dir", str(tmp_path / "empty")) == []
+
+
+# -- info ------------------------------------------------------------------------
+
+
+def test_info_by_prefix(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hs = headers(cache_dir)
+    key, h = next((k, h) for k, h in hs.items() if h["name"] == "tree_fn")
+    code, out, err = run(capsys, "cache", "info", key[:8].upper(), "--dir", str(cache_dir))
+    assert code == 0, err
+    assert key in out and "tree_fn" in out
+    for name in dict(h["key"]):
+        assert any(line.strip().startswith(name) for line in out.splitlines()), name
+    for section, size in h["sections"]:
+        assert section in out and f"({size} bytes)" in out
+    assert "jax_default_matmul_precision" in out  # config key parts, one per line
+    assert "params['w']" in out and "float32[2,3]" in out  # argument names with avals
+    assert "result['y']" in out  # result paths
+    assert "host callbacks" in out and "created" in out and "jaxlib" in out
+    for line in ("versions:", "key parts:", "sections:", "arguments:", "results:", "extra:"):
+        assert line in out.splitlines()
+    if h["extra"].get("cost_analysis"):
+        assert "cost_analysis.flops" in out
+
+
+def test_info_json(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hs = headers(cache_dir)
+    key = next(k for k, h in hs.items() if dict(h["key"])["transform"])
+    data = run_json(capsys, "cache", "info", key[:10], "--dir", str(cache_dir))
+    h = hs[key]
+    assert data["digest"] == key
+    assert data["key_parts"] == dict(h["key"])
+    assert data["transform"] == "vmap"
+    assert data["arg_names"] == h["arg_names"] and data["result_paths"] == h["result_paths"]
+    assert data["in_avals"] == h["in_avals"] and data["out_avals"] == h["out_avals"]
+    assert data["versions"] == {"jax": h["jax"], "jaxlib": h["jaxlib"]}
+    assert data["extra"] == h["extra"] and data["host_callbacks"] is False
+    assert data["path"] == str(jaxaot.DirectoryCache(cache_dir).path_for(key))
+
+
+def test_info_ambiguous_unknown_and_invalid_keys(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = sorted(headers(cache_dir))[0]
+    twin = key[:4] + ("0" if key[4] != "0" else "1") * 60
+    (cache_dir / key[:2] / twin).write_bytes(b"not an entry")
+    d = ["--dir", str(cache_dir)]
+
+    code, _, err = run(capsys, "cache", "info", key[:4], *d)
+    assert code == 2
+    assert_one_line_error(err, "ambiguous", key[:4])
+
+    # A longer prefix and the full key pick one entry again.
+    assert run(capsys, "cache", "info", key[:6], *d)[0] == 0
+    assert run(capsys, "cache", "info", key, *d)[0] == 0
+
+    # The planted file is an entry too: info reports it as damaged.
+    code, out, _ = run(capsys, "cache", "info", twin, *d)
+    assert code == 1 and "entry too short" in out
+
+    keys = jaxaot.DirectoryCache(cache_dir).keys()
+    unknown = next(
+        p for p in (f"{i:04x}" for i in range(1 << 16)) if not any(k.startswith(p) for k in keys)
+    )
+    code, _, err = run(capsys, "cache", "info", unknown, *d)
+    assert code == 2
+    assert_one_line_error(err, "no entry matches")
+
+    for bad in ("abc", "zzzz1234"):
+        code, _, err = run(capsys, "cache", "info", bad, *d)
+        assert code == 2
+        assert_one_line_error(err, "invalid key")
+
+
+# -- stats -----------------------------------------------------------------------
+
+
+def test_stats_numbers_match(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = jaxaot.DirectoryCache(cache_dir)
+    expected = cache.stats()
+    total = sum(cache.path_for(k).stat().st_size for k in cache.keys())
+    assert expected["bytes"] == total
+    cache.get(cache.keys()[0])
+
+    data = run_json(capsys, "cache", "stats", "--dir", str(cache_dir))
+    assert data["entries"] == expected["entries"] == len(cache.keys())
+    assert data["bytes"] == total
+    assert data["max_bytes"] == expected["max_bytes"]
+    assert data["path"] == str(cache_dir.resolve())
+    assert data["recorded_hits"] == 1
+
+    code, out, _ = run(capsys, "cache", "stats", "--dir", str(cache_dir))
+    assert code == 0
+    fields = {line[:14].strip(): line[14:].strip() for line in out.splitlines()}
+    assert fields["entries"] == str(expected["entries"])
+    assert f"({total} bytes)" in fields["total"]
+    assert f"({expected['max_bytes']} bytes" in fields["cap"]
+    assert fields["path"] == str(cache_dir.resolve())
+    assert fields["recorded hits"] == "1"
+
+
+def test_stats_cap_from_env(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JAXAOT_CACHE_MAX_BYTES", "123456")
+    assert run_json(capsys, "cache", "stats", "--dir", str(cache_dir))["max_bytes"] == 123456
+
+
+# -- verify ----------------------------------------------------------------------
+
+
+def test_verify_clean_corrupt_and_fix(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = ["--dir", str(cache_dir)]
+    n = len(headers(cache_dir))
+    code, out, _ = run(capsys, "cache", "verify", *d)
+    assert code == 0 and f"{n} ok, 0 bad" in out
+
+    key = sorted(headers(cache_dir))[1]
+    corrupt(cache_dir, key)
+    code, out, _ = run(capsys, "cache", "verify", *d)
+    assert code == 1
+    assert key[:12] in out and "checksum mismatch" in out and f"{n - 1} ok, 1 bad" in out
+    assert jaxaot.DirectoryCache(cache_dir).path_for(key).exists()
+
+    code, out, _ = run(capsys, "cache", "verify", "--json", *d)
+    report = json.loads(out)
+    assert code == 1
+    assert report["ok"] == n - 1 and report["bad"][0]["digest"] == key
+
+    code, out, _ = run(capsys, "cache", "verify", "--fix", *d)
+    assert code == 0
+    assert "quarantined" in out and "1 removed" in out
+    assert not jaxaot.DirectoryCache(cache_dir).path_for(key).exists()
+    assert any(p.name.startswith(key) for p in (cache_dir / "quarantine").iterdir())
+
+    code, out, _ = run(capsys, "cache", "verify", *d)
+    assert code == 0 and f"{n - 1} ok, 0 bad" in out
+
+
+def test_verify_detects_an_entry_under_the_wrong_key(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = sorted(headers(cache_dir))[:2]
+    cache = jaxaot.DirectoryCache(cache_dir)
+    cache.path_for(a).write_bytes(cache.path_for(b).read_bytes())
+    code, out, _ = run(capsys, "cache", "verify", "--dir", str(cache_dir))
+    assert code == 1 and a[:12] in out and "wrong key" in out
+
+
+def test_verify_skips_other_format_versions(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = sorted(headers(cache_dir))[0]
+    path = jaxaot.DirectoryCache(cache_dir).path_for(key)
+    data = bytearray(path.read_bytes())
+    data[8:10] = (_entry.ENTRY_FORMAT_VERSION + 1).to_bytes(2, "little")
+    path.write_bytes(bytes(data))
+    code, out, _ = run(capsys, "cache", "verify", "--fix", "--dir", str(cache_dir))
+    assert code == 0 and "1 of another entry format" in out
+    assert path.exists()
+    rows = run_json(capsys, "cache", "ls", "--dir", str(cache_dir))
+    assert "format version" in next(r["error"] for r in rows if r["digest"] == key)
+
+
+def test_verify_with_hmac_reports_unsigned_entries(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = len(headers(cache_dir))
+    monkeypatch.setenv(_entry.HMAC_ENV, "sekrit")
+    code, out, _ = run(capsys, "cache", "verify", "--dir", str(cache_dir))
+    assert code == 1
+    assert "signatures" in out and f"0 ok, {n} bad" in out
+    assert out.count("signature mismatch") == n
+
+
+# -- prune -----------------------------------------------------------------------
+
+
+def test_prune_by_size(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = jaxaot.DirectoryCache(cache_dir)
+    keys = sorted(cache.keys())
+    now = time.time()
+    set_mtimes(cache_dir, {k: now - 100 * (i + 1) for i, k in enumerate(keys)})  # keys[0] newest
+    sizes = {k: cache.path_for(k).stat().st_size for k in keys}
+    limit = sizes[keys[0]] + sizes[keys[1]]
+
+    code, out, _ = run(
+        capsys, "cache", "prune", "--max-bytes", str(limit), "--dry-run", "--dir", str(cache_dir)
+    )
+    assert code == 0 and f"would remove {len(keys) - 2} entries" in out
+    assert sorted(cache.keys()) == keys
+
+    code, out, _ = run(
+        capsys, "cache", "prune", "--max-bytes", str(limit), "-v", "--dir", str(cache_dir)
+    )
+    assert code == 0
+    removed = sum(sizes[k] for k in keys[2:])
+    assert f"removed {len(keys) - 2} entries ({_cli.human_bytes(removed)})" in out
+    assert sorted(cache.keys()) == keys[:2]
+    assert all(k[:12] in out for k in keys[2:])
+
+    code, out, _ = run(capsys, "cache", "prune", "--max-bytes", "1M", "--dir", str(cache_dir))
+    assert code == 0 and "removed 0 entries" in out and sorted(cache.keys()) == keys[:2]
+    run(capsys, "cache", "prune", "--max-bytes", "0", "--dir", str(cache_dir))
+    assert cache.keys() == []
+
+
+def test_prune_by_age(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = jaxaot.DirectoryCache(cache_dir)
+    keys = sorted(cache.keys())
+    old = keys[:2]
+    set_mtimes(cache_dir, dict.fromkeys(old, time.time() - 10 * 86400))
+    set_mtimes(cache_dir, dict.fromkeys(keys[2:], time.time() - 3 * 86400))
+    code, out, _ = run(capsys, "cache", "prune", "--older-than", "7d", "--dir", str(cache_dir))
+    assert code == 0 and "removed 2 entries" in out
+    assert sorted(cache.keys()) == keys[2:]
+    code, out, _ = run(capsys, "cache", "prune", "--older-than", "2d", "--dir", str(cache_dir))
+    assert code == 0 and cache.keys() == []
+
+
+def test_prune_needs_a_limit(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "cache", "prune", "--dir", str(cache_dir))
+    assert code == 2
+    assert_one_line_error(err, "--max-bytes")
+    for bad in (["--max-bytes", "12Q"], ["--older-than", "3 fortnights"]):
+        code, _, err = run(capsys, "cache", "prune", *bad, "--dir", str(cache_dir))
+        assert code == 2
+        assert_one_line_error(err, "invalid")
+
+
+def test_parse_sizes_and_durations() -> None:
+    assert _cli.parse_size("1234") == 1234
+    assert _cli.parse_size("500M") == 500 * 2**20
+    assert _cli.parse_size("2G") == _cli.parse_size("2GiB") == _cli.parse_size("2 gb") == 2 << 30
+    assert _cli.parse_size("1.5k") == 1536
+    assert _cli.parse_duration("30s") == 30
+    assert _cli.parse_duration("15m") == 900
+    assert _cli.parse_duration("12h") == 12 * 3600
+    assert _cli.parse_duration("7d") == 7 * 86400
+    assert _cli.parse_duration("2w") == 14 * 86400
+    assert _cli.parse_duration("90") == 90
+    assert _cli.human_bytes(880) == "880 B"
+    assert _cli.human_bytes(1536) == "1.5 KiB"
+    assert _cli.human_bytes(3 << 30) == "3.0 GiB"
+    now = 1_000_000.0
+    assert _cli.human_time(now - 30, now) == "30s ago"
+    assert _cli.human_time(now - 7200, now) == "2h ago"
+    assert _cli.human_time(now - 3 * 86400, now) == "3d ago"
+
+
+# -- clear -----------------------------------------------------------------------
+
+
+def test_clear_with_yes(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    n = len(headers(cache_dir))
+    code, out, _ = run(capsys, "cache", "clear", "--yes", "--dir", str(cache_dir))
+    assert code == 0 and f"removed {n} entries" in out
+    assert jaxaot.DirectoryCache(cache_dir).keys() == []
+    code, out, _ = run(capsys, "cache", "clear", "--dir", str(cache_dir))
+    assert code == 0 and "no entries" in out
+
+
+def test_clear_refuses_without_a_terminal(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = len(headers(cache_dir))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    code, _, err = run(capsys, "cache", "clear", "--dir", str(cache_dir))
+    assert code == 1
+    assert_one_line_error(err, "--yes", "not a terminal")
+    assert len(jaxaot.DirectoryCache(cache_dir).keys()) == n
+
+
+class _FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("answer", ["n", "y"])
+def test_clear_asks_on_a_terminal(
+    answer: str,
+    cache_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    n = len(headers(cache_dir))
+    monkeypatch.setattr(sys, "stdin", _FakeTTY(answer + "\n"))
+    code, out, _ = run(capsys, "cache", "clear", "--dir", str(cache_dir))
+    assert f"Remove {n} entries (" in out and f"from {cache_dir.resolve()}? [y/N]" in out
+    left = jaxaot.DirectoryCache(cache_dir).keys()
+    if answer == "y":
+        assert code == 0 and left == []
+    else:
+        assert code == 1 and len(left) == n and "nothing removed" in out
+
+
+# -- locations and errors --------------------------------------------------------
+
+
+def test_missing_dir_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for sub in ("ls", "stats", "verify", "clear"):
+        code, out, err = run(capsys, "cache", sub, "--dir", str(tmp_path / "nope"))
+        assert code == 1 and out == ""
+        assert_one_line_error(err, "no such directory", str(tmp_path / "nope"))
+    assert not (tmp_path / "nope").exists()  # nothing was created
+    (tmp_path / "file").write_text("x")
+    code, _, err = run(capsys, "cache", "ls", "--dir", str(tmp_path / "file"))
+    assert code == 1
+    assert_one_line_error(err, "not a directory")
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+def test_world_writable_dir_is_refused(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    os.chmod(cache_dir, 0o777)
+    code, out, err = run(capsys, "cache", "ls", "--dir", str(cache_dir))
+    assert code == 1 and out == ""
+    assert_one_line_error(err, "world-writable", "chmod 700")
+
+
+def test_default_cache_from_env(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JAXAOT_CACHE_DIR", str(cache_dir))
+    monkeypatch.delenv("JAXAOT_CACHE", raising=False)
+    rows = run_json(capsys, "cache", "ls")
+    assert {r["digest"] for r in rows} == set(headers(cache_dir))
+    assert run_json(capsys, "cache", "stats")["path"] == str(cache_dir.resolve())
+
+    for choice in ("off", "memory"):
+        monkeypatch.setenv("JAXAOT_CACHE", choice)
+        code, _, err = run(capsys, "cache", "ls")
+        assert code == 1
+        assert_one_line_error(err, f"JAXAOT_CACHE={choice}", "no persistent cache")
+    # --dir works whatever JAXAOT_CACHE says.
+    assert run(capsys, "cache", "stats", "--dir", str(cache_dir))[0] == 0
+
+    monkeypatch.delenv("JAXAOT_CACHE")
+    monkeypatch.setenv("JAXAOT_CACHE_DIR", str(cache_dir.parent / "never-made"))
+    code, _, err = run(capsys, "cache", "ls")
+    assert code == 1
+    assert_one_line_error(err, "no such directory", "never-made")
+
+
+def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in ([], ["cache"], ["nope"], ["cache", "ls", "--sort", "bogus"], ["cache", "info"]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2, argv
+        assert_one_line_error(err)
+
+
+def test_help(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and "cache" in out
+    code, out, _ = run(capsys, "cache", "--help")
+    assert code == 0
+    for sub in ("ls", "info", "stats", "verify", "prune", "clear"):
+        assert sub in out
+    code, out, _ = run(capsys, "cache", "verify", "--help")
+    assert code == 0 and "--fix" in out and "Exit status" in out
+
+
+def test_protocol_only_backend(fresh_cache: jaxaot.MemoryCache) -> None:
+    """A backend without files is read through get(); its extras are used when present."""
+    with jaxaot.using_cache(fresh_cache):
+        affine(jnp.ones((4, 3)), jnp.ones((3, 2)))
+    key = fresh_cache.keys()[0]
+    fresh_cache.put("ab" * 16, b"garbage")
+    view = _cli.CacheView(fresh_cache, "memory")
+    records = {r.key: r for r in _cli.load_records(view)}
+    assert records[key].name == "affine" and records[key].error is None
+    assert records["ab" * 16].name == "<bad entry>"
+    assert records[key].last_used is None and records[key].hits is not None
+    assert view.remove_bad("ab" * 16) == "deleted" and not view.exists("ab" * 16)
+
+
+# -- real processes --------------------------------------------------------------
+
+
+def test_python_m_jaxaot(cache_dir: Path, subprocess_env: dict[str, str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxaot", "cache", "ls", "--dir", str(cache_dir)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "affine" in proc.stdout and "tree_fn" in proc.stdout and "vmap" in proc.stdout
+    assert not any(ch in proc.stdout for ch in "│┃━─\x1b")
+
+    missing = str(cache_dir.parent / "missing")
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxaot", "cache", "verify", "--dir", missing],
+        capture_output=True,
+        text=True,
+        env=subprocess_env,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert_one_line_error(proc.stderr, "no such directory")
+
+
+def test_console_script(cache_dir: Path, subprocess_env: dict[str, str]) -> None:
+    script = shutil.which("jaxaot")
+    if script is None:
+        pytest.skip("the jaxaot console script is not installed (pip install -e .)")
+    proc = subprocess.run(
+        [script, "cache", "stats", "--json", "--dir", str(cache_dir)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["entries"] == len(headers(cache_dir))
