@@ -10,6 +10,8 @@ from ._config import default_cache_dir as default_cache_dir
 from ._config import get_cache as get_cache
 from ._config import set_cache as set_cache
 from ._config import using_cache as using_cache
+from ._host import HostCopy as HostCopy
+from ._host import to_host_async as to_host_async
 from ._key import ClosureError as ClosureError
 from ._key import ComponentKey as ComponentKey
 from ._stats import CacheInfo as CacheInfo
@@ -24,6 +26,7 @@ __all__ = [
     "Component",
     "ComponentKey",
     "DirectoryCache",
+    "HostCopy",
     "MemoryCache",
     "UnsafeCacheDirError",
     "component",
@@ -31,5 +34,6 @@ __all__ = [
     "get_cache",
     "set_cache",
     "stats",
+    "to_host_async",
     "using_cache",
 ]

@@ -1013,8 +1013,44 @@ CACHE = Group(
     ),
 )
 
+
 #: The top-level commands, in help order. Add ``demo``/``bench`` here.
-COMMANDS: list[Command | Group] = [CACHE]
+def _demo_configure(parser: argparse.ArgumentParser) -> None:
+    from ._demo import add_arguments
+
+    add_arguments(parser)
+
+
+def _cmd_demo(args: argparse.Namespace, out: Output) -> int:
+    from ._demo import run, summary_rows
+
+    if args.cache_dir is not None:
+        path = os.path.abspath(os.path.expanduser(args.cache_dir))
+        args.cache_dir = path
+    try:
+        result = run(args)
+    except Exception as e:  # an unusable cache directory, bad sizes, ...
+        from ._caches import UnsafeCacheDirError
+
+        if isinstance(e, UnsafeCacheDirError | ValueError):
+            raise CLIError(str(e)) from None
+        raise
+    out.fields(summary_rows(result), title="jaxaot demo")
+    return 0
+
+
+DEMO = Command(
+    "demo",
+    "train a small transformer whose block and train step are components",
+    _demo_configure,
+    _cmd_demo,
+    description="Train a small transformer language model (components for the block and the "
+    "train step, optax, generated data) and report time to first step, step time, loss and "
+    "cache use. Run it twice to see the warm start.",
+    uses_cache=False,
+)
+
+COMMANDS: list[Command | Group] = [DEMO, CACHE]
 
 
 def _add_command(sub: Any, cmd: Command) -> None:

@@ -292,17 +292,19 @@ class _Fingerprinter:
             self.add("opaque", _qualified(fun))
             return
         self.add("function", fun.__module__ or "", fun.__qualname__)
-        if not _is_project_code(code):
+        if _is_project_code(code):
+            digest, global_names = _code_digest(code)
+            self.add(digest)
+            for name in global_names:
+                if name in fun.__globals__:
+                    self.add("global", name)
+                    self.value(fun.__globals__[name], f"global {name!r}")
+                elif hasattr(builtins, name):
+                    self.add("builtin", name)
+        else:
+            # Library code is named by module, qualified name and package version;
+            # its closures still count (``optax.adam(1e-3)`` vs ``adam(1e-2)``).
             self.add("library", _package_version(fun.__module__))
-            return
-        digest, global_names = _code_digest(code)
-        self.add(digest)
-        for name in global_names:
-            if name in fun.__globals__:
-                self.add("global", name)
-                self.value(fun.__globals__[name], f"global {name!r}")
-            elif hasattr(builtins, name):
-                self.add("builtin", name)
         for name, cell in zip(code.co_freevars, fun.__closure__ or (), strict=False):
             self.add("free", name)
             try:

@@ -235,3 +235,23 @@ def test_aval_text_round_trip() -> None:
     assert parse_aval_str("int8[]") == ((), np.dtype("int8"), False)
     with pytest.raises(ValueError):
         parse_aval_str("float32")
+
+
+def test_library_closures_are_part_of_the_fingerprint() -> None:
+    import optax
+
+    def make(opt: Any) -> Any:
+        def step(params: Any, grads: Any) -> Any:
+            return opt.update(grads, opt.init(params), params)
+
+        return step
+
+    assert function_fingerprint(make(optax.adam(1e-3)), "s") == function_fingerprint(
+        make(optax.adam(1e-3)), "s"
+    )
+    assert function_fingerprint(make(optax.adam(1e-3)), "s") != function_fingerprint(
+        make(optax.adam(1e-2)), "s"
+    )
+    assert function_fingerprint(make(optax.adam(1e-3)), "s") != function_fingerprint(
+        make(optax.sgd(1e-3)), "s"
+    )

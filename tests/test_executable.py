@@ -1,0 +1,185 @@
+"""Top-level executables in the cache: zero-trace warm starts, foreign and
+damaged executables, cost analysis and profiler annotations."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from jaxaot import _component, _entry
+
+STEP_MODULE = textwrap.dedent(
+    """
+    import os
+    import jax, jax.numpy as jnp, jaxaot
+
+    @jaxaot.component(key="exe-step", donate_argnums=(0,))
+    def step(params, x):
+        if os.environ.get("JAXAOT_TEST_RAISE") == "1":
+            raise RuntimeError("traced in the warm process")
+        loss, grads = jax.value_and_grad(lambda p: jnp.mean(jnp.tanh(x @ p["w"]) ** 2))(params)
+        return {"w": params["w"] - 0.1 * grads["w"]}, loss
+
+    def run():
+        params = {"w": jnp.ones((4, 3)) / 4}
+        x = jnp.arange(8.0).reshape(2, 4) / 8
+        losses = []
+        for _ in range(3):
+            params, loss = step(params, x)
+            losses.append(float(loss))
+        info = step.cache_info()
+        return {"losses": losses, "w": params["w"].tolist(), "info": info._asdict(),
+                "costs": step.cost_analysis(params, x)}
+    """
+)
+
+
+def _run(
+    tmp_path: Path,
+    env: dict[str, str],
+    raise_if_traced: bool,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    env = dict(env)
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env["PYTHONPATH"]
+    env["JAXAOT_TEST_RAISE"] = "1" if raise_if_traced else "0"
+    env.update(extra_env or {})
+    code = "import json, stepmod; print(json.dumps(stepmod.run()))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_warm_process_does_not_trace_lower_or_compile(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    (tmp_path / "stepmod.py").write_text(STEP_MODULE)
+    cold = _run(tmp_path, subprocess_env, raise_if_traced=False)
+    assert cold["info"]["traces"] == 1 and cold["info"]["compiles"] == 1
+    warm = _run(tmp_path, subprocess_env, raise_if_traced=True)
+    assert warm["info"]["traces"] == 0
+    assert warm["info"]["lowerings"] == 0
+    assert warm["info"]["compiles"] == 0
+    assert warm["info"]["hits"] >= 1
+    np.testing.assert_allclose(warm["losses"], cold["losses"], rtol=1e-6)
+    np.testing.assert_allclose(warm["w"], cold["w"], rtol=1e-6)
+    assert warm["costs"] == cold["costs"] and warm["costs"]["flops"] > 0
+
+
+def test_other_xla_flags_are_a_different_executable(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    (tmp_path / "stepmod.py").write_text(STEP_MODULE)
+    _run(tmp_path, subprocess_env, raise_if_traced=False)
+    flagged = _run(
+        tmp_path,
+        subprocess_env,
+        raise_if_traced=False,
+        extra_env={"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"},
+    )
+    assert flagged["info"]["compiles"] == 1  # not the executable made under other flags
+    assert flagged["info"]["traces"] == 0  # the lowered entry is shared
+
+
+def _exe_entries(cache: jaxaot.MemoryCache) -> list[tuple[str, _entry.Entry]]:
+    out = []
+    for k in cache.keys():
+        e = _entry.decode(cache.get(k) or b"")
+        if e.executable is not None:
+            out.append((k, e))
+    return out
+
+
+def test_executable_key_parts(fresh_cache: jaxaot.MemoryCache) -> None:
+    comp = jaxaot.component(lambda x: x * 2, key="exe-parts", donate_argnums=())
+    comp(jnp.ones(3))
+    [(_, entry)] = _exe_entries(fresh_cache)
+    parts = dict(entry.key.parts["executable"])
+    assert parts["backend"] == "cpu"
+    assert parts["device_kind"] == jax.devices()[0].device_kind
+    assert parts["device_count"] == jax.device_count()
+    assert {"platform_version", "xla_flags", "donate_argnums", "process_count"} <= set(parts)
+
+
+def test_foreign_entry_planted_under_our_key_is_never_loaded(
+    fresh_cache: jaxaot.MemoryCache,
+) -> None:
+    comp = jaxaot.component(lambda x: jnp.cos(x), key="exe-foreign")
+    x = jnp.arange(3.0)
+    comp(x)
+    [(digest, entry)] = _exe_entries(fresh_cache)
+    # An executable made for another device kind, planted under our digest.
+    parts = dict(entry.key.parts["executable"])
+    parts["device_kind"] = "TPU v9"
+    entry.key = entry.key.replace(executable=tuple(parts.items()))
+    fresh_cache.delete(digest)
+    fresh_cache.put(digest, _entry.encode(entry))
+    again = jaxaot.component(lambda x: jnp.cos(x), key="exe-foreign")
+    np.testing.assert_allclose(again(x), np.cos(np.arange(3.0)), rtol=1e-6)
+    assert again.cache_info().compiles == 1
+
+
+def test_damaged_executable_section_is_a_miss(
+    fresh_cache: jaxaot.MemoryCache, caplog: pytest.LogCaptureFixture
+) -> None:
+    comp = jaxaot.component(lambda x: x + 10, key="exe-damaged")
+    x = jnp.arange(3.0)
+    comp(x)
+    [(digest, entry)] = _exe_entries(fresh_cache)
+    entry.executable = b"\x80\x04garbage" + bytes(200)  # well-formed entry, unloadable payload
+    fresh_cache.delete(digest)
+    fresh_cache.put(digest, _entry.encode(entry))
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    again = jaxaot.component(lambda x: x + 10, key="exe-damaged")
+    np.testing.assert_allclose(again(x), np.arange(3.0) + 10)
+    assert again.cache_info().compiles == 1
+    assert len([r for r in caplog.records if "cached executable" in r.getMessage()]) == 1
+    # The bad entry was replaced by a good one: the next component loads it.
+    third = jaxaot.component(lambda x: x + 10, key="exe-damaged")
+    np.testing.assert_allclose(third(x), np.arange(3.0) + 10)
+    assert third.cache_info().compiles == 0
+
+
+def test_cost_analysis_is_a_plain_dict() -> None:
+    comp = jaxaot.component(lambda a, b: jnp.tanh(a @ b))
+    a, b = jnp.ones((8, 16)), jnp.ones((16, 4))
+    costs = comp.cost_analysis(a, b)
+    assert isinstance(costs, dict)
+    assert costs["flops"] >= 2 * 8 * 16 * 4
+    assert "bytes accessed" in costs and "transcendentals" in costs
+    assert all(isinstance(v, float) for v in costs.values())
+    assert comp.cost_analysis(jax.ShapeDtypeStruct((8, 16), jnp.float32), b) == costs
+    assert comp.cache_info().compiles == 1  # one executable serves both
+
+
+def test_cost_analysis_none_when_backend_has_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoCosts:
+        def cost_analysis(self) -> None:
+            return None
+
+    assert _component._cost_dict(NoCosts()) is None
+
+
+def test_executions_are_annotated_for_the_profiler(tmp_path: Path) -> None:
+    comp = jaxaot.component(lambda x: x * 3, key="profiled")
+    x = jnp.ones(3)
+    comp(x)
+    with jax.profiler.trace(str(tmp_path)):
+        for _ in range(3):
+            comp(x).block_until_ready()
+    blobs = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert b"jaxaot:<lambda>" in blobs
