@@ -13,6 +13,8 @@ from ._config import using_cache as using_cache
 from ._host import HostCopy as HostCopy
 from ._host import to_host_async as to_host_async
 from ._key import ClosureError as ClosureError
+from ._regional import RegionalFunction as RegionalFunction
+from ._regional import jit as jit
 from ._key import ComponentKey as ComponentKey
 from ._stats import CacheInfo as CacheInfo
 from ._stats import stats as stats
@@ -28,10 +30,12 @@ __all__ = [
     "DirectoryCache",
     "HostCopy",
     "MemoryCache",
+    "RegionalFunction",
     "UnsafeCacheDirError",
     "component",
     "default_cache_dir",
     "get_cache",
+    "jit",
     "set_cache",
     "stats",
     "to_host_async",

@@ -321,6 +321,7 @@ class Component(Generic[P, R]):
         self._compiled: dict[Any, Any] = {}
         self._fast: dict[Any, Any] = {}
         self._costs: dict[Any, dict[str, float] | None] = {}
+        self._region_exes: dict[ComponentKey, Any] = {}
         self._annotation = f"jaxaot:{self.name}"
         self._simple = not self._static_argnums and not self._static_argnames and not callable(key)
 
@@ -725,6 +726,43 @@ class Component(Generic[P, R]):
             self._compiled[sig] = exe
             return exe, sig
 
+    def _call_executable(self, call: Call) -> Any:
+        """An executable running one entry on its own (for ``jaxaot.jit``):
+        from this process, else loaded from the cache, else compiled and stored."""
+        exe = self._region_exes.get(call.key)
+        if exe is not None:
+            return exe
+        with self._lock:
+            exe = self._region_exes.get(call.key)
+            if exe is not None:
+                return exe
+            exe_key = call.key.replace(executable=_executable_parts(()))
+            cache = get_cache()
+            loaded = _load_executable(cache, exe_key) if cache is not None else None
+            if loaded is not None:
+                exe = loaded[0]
+                self._counters.add("hits")
+            else:
+                self._counters.add("misses")
+                sds = [_sds(a) for a in call.entry.in_avals]
+                exe = jax.jit(lambda *a: bind(call, a), keep_unused=True).trace(*sds).lower().compile()
+                self._counters.add("compiles")
+                if cache is not None and not call.entry.host_callbacks:
+                    _store_executable(cache, exe_key, call.entry, exe, _cost_dict(exe))
+            self._region_exes[call.key] = exe
+            return exe
+
+    def precompile(self, *args: Any, **kwargs: Any) -> Any:
+        """Loads (from the cache) or compiles the top-level executable for this
+        signature without running it, and returns it (a ``jax.stages.Compiled``).
+
+        Accepts arrays or ``jax.ShapeDtypeStruct``s. Later calls with this
+        signature use the same executable."""
+        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        leaves, in_tree = self._flatten(dyn_args, dyn_kwargs, allow_sds=True)
+        exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)
+        return exe
+
     def cost_analysis(self, *args: Any, **kwargs: Any) -> dict[str, float] | None:
         """The compiled program's cost analysis for this signature as a plain dict
         (``flops``, ``bytes accessed``, ...), or ``None`` where the backend gives none.
@@ -732,7 +770,6 @@ class Component(Generic[P, R]):
         Loads or compiles the executable if needed; does not run it."""
         dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
         leaves, in_tree = self._flatten(dyn_args, dyn_kwargs, allow_sds=True)
-        leaves = [_sds(_aval_of(x)) if isinstance(x, jax.ShapeDtypeStruct) else x for x in leaves]
         _, sig = self._executable(args, kwargs, in_tree, leaves, statics)
         costs = self._costs.get(sig)
         return dict(costs) if costs is not None else None
@@ -763,6 +800,7 @@ class Component(Generic[P, R]):
             self._compiled.clear()
             self._fast.clear()
             self._costs.clear()
+            self._region_exes.clear()
 
 
 def _read(cache: Cache, key: ComponentKey) -> Entry | None:

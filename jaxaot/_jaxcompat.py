@@ -49,6 +49,11 @@ Primitive = _core.Primitive
 ShapedArray = _core.ShapedArray
 Tracer = _core.Tracer
 ClosedJaxpr = _core.ClosedJaxpr
+Jaxpr = _core.Jaxpr
+Literal = _core.Literal
+DropVar = _core.DropVar
+join_effects = _core.join_effects
+jaxprs_in_params = _core.jaxprs_in_params
 jaxpr_as_fun = _core.jaxpr_as_fun
 trace_state_clean = _core.trace_state_clean
 not_mapped = None  # batching.NotMapped is type(None): unmapped dims are None
@@ -167,3 +172,12 @@ def batch_jaxpr(
         [batching.zero_if_mapped] * len(closed_jaxpr.out_avals),
     )
     return batched, [0 if b else None for b in out_batched]
+
+
+def component_calls_in(jaxpr: Any) -> int:
+    """How many ``jaxaot_component`` equations ``jaxpr`` holds, nested jaxprs included."""
+    if isinstance(jaxpr, ClosedJaxpr):
+        jaxpr = jaxpr.jaxpr
+    return sum(
+        1 for j in _jaxprs(jaxpr) for eqn in j.eqns if eqn.primitive.name == "jaxaot_component"
+    )

@@ -1,0 +1,312 @@
+"""``jaxaot bench``: warm-start benchmark against JAX's own caches.
+
+Every contender runs in its own fresh Python process (``python -m
+jaxaot._bench worker ...``), so that nothing warm in one process helps
+another; prepared artifacts (JAX's persistent cache, a ``jax.export``
+artifact, a serialized executable, a jaxaot cache) live in a work folder
+shared by the processes of one run. Each worker prints one JSON line of
+timings; the parent writes a Markdown table and a PNG plot.
+
+Model: ``L`` pre-norm transformer blocks (4 heads, GELU MLP 4x), batch 8,
+sequence 128, width 256; the step is ``value_and_grad`` of the mean square of
+the output with respect to every block's parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+BATCH, SEQ, WIDTH = 8, 128, 256
+PHASES = ("trace", "lower", "compile", "first_run")
+
+# name -> (label, preparation contender or None)
+CONTENDERS: dict[str, tuple[str, str | None]] = {
+    "jit_cold": ("jax.jit, cold", None),
+    "jit_components_cold": ("jax.jit calling components, cold", None),
+    "pcc_cold": ("jax.jit + JAX persistent cache, cold", None),
+    "pcc_warm": ("jax.jit + JAX persistent cache, warm", "pcc_cold"),
+    "export_warm": ("jax.export artifact, fresh process", "export_prepare"),
+    "jaxaot_cold": ("jaxaot component, cold", None),
+    "jaxaot_warm": ("jaxaot component, warm", "jaxaot_cold"),
+    "limit": ("physical limit: read + deserialize_and_load", "limit_prepare"),
+}
+
+
+# ----------------------------------------------------------------------------
+# Worker side: one contender, in a fresh process.
+
+
+def _model(layers: int) -> tuple[Any, Any, Callable[..., Any]]:
+    import jax
+    import jax.numpy as jnp
+
+    from . import _model
+
+    blocks = _model.init_blocks(jax.random.key(0), layers, WIDTH)
+    x = jax.random.normal(jax.random.key(1), (BATCH, SEQ, WIDTH), jnp.float32)
+
+    def make_step(block_fn: Callable[..., Any]) -> Callable[..., Any]:
+        def loss(blocks: Any, x: Any) -> Any:
+            for p in blocks:
+                x = block_fn(p, x)
+            return jnp.mean(x**2)
+
+        def step(blocks: Any, x: Any) -> Any:
+            return jax.value_and_grad(loss)(blocks, x)
+
+        return step
+
+    jax.block_until_ready((blocks, x))
+    return blocks, x, make_step
+
+
+def _block(out: Any) -> Any:
+    import jax
+
+    return jax.block_until_ready(out)
+
+
+def _steady(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _block(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def worker(contender: str, layers: int, work: Path, repeats: int, t_import: float) -> dict[str, Any]:
+    import jax
+
+    import jaxaot
+
+    result: dict[str, Any] = {"contender": contender, "layers": layers, "import": t_import}
+    for phase in PHASES:
+        result[phase] = None
+    if contender.startswith("pcc"):
+        jax.config.update("jax_compilation_cache_dir", str(work / "jax-pcc"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    blocks, x, make_step = _model(layers)
+    from . import _model as model_lib
+
+    if contender in ("jit_cold", "pcc_cold", "pcc_warm", "jit_components_cold"):
+        if contender == "jit_components_cold":
+            jaxaot.set_cache(None)
+            step = make_step(jaxaot.component(model_lib.block))
+        else:
+            step = make_step(model_lib.block)
+        jitted = jax.jit(step)
+        traced, result["trace"] = _timed(lambda: jitted.trace(blocks, x))
+        lowered, result["lower"] = _timed(traced.lower)
+        compiled, result["compile"] = _timed(lowered.compile)
+        _, result["first_run"] = _timed(lambda: _block(compiled(blocks, x)))
+        result["steady"] = _steady(lambda: compiled(blocks, x), repeats)
+    elif contender == "export_prepare":
+        from jax import export
+
+        exported = export.export(jax.jit(make_step(model_lib.block)))(blocks, x)
+        (work / "step.export").write_bytes(exported.serialize())
+    elif contender == "export_warm":
+        from jax import export
+
+        blob, t_read = _timed((work / "step.export").read_bytes)
+        exported, t_deser = _timed(lambda: export.deserialize(bytearray(blob)))
+        result["trace"] = t_read + t_deser  # reading and deserializing stand in for tracing
+        jitted = jax.jit(exported.call)
+        traced, t_trace = _timed(lambda: jitted.trace(blocks, x))
+        lowered, result["lower"] = _timed(traced.lower)
+        result["trace"] += t_trace
+        compiled, result["compile"] = _timed(lowered.compile)
+        _, result["first_run"] = _timed(lambda: _block(compiled(blocks, x)))
+        result["steady"] = _steady(lambda: compiled(blocks, x), repeats)
+    elif contender in ("jaxaot_cold", "jaxaot_warm"):
+        jaxaot.set_cache(jaxaot.DirectoryCache(work / "jaxaot-cache"))
+        step = jaxaot.component(make_step(jaxaot.component(model_lib.block)), key="bench-step")
+        compiled, result["compile"] = _timed(lambda: step.precompile(blocks, x))
+        _, result["first_run"] = _timed(lambda: _block(step(blocks, x)))
+        result["steady"] = _steady(lambda: step(blocks, x), repeats)
+        result["cache_info"] = step.cache_info()._asdict()
+    elif contender == "limit_prepare":
+        from jax.experimental import serialize_executable as se
+
+        compiled = jax.jit(make_step(model_lib.block)).trace(blocks, x).lower().compile()
+        payload, _, _ = se.serialize(compiled)
+        (work / "step.executable").write_bytes(payload)
+    elif contender == "limit":
+        from jax.experimental import serialize_executable as se
+
+        in_tree = jax.tree_util.tree_structure(((blocks, x), {}))
+        out_tree = jax.tree_util.tree_structure((0.0, blocks))
+
+        def load() -> Any:
+            return se.deserialize_and_load((work / "step.executable").read_bytes(), in_tree, out_tree)
+
+        compiled, result["compile"] = _timed(load)
+        _, result["first_run"] = _timed(lambda: _block(compiled(blocks, x)))
+        result["steady"] = _steady(lambda: compiled(blocks, x), repeats)
+    else:
+        raise ValueError(f"unknown contender {contender!r}")
+    result["first_result"] = sum(result[p] or 0.0 for p in PHASES)
+    return result
+
+
+# ----------------------------------------------------------------------------
+# Parent side.
+
+
+def _run_worker(contender: str, layers: int, work: Path, repeats: int) -> dict[str, Any]:
+    code = (
+        "import time; t0 = time.perf_counter(); import jax, jaxaot; "
+        "from jaxaot._bench import worker_main; worker_main(time.perf_counter() - t0)"
+    )
+    cmd = [sys.executable, "-c", code, contender, str(layers), str(work), str(repeats)]
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark worker {contender} (L={layers}) failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def run_warm_start(
+    layers: Sequence[int], out_dir: Path, repeats: int, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    import tempfile
+
+    rows: list[dict[str, Any]] = []
+    for depth in layers:
+        with tempfile.TemporaryDirectory(prefix="jaxaot-bench-") as tmp:
+            work = Path(tmp)
+            prepared: set[str] = set()
+            for name, (_, prep) in CONTENDERS.items():
+                if prep is not None and prep not in prepared:
+                    log(f"L={depth}: preparing {prep}")
+                    _run_worker(prep, depth, work, repeats)
+                    prepared.add(prep)
+                log(f"L={depth}: {name}")
+                row = _run_worker(name, depth, work, repeats)
+                rows.append(row)
+                prepared.add(name)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "warm_start.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def _fmt(t: float | None) -> str:
+    return "–" if t is None else f"{t:.2f}"
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    import jax
+
+    lines = [
+        f"Warm-start benchmark, {datetime.date.today().isoformat()}, jax {jax.__version__}, "
+        f"backend {jax.default_backend()}, {machine()}. Times in seconds; "
+        "time to first result = trace + lower + compile/load + first run "
+        "(import and parameter initialisation excluded).",
+        "",
+        "| L | contender | import | trace | lower | compile / load | first run | first result | steady step |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        label = CONTENDERS[r["contender"]][0]
+        lines.append(
+            f"| {r['layers']} | {label} | {_fmt(r['import'])} | {_fmt(r['trace'])} | {_fmt(r['lower'])} | "
+            f"{_fmt(r['compile'])} | {_fmt(r['first_run'])} | **{_fmt(r['first_result'])}** | {_fmt(r['steady'])} |"
+        )
+    lines += ["", "Ratios (same run):", ""]
+    by = {(r["layers"], r["contender"]): r for r in rows}
+    for depth in sorted({r["layers"] for r in rows}):
+        def get(name: str, field: str = "first_result") -> float:
+            return float(by[(depth, name)][field])
+
+        lines.append(
+            f"- L={depth}: jaxaot warm / physical limit = {get('jaxaot_warm') / get('limit'):.2f}; "
+            f"jaxaot warm / jit+JAX cache warm = {get('jaxaot_warm') / get('pcc_warm'):.2f}; "
+            f"jaxaot cold / jit cold = {get('jaxaot_cold') / get('jit_cold'):.2f}; "
+            f"steady step, jit with components / plain jit = "
+            f"{get('jit_components_cold', 'steady') / get('jit_cold', 'steady'):.3f}"
+        )
+    lines.append(
+        "\njaxaot cold's compile/load column includes its trace and lowering (one call: "
+        "`Component.precompile`); export's trace column includes reading and deserializing the artifact."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    depths = sorted({r["layers"] for r in rows})
+    names = list(CONTENDERS)
+    fig, axes = plt.subplots(1, len(depths), figsize=(6 * len(depths), 4.8), squeeze=False)
+    colors = {"trace": "#4c72b0", "lower": "#55a868", "compile": "#c44e52", "first_run": "#8172b2"}
+    for ax, depth in zip(axes[0], depths, strict=True):
+        sub = {r["contender"]: r for r in rows if r["layers"] == depth}
+        bottoms = [0.0] * len(names)
+        for phase in PHASES:
+            vals = [float(sub[n][phase] or 0.0) for n in names]
+            ax.barh(range(len(names)), vals, left=bottoms, color=colors[phase], label=phase.replace("_", " "))
+            bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
+        ax.set_yticks(range(len(names)), [CONTENDERS[n][0] for n in names], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds to first result")
+        ax.set_title(f"train step, {depth} layers")
+    axes[0][0].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--layers", type=int, nargs="+", default=None, help="depths (default 4 16)")
+    parser.add_argument("--full", action="store_true", help="also L=48")
+    parser.add_argument("--repeats", type=int, default=3, help="steady-state repeats (default 3)")
+    parser.add_argument("--out", default="bench-out", help="output folder (default ./bench-out)")
+
+
+def run(args: argparse.Namespace, log: Callable[[str], None]) -> str:
+    layers = args.layers or ([4, 16, 48] if args.full else [4, 16])
+    out = Path(args.out)
+    rows = run_warm_start(layers, out, args.repeats, log)
+    text = markdown(rows)
+    (out / "warm_start.md").write_text(text)
+    plot(rows, out / "warm_start.png")
+    return text
+
+
+def worker_main(t_import: float) -> None:
+    """Entry point of a worker process: ``argv`` is contender, layers, work folder, repeats."""
+    contender, depth, work_dir, reps = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+    print(json.dumps(worker(contender, depth, work_dir, reps, t_import)))
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__)
+    add_arguments(p)
+    print(run(p.parse_args(), lambda m: print(m, file=sys.stderr)))

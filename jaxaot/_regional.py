@@ -1,0 +1,409 @@
+"""``jaxaot.jit``: regional compilation of programs made of components.
+
+``jax.jit`` inlines every component call, so XLA compiles the whole unrolled
+program, and compile time grows faster than the program. ``jaxaot.jit`` traces
+the program the same way, then splits its jaxpr at the component calls:
+
+* every component call runs that component's own executable, compiled once
+  per entry (the primal entry and the derived entries that ``grad`` needs),
+  and kept in the cache like any other executable entry;
+* the equations between component calls form *glue* programs; glue programs
+  that are the same (same equations, same types) are compiled once and
+  cached too.
+
+Calls of ``jax.jit`` functions and ``jax.checkpoint`` regions that contain
+components are inlined first, so their components split as well. A component
+under ``lax.scan``, ``cond`` or ``while`` stays inside its glue (compiled the
+ordinary way), with one DEBUG line; when nothing can be split, or splitting
+fails, the program runs under plain ``jax.jit``. Either way the result is
+the one ``jax.jit`` would give.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+
+from . import _component, _entry, _stats
+from ._config import get_cache
+from ._jaxcompat import (
+    ClosedJaxpr,
+    DropVar,
+    Jaxpr,
+    Literal,
+    Tracer,
+    component_calls_in,
+    join_effects,
+    jaxpr_as_fun,
+    trace_state_clean,
+)
+from ._key import ComponentKey, aval_str
+from ._rules import component_p
+
+logger = logging.getLogger("jaxaot")
+
+_INLINE = frozenset(["jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"])
+
+
+@dataclass
+class _Step:
+    """One executable in a split program: a component call or a glue program."""
+
+    kind: str  # "component" or "glue"
+    run: Any  # a loaded or compiled executable taking and returning flat lists
+    invars: list[Any]
+    outvars: list[Any]
+    label: str
+
+
+class _Plan:
+    """A split program for one input signature."""
+
+    def __init__(self, consts: dict[Any, Any], invars: list[Any], outvars: list[Any], steps: list[_Step], out_tree: Any, delete_after: list[int]) -> None:
+        self.consts = consts
+        self.invars = invars
+        self.outvars = outvars
+        self.steps = steps
+        self.out_tree = out_tree
+        self.delete_after = delete_after
+
+    def run(self, leaves: Sequence[Any]) -> Any:
+        env: dict[Any, Any] = dict(self.consts)
+        for v, x in zip(self.invars, leaves, strict=True):
+            env[v] = x
+        for step in self.steps:
+            ins = [v.val if isinstance(v, Literal) else env[v] for v in step.invars]
+            outs = step.run(*ins)
+            for v, o in zip(step.outvars, outs, strict=True):
+                env[v] = o
+        out = [v.val if isinstance(v, Literal) else env[v] for v in self.outvars]
+        for i in self.delete_after:
+            leaf = leaves[i]
+            if isinstance(leaf, jax.Array) and not leaf.is_deleted() and not any(leaf is o for o in out):
+                leaf.delete()
+        return jax.tree_util.tree_unflatten(self.out_tree, out)
+
+
+def _contains_components(jaxpr: Any) -> bool:
+    return component_calls_in(jaxpr) > 0
+
+
+def _inner_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
+    inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    if inner is None:
+        return None
+    if isinstance(inner, ClosedJaxpr):
+        return inner.jaxpr, inner.consts
+    return inner, ()
+
+
+def _eval_inlined(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+    """Evaluates ``jaxpr``, inlining calls (jit, checkpoint) that contain components."""
+    env: dict[Any, Any] = {}
+
+    def read(v: Any) -> Any:
+        return v.val if isinstance(v, Literal) else env[v]
+
+    for v, x in zip(jaxpr.constvars, consts, strict=True):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, args, strict=True):
+        env[v] = x
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        inner = _inner_jaxpr(eqn) if eqn.primitive.name in _INLINE else None
+        if inner is not None and _contains_components(inner[0]):
+            outvals = _eval_inlined(inner[0], inner[1], invals)
+        else:
+            if eqn.primitive.name not in _INLINE and _contains_components_in_params(eqn):
+                logger.debug(
+                    "jaxaot.jit: components under %s are compiled inline with their glue",
+                    eqn.primitive.name,
+                )
+            params = eqn.primitive.get_bind_params(eqn.params)
+            with eqn.ctx.manager:
+                outvals = eqn.primitive.bind(*invals, **params)
+            if not eqn.primitive.multiple_results:
+                outvals = [outvals]
+        for v, x in zip(eqn.outvars, outvals, strict=True):
+            if not isinstance(v, DropVar):
+                env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _contains_components_in_params(eqn: Any) -> bool:
+    from ._jaxcompat import jaxprs_in_params
+
+    return any(_contains_components(j) for j in jaxprs_in_params(eqn.params))
+
+
+def _glue_key(text: str, avals: Sequence[Any], donate: tuple[int, ...]) -> ComponentKey:
+    parts = _component._base_parts(_component.default_platform())
+    parts.update(
+        component="glue:" + hashlib.sha256(text.encode()).hexdigest(),
+        in_tree="",
+        static=(),
+        args=tuple(aval_str(a.shape, a.dtype, a.weak_type) for a in avals),
+        transform=(("glue", donate),),
+        executable=_component._executable_parts(donate),
+    )
+    return ComponentKey(parts)
+
+
+class _GlueCache:
+    """Compiled glue programs of this process, by structure; shared by all jaxaot.jit functions."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._exes: dict[tuple[str, tuple[Any, ...], tuple[int, ...]], Any] = {}
+        self.counters = _stats.Counters(parent=_stats.PROCESS)
+
+    def get(self, closed: Any, donate: tuple[int, ...]) -> Any:
+        text = str(closed)
+        avals = tuple(closed.in_avals)
+        memo_key = (text, avals, donate)
+        exe = self._exes.get(memo_key)
+        if exe is not None:
+            self.counters.add("hits")
+            return exe
+        with self._lock:
+            exe = self._exes.get(memo_key)
+            if exe is not None:
+                self.counters.add("hits")
+                return exe
+            key = _glue_key(text, avals, donate)
+            cache = get_cache()
+            loaded = _component._load_executable(cache, key) if cache is not None else None
+            if loaded is not None:
+                exe = loaded[0]
+                self.counters.add("hits")
+            else:
+                self.counters.add("misses")
+                fn = jaxpr_as_fun(closed)
+                sds = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+                exe = jax.jit(fn, keep_unused=True, donate_argnums=donate).trace(*sds).lower().compile()
+                self.counters.add("compiles")
+                if cache is not None and not _has_callbacks(closed):
+                    record = _entry.Entry(
+                        key=key,
+                        name="glue",
+                        in_avals=avals,
+                        out_avals=tuple(closed.out_avals),
+                        out_tree=jax.tree_util.tree_structure([0] * len(closed.out_avals)),
+                        arg_names=("",) * len(avals),
+                        result_paths=tuple(f"result[{i}]" for i in range(len(closed.out_avals))),
+                    )
+                    _component._store_executable(cache, key, record, exe, None)
+            self._exes[memo_key] = exe
+            return exe
+
+
+def _has_callbacks(closed: Any) -> bool:
+    from ._jaxcompat import has_host_callbacks
+
+    return has_host_callbacks(closed)
+
+
+GLUE = _GlueCache()
+
+
+def _split(
+    jaxpr: Any, donated: set[Any]
+) -> tuple[list[tuple[str, list[Any], list[Any], list[Any], tuple[int, ...]]], set[Any]]:
+    """Cuts ``jaxpr`` into runs of glue equations and single component calls.
+
+    Returns (kind, eqns, invars, outvars, donate positions) per step, and the
+    donated inputs no glue step consumed."""
+    groups: list[tuple[str, list[Any]]] = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is component_p:
+            groups.append(("component", [eqn]))
+        elif groups and groups[-1][0] == "glue":
+            groups[-1][1].append(eqn)
+        else:
+            groups.append(("glue", [eqn]))
+    # Liveness: which variables each step must hand on.
+    needed_after: list[set[Any]] = [set() for _ in groups]
+    live = {v for v in jaxpr.outvars if not isinstance(v, Literal)}
+    last_use: dict[Any, int] = {}
+    for i in range(len(groups) - 1, -1, -1):
+        needed_after[i] = set(live)
+        for eqn in groups[i][1]:
+            for v in eqn.invars:
+                if not isinstance(v, Literal):
+                    live.add(v)
+                    last_use.setdefault(v, i)
+    steps = []
+    consumed: set[Any] = set()
+    for i, (kind, eqns) in enumerate(groups):
+        defined: set[Any] = set()
+        invars: list[Any] = []
+        for eqn in eqns:
+            for v in eqn.invars:
+                if not isinstance(v, Literal) and v not in defined and v not in invars:
+                    invars.append(v)
+            defined.update(v for v in eqn.outvars if not isinstance(v, DropVar))
+        if kind == "component":
+            outvars = list(eqns[0].outvars)
+            steps.append((kind, eqns, list(eqns[0].invars), outvars, ()))
+            continue
+        outvars = [v for eqn in eqns for v in eqn.outvars if not isinstance(v, DropVar) and v in needed_after[i]]
+        donate = tuple(
+            j
+            for j, v in enumerate(invars)
+            if v in donated and last_use.get(v) == i and v not in needed_after[i]
+        )
+        consumed.update(invars[j] for j in donate)
+        steps.append((kind, eqns, invars, outvars, donate))
+    return steps, donated - consumed
+
+
+class RegionalFunction:
+    """A function compiled region by region; see :func:`jit`."""
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        *,
+        static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] = (),
+        donate_argnums: int | Sequence[int] = (),
+    ) -> None:
+        self.__wrapped__ = fun
+        self._static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+        self._static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+        self._donate_argnums = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+        self._jitted = jax.jit(
+            fun,
+            static_argnums=self._static_argnums,
+            static_argnames=self._static_argnames,
+            donate_argnums=self._donate_argnums,
+        )
+        self._plans: dict[Any, _Plan | None] = {}
+        self._lock = threading.Lock()
+        self.__name__ = getattr(fun, "__name__", "function")
+        self.__doc__ = getattr(fun, "__doc__", None)
+
+    def __repr__(self) -> str:
+        return f"<jaxaot.jit {self.__name__}>"
+
+    def _dynamic(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any, tuple[Any, ...], list[int]]:
+        n = len(args)
+        static_pos = {i % n for i in self._static_argnums if -n <= i < n} if n else set()
+        donate_pos = {i % n for i in self._donate_argnums if -n <= i < n} if n else set()
+        dyn_args, statics, donated_flags = [], [], []
+        for i, a in enumerate(args):
+            if i in static_pos:
+                statics.append((i, a))
+            else:
+                dyn_args.append(a)
+                donated_flags.append(i in donate_pos)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
+        statics += [(k, v) for k, v in sorted(kwargs.items()) if k in self._static_argnames]
+        leaves, treedef = jax.tree_util.tree_flatten((tuple(dyn_args), dyn_kwargs))
+        donated_leaves: list[int] = []
+        offset = 0
+        for a, donated in zip(dyn_args, donated_flags, strict=True):
+            count = len(jax.tree_util.tree_leaves(a))
+            if donated:
+                donated_leaves.extend(range(offset, offset + count))
+            offset += count
+        return leaves, treedef, tuple(statics), donated_leaves
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, treedef, statics, donated = self._dynamic(args, kwargs)
+        if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
+            return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
+        sig = (treedef, tuple(jax.typeof(x) for x in leaves), statics)
+        plan = self._plans.get(sig, False)
+        if plan is False:
+            with self._lock:
+                plan = self._plans.get(sig, False)
+                if plan is False:
+                    plan = self._plan(args, kwargs, donated)
+                    self._plans[sig] = plan
+        if plan is None:
+            return self._jitted(*args, **kwargs)
+        return plan.run(leaves)  # type: ignore[union-attr]
+
+    def _plan(self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int]) -> _Plan | None:
+        try:
+            return self._build_plan(args, kwargs, donated)
+        except Exception as e:  # never a wrong result: fall back to jax.jit
+            logger.debug("jaxaot.jit %s: not split (%s: %s); using jax.jit", self.__name__, type(e).__name__, e)
+            return None
+
+    def _build_plan(self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int]) -> _Plan | None:
+        traced = self._jitted.trace(*args, **kwargs)
+        closed = traced.jaxpr
+        if not _contains_components(closed.jaxpr):
+            logger.debug("jaxaot.jit %s: no component calls; using jax.jit", self.__name__)
+            return None
+        in_avals = closed.in_avals
+        flat = jax.make_jaxpr(lambda *xs: _eval_inlined(closed.jaxpr, closed.consts, xs))(
+            *[jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in in_avals]
+        )
+        jaxpr = flat.jaxpr
+        donated_vars = {jaxpr.invars[i] for i in donated}
+        split, leftover = _split(jaxpr, donated_vars)
+        steps: list[_Step] = []
+        for kind, eqns, invars, outvars, donate in split:
+            if kind == "component":
+                call = eqns[0].params["call"]
+                exe = call.component._call_executable(call)
+                steps.append(_Step(kind, exe, invars, outvars, call.name))
+            else:
+                glue = Jaxpr(
+                    constvars=(),
+                    invars=invars,
+                    outvars=outvars,
+                    eqns=eqns,
+                    effects=join_effects(*(e.effects for e in eqns)),
+                    debug_info=jaxpr.debug_info,
+                )
+                exe = GLUE.get(ClosedJaxpr(glue, ()), donate)
+                steps.append(_Step(kind, exe, invars, outvars, "glue"))
+        consts = dict(zip(jaxpr.constvars, flat.consts, strict=True))
+        delete_after = [i for i, v in enumerate(jaxpr.invars) if v in leftover]
+        n_comp = sum(s.kind == "component" for s in steps)
+        logger.debug(
+            "jaxaot.jit %s: %d component calls, %d glue programs", self.__name__, n_comp, len(steps) - n_comp
+        )
+        return _Plan(consts, list(jaxpr.invars), list(jaxpr.outvars), steps, traced.out_tree, delete_after)
+
+
+def jit(
+    fun: Callable[..., Any] | None = None,
+    *,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    donate_argnums: int | Sequence[int] = (),
+) -> Any:
+    """Like ``jax.jit``, for programs that call components: each component is
+    compiled once per signature (and per derived transformation) instead of
+    once per call site, and the glue between component calls is compiled once
+    per distinct glue program. Executables live in the cache, so a warm
+    process neither traces component bodies nor compiles them.
+
+    Example::
+
+        @jaxaot.jit
+        def train_step(params, opt_state, batch):
+            loss, grads = jax.value_and_grad(loss_fn)(params, batch)  # loss_fn calls components
+            ...
+    """
+
+    def wrap(f: Callable[..., Any]) -> RegionalFunction:
+        return RegionalFunction(
+            f, static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums
+        )
+
+    return wrap if fun is None else wrap(fun)
+
+

@@ -1,0 +1,258 @@
+"""jaxaot.jit: regional compilation of programs made of components."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax import lax
+
+import jaxaot
+from jaxaot import _model
+
+WIDTH, SEQ, BATCH = 16, 8, 2
+
+
+@pytest.fixture
+def compiles() -> Iterator[list[str]]:
+    """Counts every XLA backend compilation, as JAX reports them."""
+    events: list[str] = []
+
+    def listener(event: str, duration: float, **kwargs: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            events.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+block = jaxaot.component(_model.block, static_argnames=("heads", "causal"))
+
+
+def _loss(blocks: list[dict[str, jax.Array]], x: jax.Array, block_fn: Any) -> jax.Array:
+    for p in blocks:
+        x = block_fn(p, x)
+    return jnp.mean(x**2)
+
+
+def _train_step_factory(block_fn: Any) -> tuple[Any, Any]:
+    optimizer = optax.adam(1e-2)
+
+    def step(blocks: Any, opt_state: Any, x: jax.Array) -> Any:
+        loss, grads = jax.value_and_grad(_loss)(blocks, x, block_fn)
+        updates, opt_state = optimizer.update(grads, opt_state, blocks)
+        return optax.apply_updates(blocks, updates), opt_state, loss
+
+    return step, optimizer
+
+
+def _setup(layers: int) -> tuple[Any, jax.Array]:
+    blocks = _model.init_blocks(jax.random.key(0), layers, WIDTH)
+    x = jax.random.normal(jax.random.key(1), (BATCH, SEQ, WIDTH))
+    return blocks, x
+
+
+def _close(a: Any, b: Any, tol: float = 2e-5) -> None:
+    jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(u, v, rtol=tol, atol=tol), a, b)
+
+
+def test_train_step_matches_jax_jit() -> None:
+    step, optimizer = _train_step_factory(block)
+    plain, _ = _train_step_factory(_model.block)
+    blocks, x = _setup(3)
+    state = optimizer.init(blocks)
+    regional = jaxaot.jit(step)
+    want = jax.jit(plain)(blocks, state, x)
+    got = regional(blocks, state, x)
+    _close(got, want)
+    # A few steps in a row stay in agreement.
+    a, b = got, want
+    for _ in range(2):
+        a = regional(a[0], a[1], x)
+        b = jax.jit(plain)(b[0], b[1], x)
+    _close(a, b, tol=1e-4)
+
+
+def test_gradients_match() -> None:
+    blocks, x = _setup(2)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: _loss(bs, x, block), argnums=(0, 1)))
+    want = jax.jit(jax.grad(lambda bs, x: _loss(bs, x, _model.block), argnums=(0, 1)))(blocks, x)
+    _close(grad(blocks, x), want)
+
+
+def _compiles_for(layers: int, compiles: list[str]) -> int:
+    step, optimizer = _train_step_factory(block)
+    blocks, x = _setup(layers)
+    state = optimizer.init(blocks)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        block.clear_cache()
+        jaxaot._regional.GLUE._exes.clear()
+        before = len(compiles)
+        jax.block_until_ready(jaxaot.jit(step)(blocks, state, x))
+        return len(compiles) - before
+
+
+def test_compile_count_does_not_grow_with_depth(compiles: list[str]) -> None:
+    counts = {layers: _compiles_for(layers, compiles) for layers in (4, 12, 48)}
+    assert counts[4] == counts[12] == counts[48], counts
+    assert counts[4] > 0
+
+
+def test_plain_jit_compiles_more_as_depth_grows(compiles: list[str]) -> None:
+    """The same step under plain jax.jit: one whole-program compile each time, for
+    contrast (the count is 1, but its size grows); jaxaot.jit's compiles are
+    per block kind, checked above."""
+    step, optimizer = _train_step_factory(block)
+    blocks, x = _setup(2)
+    before = len(compiles)
+    jax.jit(step)(blocks, optimizer.init(blocks), x)
+    assert len(compiles) - before == 1
+
+
+def _hetero_block_a(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    return x + jnp.tanh(x @ p["w"])
+
+
+def _hetero_block_b(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    return x * jax.nn.sigmoid(x @ p["u"] @ p["v"])
+
+
+def test_heterogeneous_model_compiles_each_kind_once() -> None:
+    comp_a = jaxaot.component(_hetero_block_a)
+    comp_b = jaxaot.component(_hetero_block_b)
+    k = jax.random.split(jax.random.key(0), 12)
+    layers = []
+    for i in range(6):  # a, b, a, b, ... with different widths
+        layers.append(("a", {"w": jax.random.normal(k[2 * i], (WIDTH, WIDTH)) * 0.1}))
+        layers.append(("b", {"u": jax.random.normal(k[2 * i + 1], (WIDTH, 3)) * 0.1, "v": jnp.ones((3, WIDTH)) * 0.1}))
+    params = [p for _, p in layers]
+    kinds = [kind for kind, _ in layers]
+
+    def loss(params: Any, x: jax.Array, fa: Any, fb: Any) -> jax.Array:
+        for kind, p in zip(kinds, params, strict=True):
+            x = fa(p, x) if kind == "a" else fb(p, x)
+        return jnp.sum(x**2)
+
+    x = jnp.ones((BATCH, WIDTH))
+    regional = jaxaot.jit(jax.value_and_grad(lambda p, x: loss(p, x, comp_a, comp_b)))
+    want = jax.jit(jax.value_and_grad(lambda p, x: loss(p, x, _hetero_block_a, _hetero_block_b)))(params, x)
+    _close(regional(params, x), want, tol=1e-4)
+    for comp in (comp_a, comp_b):
+        # The primal entry and its transpose (for grad): each compiled once.
+        assert comp.cache_info().compiles == 2, comp.cache_info()
+        assert comp.cache_info().traces == 1
+
+
+def test_donation() -> None:
+    step, optimizer = _train_step_factory(block)
+    blocks, x = _setup(2)
+    state = optimizer.init(blocks)
+    expected = jax.jit(step)(blocks, state, x)
+    regional = jaxaot.jit(step, donate_argnums=(0, 1))
+    got = regional(blocks, state, x)
+    _close(got, expected)
+    assert all(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(blocks))
+    assert all(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(state))
+    assert not x.is_deleted()
+
+
+def test_vmap_and_nested_components() -> None:
+    inner = jaxaot.component(lambda w, v: jnp.sin(v @ w))
+
+    @jaxaot.component
+    def outer(w: jax.Array, v: jax.Array) -> jax.Array:
+        return inner(w, v) + inner(w, v * 2)
+
+    def f(w: jax.Array, xs: jax.Array) -> jax.Array:
+        ys = jax.vmap(outer, in_axes=(None, 0))(w, xs)
+        return jnp.sum(ys**2)
+
+    w, xs = jnp.ones((3, 3)) * 0.3, jnp.arange(12.0).reshape(4, 3) / 12
+    got = jaxaot.jit(jax.value_and_grad(f))(w, xs)
+    want = jax.value_and_grad(f)(w, xs)
+    _close(got, want)
+
+
+def test_component_under_scan_still_correct(caplog: pytest.LogCaptureFixture) -> None:
+    comp = jaxaot.component(lambda c, x: (c + jnp.sin(x), c * x))
+
+    def f(xs: jax.Array) -> Any:
+        return lax.scan(comp, jnp.zeros(3), xs)
+
+    xs = jnp.arange(12.0).reshape(4, 3)
+    caplog.set_level("DEBUG", logger="jaxaot")
+    _close(jaxaot.jit(f)(xs), jax.jit(f)(xs))
+    assert any("compiled inline" in r.getMessage() for r in caplog.records)
+
+
+def test_program_without_components_and_static_args() -> None:
+    f = jaxaot.jit(lambda x, n: x * n, static_argnums=1)
+    np.testing.assert_allclose(f(jnp.ones(3), 4), 4 * np.ones(3))
+    g = jaxaot.jit(lambda x, n: block(x["p"], x["x"]) * n, static_argnums=1)
+    blocks, x = _setup(1)
+    np.testing.assert_allclose(g({"p": blocks[0], "x": x}, 2), 2 * _model.block(blocks[0], x), rtol=1e-5)
+
+
+def test_inside_jax_jit_behaves_as_jax_jit() -> None:
+    f = jaxaot.jit(lambda p, x: block(p, x) * 3)
+    blocks, x = _setup(1)
+    np.testing.assert_allclose(jax.jit(f)(blocks[0], x), 3 * _model.block(blocks[0], x), rtol=1e-5)
+
+
+WARM_MODULE = textwrap.dedent(
+    """
+    import os
+    import jax, jax.numpy as jnp, jaxaot
+
+    @jaxaot.component(key="regional-warm-block")
+    def block(p, x):
+        if os.environ.get("JAXAOT_TEST_RAISE") == "1":
+            raise RuntimeError("traced in the warm process")
+        return x + jnp.tanh(x @ p)
+
+    def loss(ps, x):
+        for p in ps:
+            x = block(p, x)
+        return jnp.sum(x ** 2)
+
+    def run():
+        ps = [jnp.eye(4) * (0.1 * (i + 1)) for i in range(5)]
+        x = jnp.ones((2, 4))
+        value, grads = jaxaot.jit(jax.value_and_grad(loss))(ps, x)
+        info = block.cache_info()
+        return {"value": float(value), "grads": [g.tolist() for g in grads], "traces": info.traces,
+                "compiles": info.compiles}
+    """
+)
+
+
+def test_warm_process_compiles_no_component(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    (tmp_path / "regmod.py").write_text(WARM_MODULE)
+    env = dict(subprocess_env)
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env["PYTHONPATH"]
+    code = "import json, regmod; print(json.dumps(regmod.run()))"
+    results = []
+    for raise_if_traced in ("0", "1"):
+        env["JAXAOT_TEST_RAISE"] = raise_if_traced
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = results
+    assert cold["traces"] == 1 and cold["compiles"] == 2
+    assert warm["traces"] == 0 and warm["compiles"] == 0
+    np.testing.assert_allclose(warm["value"], cold["value"], rtol=1e-6)
+    np.testing.assert_allclose(warm["grads"], cold["grads"], rtol=1e-6)
