@@ -13,9 +13,9 @@ from ._config import using_cache as using_cache
 from ._host import HostCopy as HostCopy
 from ._host import to_host_async as to_host_async
 from ._key import ClosureError as ClosureError
+from ._key import ComponentKey as ComponentKey
 from ._regional import RegionalFunction as RegionalFunction
 from ._regional import jit as jit
-from ._key import ComponentKey as ComponentKey
 from ._stats import CacheInfo as CacheInfo
 from ._stats import stats as stats
 

@@ -31,6 +31,16 @@ BATCH, SEQ, WIDTH = 8, 128, 256
 PHASES = ("trace", "lower", "compile", "first_run")
 
 # name -> (label, preparation contender or None)
+REGIONAL: dict[str, tuple[str, str | None]] = {
+    "jit_cold": ("jax.jit, cold", None),
+    "scan_cold": ("scan over stacked layers, cold", None),
+    "jit_components_cold": ("jax.jit calling components, cold", None),
+    "noinline_cold": ("Equinox noinline layers, cold", None),
+    "regional_cold": ("jaxaot.jit, cold", None),
+    "pcc_warm": ("jax.jit + JAX persistent cache, warm", "pcc_cold"),
+    "regional_warm": ("jaxaot.jit, warm", "regional_cold"),
+}
+
 CONTENDERS: dict[str, tuple[str, str | None]] = {
     "jit_cold": ("jax.jit, cold", None),
     "jit_components_cold": ("jax.jit calling components, cold", None),
@@ -92,7 +102,9 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def worker(contender: str, layers: int, work: Path, repeats: int, t_import: float) -> dict[str, Any]:
+def worker(
+    contender: str, layers: int, work: Path, repeats: int, t_import: float
+) -> dict[str, Any]:
     import jax
 
     import jaxaot
@@ -119,6 +131,39 @@ def worker(contender: str, layers: int, work: Path, repeats: int, t_import: floa
         compiled, result["compile"] = _timed(lowered.compile)
         _, result["first_run"] = _timed(lambda: _block(compiled(blocks, x)))
         result["steady"] = _steady(lambda: compiled(blocks, x), repeats)
+    elif contender == "scan_cold":
+        stacked = jax.tree_util.tree_map(lambda *xs: jax.numpy.stack(xs), *blocks)
+
+        def scan_loss(stacked: Any, x: Any) -> Any:
+            def body(h: Any, p: Any) -> Any:
+                return model_lib.block(p, h), None
+
+            h, _ = jax.lax.scan(body, x, stacked)
+            return jax.numpy.mean(h**2)
+
+        jitted = jax.jit(jax.value_and_grad(scan_loss))
+        traced, result["trace"] = _timed(lambda: jitted.trace(stacked, x))
+        lowered, result["lower"] = _timed(traced.lower)
+        compiled, result["compile"] = _timed(lowered.compile)
+        _, result["first_run"] = _timed(lambda: _block(compiled(stacked, x)))
+        result["steady"] = _steady(lambda: compiled(stacked, x), repeats)
+    elif contender == "noinline_cold":
+        from equinox.internal import noinline
+
+        step = make_step(noinline(model_lib.block))
+        jitted = jax.jit(step)
+        traced, result["trace"] = _timed(lambda: jitted.trace(blocks, x))
+        lowered, result["lower"] = _timed(traced.lower)
+        compiled, result["compile"] = _timed(lowered.compile)
+        _, result["first_run"] = _timed(lambda: _block(compiled(blocks, x)))
+        result["steady"] = _steady(lambda: compiled(blocks, x), repeats)
+    elif contender in ("regional_cold", "regional_warm"):
+        jaxaot.set_cache(jaxaot.DirectoryCache(work / "jaxaot-regional"))
+        step = jaxaot.jit(make_step(jaxaot.component(model_lib.block)))
+        _, result["compile"] = _timed(lambda: step.precompile(blocks, x))
+        _, result["first_run"] = _timed(lambda: _block(step(blocks, x)))
+        result["steady"] = _steady(lambda: step(blocks, x), repeats)
+        result["stats"] = jaxaot.stats()
     elif contender == "export_prepare":
         from jax import export
 
@@ -157,7 +202,9 @@ def worker(contender: str, layers: int, work: Path, repeats: int, t_import: floa
         out_tree = jax.tree_util.tree_structure((0.0, blocks))
 
         def load() -> Any:
-            return se.deserialize_and_load((work / "step.executable").read_bytes(), in_tree, out_tree)
+            return se.deserialize_and_load(
+                (work / "step.executable").read_bytes(), in_tree, out_tree
+            )
 
         compiled, result["compile"] = _timed(load)
         _, result["first_run"] = _timed(lambda: _block(compiled(blocks, x)))
@@ -182,12 +229,18 @@ def _run_worker(contender: str, layers: int, work: Path, repeats: int) -> dict[s
     env.setdefault("JAX_PLATFORMS", "cpu")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"benchmark worker {contender} (L={layers}) failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"benchmark worker {contender} (L={layers}) failed:\n{proc.stderr[-3000:]}"
+        )
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def run_warm_start(
-    layers: Sequence[int], out_dir: Path, repeats: int, log: Callable[[str], None]
+def run_contenders(
+    table: dict[str, tuple[str, str | None]],
+    layers: Sequence[int],
+    repeats: int,
+    log: Callable[[str], None],
+    skip: Callable[[str, int], bool] = lambda name, depth: False,
 ) -> list[dict[str, Any]]:
     import tempfile
 
@@ -196,17 +249,19 @@ def run_warm_start(
         with tempfile.TemporaryDirectory(prefix="jaxaot-bench-") as tmp:
             work = Path(tmp)
             prepared: set[str] = set()
-            for name, (_, prep) in CONTENDERS.items():
+            for name, (_, prep) in table.items():
+                if skip(name, depth):
+                    log(f"L={depth}: {name} skipped")
+                    continue
                 if prep is not None and prep not in prepared:
                     log(f"L={depth}: preparing {prep}")
                     _run_worker(prep, depth, work, repeats)
                     prepared.add(prep)
                 log(f"L={depth}: {name}")
                 row = _run_worker(name, depth, work, repeats)
+                row["label"] = table[name][0]
                 rows.append(row)
                 prepared.add(name)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "warm_start.json").write_text(json.dumps(rows, indent=1))
     return rows
 
 
@@ -231,7 +286,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        label = CONTENDERS[r["contender"]][0]
+        label = r["label"]
         lines.append(
             f"| {r['layers']} | {label} | {_fmt(r['import'])} | {_fmt(r['trace'])} | {_fmt(r['lower'])} | "
             f"{_fmt(r['compile'])} | {_fmt(r['first_run'])} | **{_fmt(r['first_result'])}** | {_fmt(r['steady'])} |"
@@ -239,7 +294,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     lines += ["", "Ratios (same run):", ""]
     by = {(r["layers"], r["contender"]): r for r in rows}
     for depth in sorted({r["layers"] for r in rows}):
-        def get(name: str, field: str = "first_result") -> float:
+
+        def get(name: str, field: str = "first_result", depth: int = depth) -> float:
             return float(by[(depth, name)][field])
 
         lines.append(
@@ -271,7 +327,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         bottoms = [0.0] * len(names)
         for phase in PHASES:
             vals = [float(sub[n][phase] or 0.0) for n in names]
-            ax.barh(range(len(names)), vals, left=bottoms, color=colors[phase], label=phase.replace("_", " "))
+            ax.barh(
+                range(len(names)),
+                vals,
+                left=bottoms,
+                color=colors[phase],
+                label=phase.replace("_", " "),
+            )
             bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
         ax.set_yticks(range(len(names)), [CONTENDERS[n][0] for n in names], fontsize=8)
         ax.invert_yaxis()
@@ -284,25 +346,136 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--layers", type=int, nargs="+", default=None, help="depths (default 4 16)")
-    parser.add_argument("--full", action="store_true", help="also L=48")
+    parser.add_argument(
+        "suite",
+        nargs="?",
+        default="warm-start",
+        choices=("warm-start", "regional", "all"),
+        help="which benchmark (default warm-start)",
+    )
+    parser.add_argument("--layers", type=int, nargs="+", default=None, help="depths to run")
+    parser.add_argument("--full", action="store_true", help="warm-start: also L=8 and L=48")
+    parser.add_argument("--quick", action="store_true", help="regional: stop at L=16")
+    parser.add_argument(
+        "--max-jit-layers",
+        type=int,
+        default=48,
+        help="regional: run the whole-program jax.jit contenders only up to this depth (default 48)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="steady-state repeats (default 3)")
     parser.add_argument("--out", default="bench-out", help="output folder (default ./bench-out)")
 
 
+def regional_markdown(rows: list[dict[str, Any]]) -> str:
+    import jax
+
+    lines = [
+        f"Regional-compilation benchmark, {datetime.date.today().isoformat()}, jax {jax.__version__}, "
+        f"backend {jax.default_backend()}, {machine()}. Train step (value_and_grad) of L blocks; "
+        "seconds. jaxaot.jit's compile column is `precompile` (trace, split, compile or load).",
+        "",
+        "| L | contender | trace | lower | compile / load | first run | first result | steady step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['layers']} | {r['label']} | {_fmt(r['trace'])} | {_fmt(r['lower'])} | "
+            f"{_fmt(r['compile'])} | {_fmt(r['first_run'])} | **{_fmt(r['first_result'])}** | {_fmt(r['steady'])} |"
+        )
+    by = {(r["layers"], r["contender"]): r for r in rows}
+    lines += ["", "Ratios (same run):", ""]
+    for depth in sorted({r["layers"] for r in rows}):
+
+        def ratio(a: str, b: str, field: str = "first_result", depth: int = depth) -> str:
+            if (depth, a) not in by or (depth, b) not in by:
+                return "–"
+            return f"{float(by[(depth, a)][field]) / float(by[(depth, b)][field]):.2f}"
+
+        best_steady = min(
+            float(by[(depth, n)]["steady"]) for n in ("jit_cold", "scan_cold") if (depth, n) in by
+        )
+        steady = (
+            float(by[(depth, "regional_cold")]["steady"]) / best_steady
+            if (depth, "regional_cold") in by
+            else float("nan")
+        )
+        lines.append(
+            f"- L={depth}: first result, jaxaot.jit / scan = {ratio('regional_cold', 'scan_cold')}, "
+            f"/ noinline = {ratio('regional_cold', 'noinline_cold')}, / jax.jit = {ratio('regional_cold', 'jit_cold')}; "
+            f"warm jaxaot.jit / warm jit+JAX cache = {ratio('regional_warm', 'pcc_warm')}; "
+            f"steady step / best of jit and scan = {steady:.2f}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def regional_plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for name, (label, _) in REGIONAL.items():
+        pts = sorted((r["layers"], r["first_result"]) for r in rows if r["contender"] == name)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("layers")
+    ax.set_ylabel("seconds to first result (log)")
+    ax.set_title("Train step: time to first result against depth")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def run(args: argparse.Namespace, log: Callable[[str], None]) -> str:
-    layers = args.layers or ([4, 16, 48] if args.full else [4, 16])
     out = Path(args.out)
-    rows = run_warm_start(layers, out, args.repeats, log)
-    text = markdown(rows)
-    (out / "warm_start.md").write_text(text)
-    plot(rows, out / "warm_start.png")
-    return text
+    out.mkdir(parents=True, exist_ok=True)
+    texts = []
+    if args.suite in ("warm-start", "all"):
+        layers = args.layers or ([4, 8, 16, 48] if args.full else [4, 16])
+        rows = run_contenders(CONTENDERS, layers, args.repeats, log)
+        (out / "warm_start.json").write_text(json.dumps(rows, indent=1))
+        text = markdown(rows)
+        (out / "warm_start.md").write_text(text)
+        plot(rows, out / "warm_start.png")
+        texts.append(text)
+    if args.suite in ("regional", "all"):
+        layers = args.layers or ([4, 8, 16] if args.quick else [4, 8, 16, 32, 48])
+        try:
+            import equinox  # noqa: F401
+
+            have_equinox = True
+        except ImportError:
+            have_equinox = False
+            log("equinox is not installed: skipping the noinline contender (pip install equinox)")
+        max_jit = args.max_jit_layers
+
+        def skip(name: str, depth: int) -> bool:
+            if name == "noinline_cold" and not have_equinox:
+                return True
+            return name in ("jit_cold", "jit_components_cold", "pcc_warm") and depth > max_jit
+
+        rows = run_contenders(REGIONAL, layers, args.repeats, log, skip)
+        (out / "regional.json").write_text(json.dumps(rows, indent=1))
+        text = regional_markdown(rows)
+        (out / "regional.md").write_text(text)
+        regional_plot(rows, out / "regional.png")
+        texts.append(text)
+    return "\n".join(texts)
 
 
 def worker_main(t_import: float) -> None:
     """Entry point of a worker process: ``argv`` is contender, layers, work folder, repeats."""
-    contender, depth, work_dir, reps = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+    contender, depth, work_dir, reps = (
+        sys.argv[1],
+        int(sys.argv[2]),
+        Path(sys.argv[3]),
+        int(sys.argv[4]),
+    )
     print(json.dumps(worker(contender, depth, work_dir, reps, t_import)))
 
 

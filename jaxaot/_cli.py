@@ -8,9 +8,15 @@ Commands::
   jaxaot cache verify  [--dir PATH] [--fix] [--json]
   jaxaot cache prune   [--dir PATH] (--max-bytes N | --older-than DURATION) [--dry-run] [-v]
   jaxaot cache clear   [--dir PATH] [--yes]
+  jaxaot cache export  BUNDLE [--component NAME ...] [--dir PATH] [--json]
+  jaxaot cache import  BUNDLE [--dir PATH] [--json]
 
-Without ``--dir`` the commands work on the default cache directory
-(``$JAXAOT_CACHE_DIR``, ``$XDG_CACHE_HOME/jaxaot`` or ``~/.cache/jaxaot``).
+Every ``cache`` command takes ``--dir PATH`` (a cache directory) or ``--url URL``
+(a shared store: ``redis://``, ``rediss://``, ``gs://``, ``s3://``, ``file://``,
+any fsspec URL), not both. Without either, the commands work on the default
+cache directory (``$JAXAOT_CACHE_DIR``, ``$XDG_CACHE_HOME/jaxaot`` or
+``~/.cache/jaxaot``), also when ``$JAXAOT_CACHE`` names a remote store: a shared
+store is only touched when named with ``--url``.
 
 Structure: every command is a :class:`Command` (its arguments and a ``run``
 function), commands are grouped in :class:`Group` s, and :data:`COMMANDS` is the
@@ -435,21 +441,43 @@ def load_records(view: CacheView) -> list[Record]:
     return [r for r in (load_record(view, k) for k in view.keys()) if r is not None]
 
 
-def open_cache(args: argparse.Namespace) -> CacheView:
-    """The cache a command works on: ``--dir PATH``, else the default cache directory."""
-    from ._caches import DirectoryCache, UnsafeCacheDirError
-    from ._config import default_cache_dir, default_max_bytes
+def open_url(url: str) -> CacheView:
+    """The shared store at ``url`` (Redis or any fsspec URL); a Redis server must answer."""
+    from ._config import remote_cache_from_url
 
+    try:
+        cache = remote_cache_from_url(url)
+    except (ImportError, ValueError) as e:
+        raise CLIError(f"cannot open {url}: {e}") from None
+    location = str(getattr(cache, "url", url))
+    ping = getattr(cache, "ping", None)
+    if ping is not None:
+        try:
+            ping()
+        except Exception as e:  # the client's connection, timeout or auth errors
+            raise CLIError(f"cannot reach {location}: {type(e).__name__}: {e}") from None
+    return CacheView(cache, location)
+
+
+def open_cache(args: argparse.Namespace, *, create: bool = False) -> CacheView:
+    """The cache a command works on: ``--url URL``, ``--dir PATH``, else the default
+    cache directory. With ``create``, a missing directory is created (``import``)."""
+    from ._caches import DirectoryCache, UnsafeCacheDirError
+    from ._config import default_cache_dir, default_max_bytes, url_scheme
+
+    if getattr(args, "url", None) is not None:
+        return open_url(args.url)
     try:
         max_bytes = default_max_bytes()
     except ValueError as e:
         raise CLIError(str(e)) from None
     if args.dir is not None:
         path = os.path.abspath(os.path.expanduser(args.dir))
-        if not os.path.lexists(path):
+        if not os.path.lexists(path) and not create:
             raise CLIError(f"no such directory: {path}")
     else:
-        choice = os.environ.get("JAXAOT_CACHE", "dir").strip().lower()
+        raw = os.environ.get("JAXAOT_CACHE", "dir").strip()
+        choice = "dir" if url_scheme(raw) is not None else raw.lower()
         if choice in ("off", "none", "0", "false"):
             raise CLIError(
                 f"JAXAOT_CACHE={choice}: caching is off, there is no persistent cache "
@@ -463,9 +491,9 @@ def open_cache(args: argparse.Namespace) -> CacheView:
         if choice not in ("dir", "directory", "disk", ""):
             raise CLIError(f"JAXAOT_CACHE must be 'dir', 'memory' or 'off', got {choice!r}")
         path = default_cache_dir()
-        if not os.path.lexists(path):
+        if not os.path.lexists(path) and not create:
             raise CLIError(f"no such directory: {path} (the default cache; nothing cached yet)")
-    if not os.path.isdir(path):
+    if os.path.lexists(path) and not os.path.isdir(path):
         raise CLIError(f"not a directory: {path}")
     try:
         cache = DirectoryCache(path, max_bytes=max_bytes)
@@ -940,7 +968,7 @@ def _clear_configure(p: argparse.ArgumentParser) -> None:
 def _cmd_clear(args: argparse.Namespace, out: Output) -> int:
     view = open_cache(args)
     stats = view.cache.stats()
-    n, size = int(stats.get("entries", 0)), int(stats.get("bytes", 0))
+    n, size = int(stats.get("entries") or 0), int(stats.get("bytes") or 0)
     what = f"{_entries(n)} ({human_bytes(size)})"
     if n == 0:
         out.line(f"no entries in {view.location}")
@@ -963,18 +991,98 @@ def _cmd_clear(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+# -- export / import -------------------------------------------------------------
+
+
+def _export_configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle", metavar="BUNDLE", help="the bundle file to write")
+    p.add_argument(
+        "--component",
+        action="append",
+        metavar="NAME",
+        default=None,
+        help="only this component's entries (its function name, as 'cache ls' shows); "
+        "repeat for several",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _cmd_export(args: argparse.Namespace, out: Output) -> int:
+    from ._bundle import export_bundle
+
+    view = open_cache(args)
+    report = export_bundle(args.bundle, cache=view.cache, components=args.component)
+    report["source"] = view.location
+    status = 1 if report["unmatched"] else 0
+    if args.json:
+        out.json(report)
+        return status
+    names = ", ".join(report["names"]) or "-"
+    out.line(
+        f"exported {_entries(report['entries'])} ({human_bytes(report['bytes'])}) from "
+        f"{view.location} to {report['path']} (components: {names})"
+    )
+    if report["bad"]:
+        out.line(
+            f"left out {_entries(len(report['bad']))} that failed verification: "
+            + ", ".join(k[:12] for k in report["bad"])
+        )
+    if report["unmatched"]:
+        out.line("no entries for component(s): " + ", ".join(report["unmatched"]))
+    return status
+
+
+def _import_configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle", metavar="BUNDLE", help="the bundle file to read")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _cmd_import(args: argparse.Namespace, out: Output) -> int:
+    from ._bundle import BundleError, import_bundle
+
+    if not os.path.isfile(args.bundle):
+        raise CLIError(f"no such bundle file: {args.bundle}")
+    view = open_cache(args, create=True)
+    try:
+        report = import_bundle(args.bundle, cache=view.cache)
+    except BundleError as e:
+        raise CLIError(f"refused the bundle {args.bundle}: {e}; nothing imported") from None
+    report["target"] = view.location
+    status = 1 if report["refused"] else 0
+    if args.json:
+        out.json(report)
+        return status
+    added, skipped, refused = report["added"], report["skipped"], report["refused"]
+    out.line(
+        f"imported {report['path']} into {view.location}: {len(added)} added, "
+        f"{len(skipped)} skipped (already present), {len(refused)} refused"
+    )
+    if refused:
+        out.table(
+            [("DIGEST", "left"), ("PROBLEM", "left")],
+            [[r["digest"][:12], r["error"]] for r in refused],
+        )
+    return status
+
+
 # ----------------------------------------------------------------------------
 # The registry and main.
 
 _DIR_HELP = (
     "the cache directory (default: $JAXAOT_CACHE_DIR, $XDG_CACHE_HOME/jaxaot or ~/.cache/jaxaot)"
 )
+_URL_HELP = (
+    "a shared store instead of a directory: redis://[:password@]host[:port][/db], rediss://..., "
+    "gs://bucket/path, s3://bucket/path, file:///path or another fsspec URL "
+    "(needs jaxaot[redis] or jaxaot[fsspec]); not with --dir"
+)
 
 CACHE = Group(
     "cache",
-    help="inspect and maintain a jaxaot cache directory",
+    help="inspect and maintain a jaxaot cache directory or shared store",
     description="Inspect and maintain a jaxaot cache: the default cache directory, "
-    "or the one given with --dir.",
+    "the one given with --dir, or a shared store given with --url (redis://, gs://, s3://, "
+    "file://...). Move entries between caches and machines with export/import.",
     commands=(
         Command("ls", "list the entries", _ls_configure, _cmd_ls),
         Command(
@@ -1009,6 +1117,28 @@ CACHE = Group(
             _cmd_clear,
             epilog="Without --yes, clear asks on the terminal, and refuses (exit status 1) "
             "when stdin is not a terminal.",
+        ),
+        Command(
+            "export",
+            "write entries into one bundle file",
+            _export_configure,
+            _cmd_export,
+            description="Write the cache's sound entries (all, or those of the named "
+            "components) into one bundle file, to import on another machine.",
+            epilog="Bad entries are left out and reported. Exit status: 0 ok; 1 when a "
+            "--component NAME matched no entry, or the bundle cannot be written.",
+        ),
+        Command(
+            "import",
+            "add the entries of a bundle file",
+            _import_configure,
+            _cmd_import,
+            description="Add the entries of a bundle file to the cache (a --dir that does not "
+            "exist yet is created). The bundle's checksum is verified first; then each entry's "
+            "checksum (signature when $JAXAOT_CACHE_HMAC_KEY is set) and key; bad entries are "
+            "refused, entries already present are skipped.",
+            epilog="Exit status: 0 when every entry was added or already present; 1 when "
+            "any entry was refused, or the bundle is damaged (then nothing is added).",
         ),
     ),
 )
@@ -1061,7 +1191,9 @@ def _add_command(sub: Any, cmd: Command) -> None:
         epilog=cmd.epilog or None,
     )
     if cmd.uses_cache:
-        p.add_argument("--dir", metavar="PATH", default=None, help=_DIR_HELP)
+        where = p.add_mutually_exclusive_group()
+        where.add_argument("--dir", metavar="PATH", default=None, help=_DIR_HELP)
+        where.add_argument("--url", metavar="URL", default=None, help=_URL_HELP)
     cmd.configure(p)
     p.set_defaults(_run=cmd.run)
 

@@ -27,7 +27,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 import jax
 import numpy as np
 
-from . import _entry, _stats
+from . import _distributed, _entry, _stats
 from ._caches import Cache
 from ._config import explain_misses, get_cache
 from ._entry import Entry, EntryError, NotPersistable
@@ -519,10 +519,12 @@ class Component(Generic[P, R]):
             if entry is not None:
                 self._counters.add("hits")
                 logger.debug("jaxaot: %s hit %s", self.name, key.digest[:16])
+                hit = entry
+                _distributed.publish_hit(key.digest, lambda: _entry.encode(hit))
             else:
                 self._counters.add("misses")
                 self._explain_miss(key)
-                entry = build()
+                entry = _distributed.share(key.digest, build, _entry.encode, _decoder(key))
                 if cache is not None:
                     _write(cache, entry)
             self._entries[key] = entry
@@ -716,12 +718,23 @@ class Component(Generic[P, R]):
                 self._counters.add("hits")
             else:
                 self._counters.add("misses")
-                exe = self._jitted.trace(*args, **kwargs).lower().compile()
-                self._counters.add("compiles")
+
+                def compile_here() -> tuple[Any, Entry | None]:
+                    compiled = self._jitted.trace(*args, **kwargs).lower().compile()
+                    self._counters.add("compiles")
+                    root = self._entries.get(root_key)
+                    if root is None or root.host_callbacks:
+                        return compiled, None
+                    return compiled, _executable_entry(
+                        exe_key, root, compiled, _cost_dict(compiled)
+                    )
+
+                # Executables are compiled by each process of a multi-process job
+                # (they are bound to that process's devices); lowered entries are shared.
+                exe, record = compile_here()
                 costs = _cost_dict(exe)
-                root = self._entries.get(root_key)
-                if cache is not None and root is not None and not root.host_callbacks:
-                    _store_executable(cache, exe_key, root, exe, costs)
+                if cache is not None and record is not None:
+                    _write(cache, record)
             self._costs[sig] = costs
             self._compiled[sig] = exe
             return exe, sig
@@ -745,7 +758,12 @@ class Component(Generic[P, R]):
             else:
                 self._counters.add("misses")
                 sds = [_sds(a) for a in call.entry.in_avals]
-                exe = jax.jit(lambda *a: bind(call, a), keep_unused=True).trace(*sds).lower().compile()
+                exe = (
+                    jax.jit(lambda *a: bind(call, a), keep_unused=True)
+                    .trace(*sds)
+                    .lower()
+                    .compile()
+                )
                 self._counters.add("compiles")
                 if cache is not None and not call.entry.host_callbacks:
                     _store_executable(cache, exe_key, call.entry, exe, _cost_dict(exe))
@@ -886,12 +904,13 @@ def _load_executable(cache: Cache, key: ComponentKey) -> tuple[Any, dict[str, fl
     return exe, dict(costs) if isinstance(costs, dict) else None
 
 
-def _store_executable(
-    cache: Cache, key: ComponentKey, root: Entry, exe: Any, costs: dict[str, float] | None
-) -> None:
+def _executable_entry(
+    key: ComponentKey, root: Entry, exe: Any, costs: dict[str, float] | None
+) -> Entry | None:
+    """An entry holding ``exe`` serialized, or ``None`` if it cannot be serialized."""
     try:
         payload, in_tree, out_tree = serialize_executable(exe)
-        entry = Entry(
+        return Entry(
             key=key,
             name=root.name,
             in_avals=root.in_avals,
@@ -904,8 +923,26 @@ def _store_executable(
         )
     except Exception as e:
         logger.debug("jaxaot: not caching the executable of %s: %s", root.name, e)
-        return
-    _write(cache, entry)
+        return None
+
+
+def _store_executable(
+    cache: Cache, key: ComponentKey, root: Entry, exe: Any, costs: dict[str, float] | None
+) -> None:
+    entry = _executable_entry(key, root, exe, costs)
+    if entry is not None:
+        _write(cache, entry)
+
+
+def _decoder(key: ComponentKey) -> Callable[[bytes], Entry | None]:
+    def decode(blob: bytes) -> Entry | None:
+        try:
+            return _entry.decode(blob, expected=key)
+        except EntryError as e:
+            logger.warning("jaxaot: entry %s from another process is bad (%s)", key.digest[:16], e)
+            return None
+
+    return decode
 
 
 def _discard(cache: Cache, digest: str) -> None:
@@ -944,7 +981,15 @@ def _as_tuple(value: int | Sequence[int], what: str, name: str) -> tuple[int, ..
 
 
 @overload
-def component(fun: Callable[P, R], /) -> Component[P, R]: ...
+def component(
+    fun: Callable[P, R],
+    /,
+    *,
+    key: Hashable | Callable[..., Hashable] | None = None,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    donate_argnums: int | Sequence[int] = (),
+) -> Component[P, R]: ...
 
 
 @overload

@@ -3,7 +3,22 @@ environment variables that choose the default.
 
 Environment variables (read when the default cache is first needed):
   JAXAOT_CACHE            ``dir`` (the default): a DirectoryCache at the default
-                          location; ``memory``: this process only; ``off``: no cache.
+                          location; ``memory``: this process only; ``off``: no cache;
+                          or the URL of a shared store, used behind the local directory
+                          as ``TieredCache(DirectoryCache(<default dir>), <remote>)``
+                          (a MemoryCache stands in for the directory if that is
+                          unusable; remote hits are verified before they are copied
+                          to the local tier):
+                            ``redis://[:password@]host[:port][/db]``, ``rediss://...``
+                                → RedisCache(url)   (needs ``jaxaot[redis]``)
+                            ``gs://bucket/path``, ``s3://bucket/path``,
+                            ``file:///shared/path``, ``memory://name``, or another
+                            fsspec protocol → FsspecCache(url)   (needs
+                            ``jaxaot[fsspec]``, plus gcsfs/s3fs for the clouds)
+                          The backend's package is imported only when such a URL is
+                          used; a missing one raises ImportError naming the extra.
+                          A remote store that is down costs misses and one warning,
+                          never a failure.
   JAXAOT_CACHE_DIR        the default cache directory; else ``$XDG_CACHE_HOME/jaxaot``,
                           else ``~/.cache/jaxaot``.
   JAXAOT_CACHE_MAX_BYTES  the default cache's size cap (default 10 GiB).
@@ -60,26 +75,74 @@ def default_max_bytes() -> int:
     return value
 
 
+#: URL schemes of JAXAOT_CACHE served by RedisCache; any other ``scheme://`` is fsspec's.
+REDIS_SCHEMES = ("redis", "rediss")
+
+
+def url_scheme(text: str) -> str | None:
+    """The lowercased scheme of ``text`` if it looks like a URL (``scheme://...``), else None."""
+    head, sep, _ = text.partition("://")
+    if not sep or not head or not head.replace("+", "").replace("-", "").isalnum():
+        return None
+    return head.lower()
+
+
+def remote_cache_from_url(url: str) -> Cache:
+    """The backend for a store URL: RedisCache for ``redis://``/``rediss://``, else
+    FsspecCache (``gs://``, ``s3://``, ``file://``, ``memory://``, any fsspec protocol).
+
+    Raises:
+      ValueError: not a URL, or an unknown protocol.
+      ImportError: the backend's package (or the protocol's fsspec driver) is missing.
+    """
+    scheme = url_scheme(url)
+    if scheme is None:
+        raise ValueError(f"not a cache URL (scheme://...): {url!r:.80}")
+    if scheme in REDIS_SCHEMES:
+        from ._caches._redis import RedisCache
+
+        return RedisCache(url)
+    from ._caches._fsspec import FsspecCache
+
+    return FsspecCache(url)
+
+
+def _local_tier() -> Cache:
+    path = default_cache_dir()
+    try:
+        return DirectoryCache(path, max_bytes=default_max_bytes())
+    except (UnsafeCacheDirError, OSError) as e:
+        from ._stats import warn_once
+
+        warn_once(
+            "default-cache-dir",
+            f"jaxaot: not using the cache directory {path} ({e}); "
+            "caching in memory for this process instead",
+        )
+        return MemoryCache()
+
+
 def _default_from_env() -> Cache | None:
-    choice = os.environ.get("JAXAOT_CACHE", "dir").strip().lower()
+    raw = os.environ.get("JAXAOT_CACHE", "dir").strip()
+    if url_scheme(raw) is not None:
+        from ._caches._tiered import TieredCache
+
+        try:
+            remote = remote_cache_from_url(raw)
+        except ValueError as e:
+            raise ValueError(f"JAXAOT_CACHE: {e}") from None
+        return TieredCache(_local_tier(), remote)
+    choice = raw.lower()
     if choice in ("off", "none", "0", "false"):
         return None
     if choice in ("memory", "mem"):
         return MemoryCache()
     if choice in ("dir", "directory", "disk", ""):
-        path = default_cache_dir()
-        try:
-            return DirectoryCache(path, max_bytes=default_max_bytes())
-        except (UnsafeCacheDirError, OSError) as e:
-            from ._stats import warn_once
-
-            warn_once(
-                "default-cache-dir",
-                f"jaxaot: not using the cache directory {path} ({e}); "
-                "caching in memory for this process instead",
-            )
-            return MemoryCache()
-    raise ValueError(f"JAXAOT_CACHE must be 'dir', 'memory' or 'off', got {choice!r}")
+        return _local_tier()
+    raise ValueError(
+        "JAXAOT_CACHE must be 'dir', 'memory', 'off' or a store URL (redis://, rediss://, "
+        f"gs://, s3://, file://, memory://), got {choice!r}"
+    )
 
 
 def _check_cache(cache: Any, what: str) -> None:

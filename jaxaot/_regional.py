@@ -30,7 +30,6 @@ from typing import Any
 
 import jax
 
-
 from . import _component, _entry, _stats
 from ._config import get_cache
 from ._jaxcompat import (
@@ -40,8 +39,8 @@ from ._jaxcompat import (
     Literal,
     Tracer,
     component_calls_in,
-    join_effects,
     jaxpr_as_fun,
+    join_effects,
     trace_state_clean,
 )
 from ._key import ComponentKey, aval_str
@@ -66,7 +65,15 @@ class _Step:
 class _Plan:
     """A split program for one input signature."""
 
-    def __init__(self, consts: dict[Any, Any], invars: list[Any], outvars: list[Any], steps: list[_Step], out_tree: Any, delete_after: list[int]) -> None:
+    def __init__(
+        self,
+        consts: dict[Any, Any],
+        invars: list[Any],
+        outvars: list[Any],
+        steps: list[_Step],
+        out_tree: Any,
+        delete_after: list[int],
+    ) -> None:
         self.consts = consts
         self.invars = invars
         self.outvars = outvars
@@ -86,7 +93,11 @@ class _Plan:
         out = [v.val if isinstance(v, Literal) else env[v] for v in self.outvars]
         for i in self.delete_after:
             leaf = leaves[i]
-            if isinstance(leaf, jax.Array) and not leaf.is_deleted() and not any(leaf is o for o in out):
+            if (
+                isinstance(leaf, jax.Array)
+                and not leaf.is_deleted()
+                and not any(leaf is o for o in out)
+            ):
                 leaf.delete()
         return jax.tree_util.tree_unflatten(self.out_tree, out)
 
@@ -187,7 +198,12 @@ class _GlueCache:
                 self.counters.add("misses")
                 fn = jaxpr_as_fun(closed)
                 sds = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
-                exe = jax.jit(fn, keep_unused=True, donate_argnums=donate).trace(*sds).lower().compile()
+                exe = (
+                    jax.jit(fn, keep_unused=True, donate_argnums=donate)
+                    .trace(*sds)
+                    .lower()
+                    .compile()
+                )
                 self.counters.add("compiles")
                 if cache is not None and not _has_callbacks(closed):
                     record = _entry.Entry(
@@ -239,7 +255,7 @@ def _split(
                 if not isinstance(v, Literal):
                     live.add(v)
                     last_use.setdefault(v, i)
-    steps = []
+    steps: list[tuple[str, list[Any], list[Any], list[Any], tuple[int, ...]]] = []
     consumed: set[Any] = set()
     for i, (kind, eqns) in enumerate(groups):
         defined: set[Any] = set()
@@ -253,7 +269,12 @@ def _split(
             outvars = list(eqns[0].outvars)
             steps.append((kind, eqns, list(eqns[0].invars), outvars, ()))
             continue
-        outvars = [v for eqn in eqns for v in eqn.outvars if not isinstance(v, DropVar) and v in needed_after[i]]
+        outvars = [
+            v
+            for eqn in eqns
+            for v in eqn.outvars
+            if not isinstance(v, DropVar) and v in needed_after[i]
+        ]
         donate = tuple(
             j
             for j, v in enumerate(invars)
@@ -276,9 +297,15 @@ class RegionalFunction:
         donate_argnums: int | Sequence[int] = (),
     ) -> None:
         self.__wrapped__ = fun
-        self._static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-        self._static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
-        self._donate_argnums = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+        self._static_argnums = (
+            (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+        )
+        self._static_argnames = (
+            (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+        )
+        self._donate_argnums = (
+            (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+        )
         self._jitted = jax.jit(
             fun,
             static_argnums=self._static_argnums,
@@ -293,11 +320,15 @@ class RegionalFunction:
     def __repr__(self) -> str:
         return f"<jaxaot.jit {self.__name__}>"
 
-    def _dynamic(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any, tuple[Any, ...], list[int]]:
+    def _dynamic(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], Any, tuple[Any, ...], list[int]]:
         n = len(args)
         static_pos = {i % n for i in self._static_argnums if -n <= i < n} if n else set()
         donate_pos = {i % n for i in self._donate_argnums if -n <= i < n} if n else set()
-        dyn_args, statics, donated_flags = [], [], []
+        dyn_args: list[Any] = []
+        statics: list[tuple[Any, Any]] = []
+        donated_flags: list[bool] = []
         for i, a in enumerate(args):
             if i in static_pos:
                 statics.append((i, a))
@@ -332,14 +363,32 @@ class RegionalFunction:
             return self._jitted(*args, **kwargs)
         return plan.run(leaves)  # type: ignore[union-attr]
 
-    def _plan(self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int]) -> _Plan | None:
+    def precompile(self, *args: Any, **kwargs: Any) -> None:
+        """Traces, splits and loads or compiles every executable for this signature,
+        without running anything."""
+        leaves, treedef, statics, donated = self._dynamic(args, kwargs)
+        sig = (treedef, tuple(jax.typeof(x) for x in leaves), statics)
+        with self._lock:
+            if sig not in self._plans:
+                self._plans[sig] = self._plan(args, kwargs, donated)
+
+    def _plan(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int]
+    ) -> _Plan | None:
         try:
             return self._build_plan(args, kwargs, donated)
         except Exception as e:  # never a wrong result: fall back to jax.jit
-            logger.debug("jaxaot.jit %s: not split (%s: %s); using jax.jit", self.__name__, type(e).__name__, e)
+            logger.debug(
+                "jaxaot.jit %s: not split (%s: %s); using jax.jit",
+                self.__name__,
+                type(e).__name__,
+                e,
+            )
             return None
 
-    def _build_plan(self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int]) -> _Plan | None:
+    def _build_plan(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int]
+    ) -> _Plan | None:
         traced = self._jitted.trace(*args, **kwargs)
         closed = traced.jaxpr
         if not _contains_components(closed.jaxpr):
@@ -373,9 +422,14 @@ class RegionalFunction:
         delete_after = [i for i, v in enumerate(jaxpr.invars) if v in leftover]
         n_comp = sum(s.kind == "component" for s in steps)
         logger.debug(
-            "jaxaot.jit %s: %d component calls, %d glue programs", self.__name__, n_comp, len(steps) - n_comp
+            "jaxaot.jit %s: %d component calls, %d glue programs",
+            self.__name__,
+            n_comp,
+            len(steps) - n_comp,
         )
-        return _Plan(consts, list(jaxpr.invars), list(jaxpr.outvars), steps, traced.out_tree, delete_after)
+        return _Plan(
+            consts, list(jaxpr.invars), list(jaxpr.outvars), steps, traced.out_tree, delete_after
+        )
 
 
 def jit(
@@ -401,9 +455,10 @@ def jit(
 
     def wrap(f: Callable[..., Any]) -> RegionalFunction:
         return RegionalFunction(
-            f, static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums
+            f,
+            static_argnums=static_argnums,
+            static_argnames=static_argnames,
+            donate_argnums=donate_argnums,
         )
 
     return wrap if fun is None else wrap(fun)
-
-

@@ -66,7 +66,7 @@ def _setup(layers: int) -> tuple[Any, jax.Array]:
     return blocks, x
 
 
-def _close(a: Any, b: Any, tol: float = 2e-5) -> None:
+def _close(a: Any, b: Any, tol: float = 5e-5) -> None:
     jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(u, v, rtol=tol, atol=tol), a, b)
 
 
@@ -131,30 +131,53 @@ def _hetero_block_b(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
     return x * jax.nn.sigmoid(x @ p["u"] @ p["v"])
 
 
-def test_heterogeneous_model_compiles_each_kind_once() -> None:
+def _hetero(repeats: int) -> tuple[Any, Any, list[str]]:
+    k = jax.random.split(jax.random.key(0), 2 * repeats)
+    layers = []
+    for i in range(repeats):  # a, b, a, b, ...: two block kinds with different parameter shapes
+        layers.append(("a", {"w": jax.random.normal(k[2 * i], (WIDTH, WIDTH)) * 0.1}))
+        layers.append(
+            (
+                "b",
+                {
+                    "u": jax.random.normal(k[2 * i + 1], (WIDTH, 3)) * 0.1,
+                    "v": jnp.ones((3, WIDTH)) * 0.1,
+                },
+            )
+        )
+    return [p for _, p in layers], jnp.ones((BATCH, WIDTH)), [kind for kind, _ in layers]
+
+
+def _hetero_loss(params: Any, x: jax.Array, kinds: list[str], fa: Any, fb: Any) -> jax.Array:
+    for kind, p in zip(kinds, params, strict=True):
+        x = fa(p, x) if kind == "a" else fb(p, x)
+    return jnp.sum(x**2)
+
+
+@pytest.mark.parametrize("repeats", [2, 6])
+def test_heterogeneous_model_compiles_each_kind_once(repeats: int, compiles: list[str]) -> None:
     comp_a = jaxaot.component(_hetero_block_a)
     comp_b = jaxaot.component(_hetero_block_b)
-    k = jax.random.split(jax.random.key(0), 12)
-    layers = []
-    for i in range(6):  # a, b, a, b, ... with different widths
-        layers.append(("a", {"w": jax.random.normal(k[2 * i], (WIDTH, WIDTH)) * 0.1}))
-        layers.append(("b", {"u": jax.random.normal(k[2 * i + 1], (WIDTH, 3)) * 0.1, "v": jnp.ones((3, WIDTH)) * 0.1}))
-    params = [p for _, p in layers]
-    kinds = [kind for kind, _ in layers]
-
-    def loss(params: Any, x: jax.Array, fa: Any, fb: Any) -> jax.Array:
-        for kind, p in zip(kinds, params, strict=True):
-            x = fa(p, x) if kind == "a" else fb(p, x)
-        return jnp.sum(x**2)
-
-    x = jnp.ones((BATCH, WIDTH))
-    regional = jaxaot.jit(jax.value_and_grad(lambda p, x: loss(p, x, comp_a, comp_b)))
-    want = jax.jit(jax.value_and_grad(lambda p, x: loss(p, x, _hetero_block_a, _hetero_block_b)))(params, x)
-    _close(regional(params, x), want, tol=1e-4)
-    for comp in (comp_a, comp_b):
-        # The primal entry and its transpose (for grad): each compiled once.
-        assert comp.cache_info().compiles == 2, comp.cache_info()
-        assert comp.cache_info().traces == 1
+    params, x, kinds = _hetero(repeats)
+    regional = jaxaot.jit(
+        jax.value_and_grad(lambda p, x: _hetero_loss(p, x, kinds, comp_a, comp_b))
+    )
+    want = jax.jit(
+        jax.value_and_grad(lambda p, x: _hetero_loss(p, x, kinds, _hetero_block_a, _hetero_block_b))
+    )(params, x)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        jaxaot._regional.GLUE._exes.clear()
+        before = len(compiles)
+        got = regional(params, x)
+        total = len(compiles) - before
+    _close(got, want, tol=1e-4)
+    # Kind a: its primal entry, and the transposes of the first layer (input not
+    # differentiated) and of the others. Kind b: its primal and one transpose.
+    assert comp_a.cache_info().compiles == 3, comp_a.cache_info()
+    assert comp_b.cache_info().compiles == 2, comp_b.cache_info()
+    assert comp_a.cache_info().traces == 1 and comp_b.cache_info().traces == 1
+    glue = total - 5
+    assert 0 < glue <= 4, total  # a few glue programs, the same whatever the depth
 
 
 def test_donation() -> None:
@@ -204,13 +227,13 @@ def test_program_without_components_and_static_args() -> None:
     np.testing.assert_allclose(f(jnp.ones(3), 4), 4 * np.ones(3))
     g = jaxaot.jit(lambda x, n: block(x["p"], x["x"]) * n, static_argnums=1)
     blocks, x = _setup(1)
-    np.testing.assert_allclose(g({"p": blocks[0], "x": x}, 2), 2 * _model.block(blocks[0], x), rtol=1e-5)
+    _close(g({"p": blocks[0], "x": x}, 2), 2 * _model.block(blocks[0], x))
 
 
 def test_inside_jax_jit_behaves_as_jax_jit() -> None:
     f = jaxaot.jit(lambda p, x: block(p, x) * 3)
     blocks, x = _setup(1)
-    np.testing.assert_allclose(jax.jit(f)(blocks[0], x), 3 * _model.block(blocks[0], x), rtol=1e-5)
+    _close(jax.jit(f)(blocks[0], x), 3 * _model.block(blocks[0], x))
 
 
 WARM_MODULE = textwrap.dedent(
@@ -248,11 +271,14 @@ def test_warm_process_compiles_no_component(tmp_path: Path, subprocess_env: dict
     results = []
     for raise_if_traced in ("0", "1"):
         env["JAXAOT_TEST_RAISE"] = raise_if_traced
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     cold, warm = results
-    assert cold["traces"] == 1 and cold["compiles"] == 2
+    # The primal entry and two transposes (the first layer's input is not differentiated).
+    assert cold["traces"] == 1 and cold["compiles"] == 3
     assert warm["traces"] == 0 and warm["compiles"] == 0
     np.testing.assert_allclose(warm["value"], cold["value"], rtol=1e-6)
     np.testing.assert_allclose(warm["grads"], cold["grads"], rtol=1e-6)

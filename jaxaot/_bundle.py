@@ -1,0 +1,323 @@
+"""Bundles: cache entries packed into one file, to ship a warm cache to other
+machines (a container image, a job's inputs) without a shared store.
+
+Container format (all integers little-endian)::
+
+    magic      8 bytes   b"JAXAOTBN"
+    version    u16       BUNDLE_FORMAT_VERSION (1)
+    count      u32       number of records
+    records    count times:
+                 key_len    u16
+                 key        key_len bytes of ASCII (the cache key, lowercase hex)
+                 value_len  u64
+                 value      value_len bytes (one cache entry, exactly as stored)
+    checksum   32 bytes: SHA-256 over everything above
+
+The bundle checksum catches damage in transit; it is not a signature. Trust
+comes from the entries themselves: :func:`import_bundle` verifies every entry
+(its checksum, or its HMAC signature when ``$JAXAOT_CACHE_HMAC_KEY`` is set)
+and that the key digest recorded in it names the key it is filed under, and
+refuses the ones that fail. Entries are never parsed beyond their header.
+
+Format changelog (bump BUNDLE_FORMAT_VERSION on every change):
+  * 1: first version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import struct
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from ._caches._protocol import check_key
+
+__all__ = [
+    "BUNDLE_FORMAT_VERSION",
+    "BUNDLE_MAGIC",
+    "BundleError",
+    "export_bundle",
+    "import_bundle",
+]
+
+BUNDLE_MAGIC = b"JAXAOTBN"
+BUNDLE_FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sHI")
+_KEY_LEN = struct.Struct("<H")
+_VALUE_LEN = struct.Struct("<Q")
+_CHECKSUM_BYTES = 32
+_CHUNK = 1 << 20
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class BundleError(ValueError):
+    """A bundle file is damaged, truncated, foreign or of another format version."""
+
+
+def _resolve_cache(cache: Any, what: str) -> Any:
+    if cache is None:
+        from ._config import get_cache
+
+        cache = get_cache()
+        if cache is None:
+            raise ValueError(f"{what}: caching is off (JAXAOT_CACHE=off) and no cache was given")
+    return cache
+
+
+def _write_bundle(path: str | os.PathLike[str], records: Iterable[tuple[str, bytes]]) -> int:
+    """Writes ``records`` (key, value) as a bundle at ``path`` atomically; returns the count.
+
+    The records are streamed to a temp file next to ``path``; the count is
+    patched in, the checksum computed over the finished file, and the temp file
+    fsynced and renamed over ``path``.
+    """
+    target = os.path.abspath(os.fspath(path))
+    directory = os.path.dirname(target)
+    tmp = os.path.join(
+        directory, f".{os.path.basename(target)}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
+    )
+    count = 0
+    try:
+        with open(tmp, "xb") as f:
+            f.write(_HEADER.pack(BUNDLE_MAGIC, BUNDLE_FORMAT_VERSION, 0))
+            for key, value in records:
+                raw_key = key.encode("ascii")
+                f.write(_KEY_LEN.pack(len(raw_key)))
+                f.write(raw_key)
+                f.write(_VALUE_LEN.pack(len(value)))
+                f.write(value)
+                count += 1
+            f.seek(0)
+            f.write(_HEADER.pack(BUNDLE_MAGIC, BUNDLE_FORMAT_VERSION, count))
+            f.flush()
+        digest = hashlib.sha256()
+        with open(tmp, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+        with open(tmp, "ab") as f:
+            f.write(digest.digest())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return count
+
+
+def export_bundle(
+    path: str | os.PathLike[str],
+    *,
+    cache: Any = None,
+    components: Iterable[str] | None = None,
+) -> dict[str, Any]:
+    """Writes the sound entries of ``cache`` into one bundle file at ``path``.
+
+    Args:
+      path: the bundle to write (replaced atomically if it exists).
+      cache: the cache to read (default: ``jaxaot.get_cache()``).
+      components: if given, only entries whose component name (the header's
+        ``name``: the component's function name) is one of these.
+
+    Returns:
+      ``{"path", "entries", "bytes", "keys", "names", "bad", "unmatched"}``:
+      the entries written, their total size, their keys, the component names
+      they belong to, the keys of bad entries left out (damaged, unsigned,
+      misfiled) and the requested component names that matched no entry.
+
+    Bad entries are never exported. Entries are read with ``get``.
+    """
+    from ._caches._tiered import verify_entry
+    from ._entry import EntryError
+
+    cache = _resolve_cache(cache, "export_bundle")
+    wanted = None if components is None else set(components)
+    exported: list[str] = []
+    names: set[str] = set()
+    bad: list[str] = []
+    total = 0
+
+    def records() -> Iterator[tuple[str, bytes]]:
+        nonlocal total
+        for key in sorted(cache.keys()):
+            blob = _read_entry(cache, key)
+            if blob is None:
+                continue  # removed meanwhile
+            try:
+                header = verify_entry(key, blob)
+            except EntryError:
+                bad.append(key)
+                continue
+            name = str(header.get("name", ""))
+            if wanted is not None and name not in wanted:
+                continue
+            exported.append(key)
+            names.add(name)
+            total += len(blob)
+            yield key, blob
+
+    _write_bundle(path, records())
+    return {
+        "path": os.path.abspath(os.fspath(path)),
+        "entries": len(exported),
+        "bytes": total,
+        "keys": exported,
+        "names": sorted(names),
+        "bad": bad,
+        "unmatched": sorted(wanted - names) if wanted is not None else [],
+    }
+
+
+def _read_entry(cache: Any, key: str) -> bytes | None:
+    """The stored bytes of ``key``: read from the entry's file when the backend names one
+    (so exporting neither counts as a hit nor refreshes access times), else with ``get``."""
+    path_for = getattr(cache, "path_for", None)
+    if path_for is None:
+        value = cache.get(key)
+        return None if value is None else bytes(value)
+    try:
+        fd = os.open(path_for(key), os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+    except OSError:  # gone meanwhile, or unreadable: not exported
+        return None
+
+
+def _read_exact(f: IO[bytes], n: int, end: int) -> bytes:
+    if f.tell() + n > end:
+        raise BundleError("truncated bundle (a record runs past the end)")
+    data = f.read(n)
+    if len(data) != n:
+        raise BundleError("truncated bundle")
+    return data
+
+
+def _check_bundle(f: IO[bytes], size: int) -> int:
+    """Verifies the header and the whole-file checksum; returns the record count."""
+    if size < _HEADER.size + _CHECKSUM_BYTES:
+        raise BundleError(f"not a jaxaot bundle (only {size} bytes)")
+    magic, version, count = _HEADER.unpack(f.read(_HEADER.size))
+    if magic != BUNDLE_MAGIC:
+        raise BundleError("not a jaxaot bundle (bad magic bytes)")
+    if version != BUNDLE_FORMAT_VERSION:
+        raise BundleError(
+            f"bundle format version {version}; this jaxaot reads version {BUNDLE_FORMAT_VERSION}"
+        )
+    f.seek(0)
+    digest = hashlib.sha256()
+    left = size - _CHECKSUM_BYTES
+    while left:
+        chunk = f.read(min(_CHUNK, left))
+        if not chunk:
+            raise BundleError("truncated bundle")
+        digest.update(chunk)
+        left -= len(chunk)
+    if f.read(_CHECKSUM_BYTES) != digest.digest():
+        raise BundleError("bundle checksum mismatch (the file is damaged or truncated)")
+    return int(count)
+
+
+def _check_layout(f: IO[bytes], count: int, end: int) -> None:
+    """Walks the record lengths (skipping the values): ``count`` records that end at ``end``."""
+    f.seek(_HEADER.size)
+    for _ in range(count):
+        (key_len,) = _KEY_LEN.unpack(_read_exact(f, _KEY_LEN.size, end))
+        f.seek(key_len, os.SEEK_CUR)
+        (value_len,) = _VALUE_LEN.unpack(_read_exact(f, _VALUE_LEN.size, end))
+        if f.tell() + value_len > end:
+            raise BundleError("truncated bundle (a record runs past the end)")
+        f.seek(value_len, os.SEEK_CUR)
+    if f.tell() != end:
+        raise BundleError("bundle has bytes after its last record")
+
+
+def _records(f: IO[bytes], count: int, end: int) -> Iterator[tuple[str | None, str, bytes]]:
+    """Yields ``(key or None, printable key, value)``; the layout was checked."""
+    f.seek(_HEADER.size)
+    for _ in range(count):
+        (key_len,) = _KEY_LEN.unpack(_read_exact(f, _KEY_LEN.size, end))
+        raw_key = _read_exact(f, key_len, end)
+        (value_len,) = _VALUE_LEN.unpack(_read_exact(f, _VALUE_LEN.size, end))
+        value = _read_exact(f, value_len, end)
+        text = raw_key.decode("ascii", "replace")
+        try:
+            yield check_key(text), text, value
+        except ValueError:
+            yield None, text, value
+
+
+def import_bundle(path: str | os.PathLike[str], *, cache: Any = None) -> dict[str, Any]:
+    """Adds the sound entries of the bundle at ``path`` to ``cache``.
+
+    The bundle's own checksum is verified first (a damaged bundle raises
+    :class:`BundleError` and adds nothing). Then each entry is verified (its
+    checksum, or its signature when ``$JAXAOT_CACHE_HMAC_KEY`` is set, and its
+    recorded key digest against its record key) before it is put.
+
+    Args:
+      path: the bundle file.
+      cache: the cache to fill (default: ``jaxaot.get_cache()``).
+
+    Returns:
+      ``{"path", "added", "skipped", "refused"}``: the keys put, the keys the
+      cache already held a sound entry for, and ``{"digest", "error"}`` for each
+      entry refused.
+
+    Raises:
+      BundleError: the bundle is damaged, truncated, foreign or of another
+        format version.
+      OSError: the file cannot be read.
+    """
+    from ._caches._tiered import verify_entry
+    from ._entry import EntryError
+
+    cache = _resolve_cache(cache, "import_bundle")
+    added: list[str] = []
+    skipped: list[str] = []
+    refused: list[dict[str, str]] = []
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        count = _check_bundle(f, size)
+        _check_layout(f, count, size - _CHECKSUM_BYTES)
+        present = set(cache.keys())
+        for key, text, value in _records(f, count, size - _CHECKSUM_BYTES):
+            if key is None:
+                refused.append({"digest": text[:128], "error": "invalid cache key"})
+                continue
+            try:
+                verify_entry(key, value)
+            except EntryError as e:
+                refused.append({"digest": key, "error": str(e)})
+                continue
+            if key in present:
+                existing = cache.get(key)
+                if existing is not None and _sound(key, bytes(existing)):
+                    skipped.append(key)
+                    continue
+                cache.delete(key)  # a damaged copy: replace it
+            cache.put(key, value)
+            present.add(key)
+            added.append(key)
+    return {
+        "path": os.path.abspath(os.fspath(path)),
+        "added": added,
+        "skipped": skipped,
+        "refused": refused,
+    }
+
+
+def _sound(key: str, blob: bytes) -> bool:
+    from ._caches._tiered import verify_entry
+    from ._entry import EntryError
+
+    try:
+        verify_entry(key, blob)
+    except EntryError:
+        return False
+    return True

@@ -1,0 +1,423 @@
+"""A cache in any fsspec filesystem: object stores (``gs://``, ``s3://``, ...),
+shared filesystems (``file://``), or fsspec's in-process ``memory://``.
+
+Layout::
+
+  <root>/<key[:2]>/<key>                  one object (file) per entry
+  <root>/<key[:2]>/.tmp-<pid>-<hex>       a write in flight (filesystems with rename)
+
+Guarantees:
+
+* No partial entry is ever visible under its final name where the filesystem
+  allows it. On object stores (``gs``, ``s3``, ``az``, ``memory``, ...) an
+  entry is one ``pipe`` (a single upload is atomic per object). On a local or
+  mounted filesystem (``file://``) a uniquely named temp file is written,
+  fsynced and renamed over the final name. On other filesystems the entry is
+  written under a temp name and then moved.
+* ``put`` keeps an existing entry. Two writers racing on one key each write a
+  complete value; one of them remains.
+* Faults never raise from the protocol methods: any error other than "not
+  found" makes ``get`` a miss, ``put`` a no-op, ``keys`` empty, with one
+  WARNING per cause per cache instance on the ``jaxaot`` logger (later ones at
+  DEBUG). After a connection error or timeout the cache skips the store for
+  ``backoff`` seconds (1 s) instead of waiting on it again on every call.
+* With ``max_bytes``, a ``put`` lists the store and removes the oldest entries
+  (by the store's modification time) until the new one fits. That listing is a
+  round trip per put: for large buckets prefer the store's own lifecycle rules.
+
+fsspec is imported when a cache is made; cloud drivers (``gcsfs``, ``s3fs``,
+``adlfs``) are the user's own installs. Anyone who can write to the store can
+plant an entry that becomes code in the reader: set ``$JAXAOT_CACHE_HMAC_KEY``
+in every process that shares it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import logging
+import os
+import posixpath
+import re
+import secrets
+import threading
+import time
+from typing import Any
+
+from ._protocol import check_key
+
+__all__ = ["FsspecCache"]
+
+logger = logging.getLogger("jaxaot")
+
+#: Protocols whose single-object writes are atomic: entries are written in one ``pipe``.
+OBJECT_STORE_PROTOCOLS = frozenset(
+    {"memory", "gs", "gcs", "s3", "s3a", "az", "abfs", "abfss", "adl", "oci", "oss", "r2"}
+)
+DEFAULT_BACKOFF = 1.0
+
+_KEY_RE = re.compile(r"^[0-9a-f]{16,128}$")
+_TEMP_PREFIX = ".tmp-"
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_TIME_FIELDS = ("mtime", "LastModified", "last_modified", "updated", "modified", "created")
+
+
+def _cause(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.errno is not None:
+        return errno.errorcode.get(e.errno, f"errno {e.errno}")
+    return type(e).__name__
+
+
+def _timestamp(info: dict[str, Any]) -> float | None:
+    for name in _TIME_FIELDS:
+        value = info.get(name)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, datetime.datetime):
+            return value.timestamp()
+        if isinstance(value, str):
+            try:
+                return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+def _redact(url: str) -> str:
+    from ._redis import redact_url
+
+    return redact_url(url)
+
+
+class FsspecCache:
+    """A byte cache in an fsspec filesystem (object store or shared directory).
+
+    Args:
+      url: where the entries live: ``gs://bucket/prefix``, ``s3://bucket/prefix``,
+        ``file:///shared/jaxaot``, ``memory://name`` or any fsspec URL.
+      max_bytes: if given, the most bytes of entries kept: older entries are
+        removed by ``put`` to make room, and a larger value is not stored.
+      storage_options: passed to the fsspec filesystem (credentials, project...).
+
+    Raises:
+      ImportError: fsspec (``pip install 'jaxaot[fsspec]'``) or the protocol's
+        driver (``gcsfs``, ``s3fs``...) is missing.
+      ValueError: an unknown protocol or a bad argument.
+
+    Example::
+
+      cache = TieredCache(DirectoryCache("~/.cache/jaxaot"),
+                          FsspecCache("gs://my-bucket/jaxaot"))
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_bytes: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        backoff: float = DEFAULT_BACKOFF,
+    ) -> None:
+        try:
+            import fsspec.core
+        except ImportError as e:
+            raise ImportError(
+                "FsspecCache needs the 'fsspec' package: pip install 'jaxaot[fsspec]'"
+            ) from e
+        if not isinstance(url, str) or not url:
+            raise ValueError(f"FsspecCache: url must be a non-empty string, got {url!r:.80}")
+        if max_bytes is not None and (
+            not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0
+        ):
+            raise ValueError(
+                f"FsspecCache: max_bytes must be a non-negative int or None, got {max_bytes!r}"
+            )
+        if isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 0:
+            raise ValueError(f"FsspecCache: backoff must be a non-negative number, got {backoff!r}")
+        self.url = _redact(url)
+        self.max_bytes = max_bytes
+        self.backoff = float(backoff)
+        fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        self.fs = fs
+        protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+        self.protocol = str(protocols[0])
+        from fsspec.implementations.local import LocalFileSystem
+
+        self._local = isinstance(fs, LocalFileSystem)
+        self._direct = not self._local and bool(OBJECT_STORE_PROTOCOLS.intersection(protocols))
+        root = str(root).rstrip("/")
+        self._root = root
+        self._state_lock = threading.Lock()
+        self._warned: set[str] = set()
+        self._down_until = 0.0
+        self._counters = {
+            "hits": 0,
+            "misses": 0,
+            "puts": 0,
+            "evictions": 0,
+            "errors": 0,
+            "skipped_offline": 0,
+        }
+
+    def __repr__(self) -> str:
+        return f"FsspecCache({self.url!r})"
+
+    # -- paths and faults ----------------------------------------------------
+
+    def path_of(self, key: str) -> str:
+        """The object name (without protocol) that holds the entry for ``key``."""
+        check_key(key)
+        return f"{self._root}/{key[:2]}/{key}"
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._state_lock:
+            self._counters[name] += n
+
+    def _warn_once(self, cause: str, message: str) -> None:
+        with self._state_lock:
+            first = cause not in self._warned
+            self._warned.add(cause)
+        if first:
+            logger.warning(
+                "jaxaot fsspec cache %s: %s; further occurrences are logged at DEBUG",
+                self.url,
+                message,
+            )
+        else:
+            logger.debug("jaxaot fsspec cache %s: %s", self.url, message)
+
+    def _available(self, what: str) -> bool:
+        with self._state_lock:
+            down = time.monotonic() < self._down_until
+            if down:
+                self._counters["skipped_offline"] += 1
+        if down:
+            logger.debug("jaxaot fsspec cache %s: %s skipped (store unreachable)", self.url, what)
+        return not down
+
+    def _fault(self, what: str, e: BaseException) -> None:
+        cause = _cause(e)
+        self._count("errors")
+        action = "skipped"
+        if isinstance(e, ConnectionError | TimeoutError) and self.backoff > 0:
+            with self._state_lock:
+                self._down_until = time.monotonic() + self.backoff
+            action = "skipping the store for a while"
+        text = " ".join(str(e).split())[:200] or type(e).__name__
+        self._warn_once(cause, f"{what} failed ({cause}: {text}); {action}")
+
+    def _is_entry(self, path: str) -> str | None:
+        name = posixpath.basename(path)
+        shard = posixpath.basename(posixpath.dirname(path))
+        if _KEY_RE.match(name) and shard == name[:2]:
+            return name
+        return None
+
+    def _list(self) -> dict[str, dict[str, Any]]:
+        """``{key: info}`` of the stored entries. Raises on faults."""
+        try:
+            found = self.fs.find(self._root, detail=True)
+        except FileNotFoundError:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for path, info in dict(found).items():
+            key = self._is_entry(str(path))
+            if key is not None and info.get("type", "file") != "directory":
+                out[key] = info
+        return out
+
+    # -- protocol ------------------------------------------------------------
+
+    def get(self, key: str) -> bytes | None:
+        """The bytes stored under ``key``, or ``None`` (also on any fault)."""
+        path = self.path_of(key)
+        if not self._available(f"get of {key[:16]}"):
+            self._count("misses")
+            return None
+        try:
+            data = self.fs.cat_file(path)
+        except FileNotFoundError:
+            self._count("misses")
+            return None
+        except Exception as e:  # any driver's fault: a miss
+            self._fault(f"get of {key[:16]}", e)
+            self._count("misses")
+            return None
+        self._count("hits")
+        return bytes(data)
+
+    def put(self, key: str, value: bytes | bytearray | memoryview) -> None:
+        """Stores ``value`` under ``key`` unless an entry is already there; faults skip it."""
+        path = self.path_of(key)
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise TypeError(f"FsspecCache.put: value must be bytes, got {type(value).__name__}")
+        value = bytes(value)
+        if self.max_bytes is not None and len(value) > self.max_bytes:
+            logger.debug(
+                "jaxaot fsspec cache %s: %s not stored, %d bytes > max_bytes %d",
+                self.url,
+                key[:16],
+                len(value),
+                self.max_bytes,
+            )
+            return
+        if not self._available(f"put of {key[:16]}"):
+            return
+        try:
+            if self.fs.exists(path):
+                return
+            if self.max_bytes is not None:
+                self._make_room(len(value))
+            if self._local:
+                self._write_local(path, value)
+            elif self._direct:
+                self.fs.pipe_file(path, value)
+            else:
+                self._write_moved(path, value)
+        except Exception as e:  # any driver's fault: the put is skipped
+            self._fault(f"put of {key[:16]}", e)
+            return
+        self._count("puts")
+
+    def delete(self, key: str) -> bool:
+        """Removes the entry under ``key``; returns whether one was removed."""
+        path = self.path_of(key)
+        if not self._available(f"delete of {key[:16]}"):
+            return False
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            return False
+        except Exception as e:
+            self._fault(f"delete of {key[:16]}", e)
+            return False
+        return True
+
+    def keys(self) -> list[str]:
+        """The keys of the stored entries (temp and foreign objects are ignored)."""
+        if not self._available("keys"):
+            return []
+        try:
+            return sorted(self._list())
+        except Exception as e:
+            self._fault("listing keys", e)
+            return []
+
+    def clear(self) -> None:
+        """Removes every entry (objects that are not entries are left alone)."""
+        if not self._available("clear"):
+            return
+        try:
+            entries = self._list()
+        except Exception as e:
+            self._fault("clear", e)
+            return
+        for key in entries:
+            try:
+                self.fs.rm_file(self.path_of(key))
+            except FileNotFoundError:
+                pass
+            except Exception as e:
+                self._fault("clear", e)
+                return
+
+    def stats(self) -> dict[str, Any]:
+        """Backend, URL, protocol, entries, bytes (``None`` on faults) and counters."""
+        entries: int | None = None
+        total: int | None = None
+        if self._available("stats"):
+            try:
+                listed = self._list()
+                entries = len(listed)
+                total = sum(int(info.get("size") or 0) for info in listed.values())
+            except Exception as e:
+                self._fault("stats", e)
+        with self._state_lock:
+            counters = dict(self._counters)
+        return {
+            "backend": "fsspec",
+            "url": self.url,
+            "protocol": self.protocol,
+            "entries": entries,
+            "bytes": total,
+            "max_bytes": self.max_bytes,
+            **counters,
+        }
+
+    # -- extras --------------------------------------------------------------
+
+    def quarantine(self, key: str) -> None:
+        """Removes a bad entry."""
+        if self.delete(key):
+            logger.debug("jaxaot fsspec cache %s: deleted bad entry %s", self.url, key[:16])
+
+    # -- internals -------------------------------------------------------------
+
+    def _temp_name(self, path: str) -> str:
+        return posixpath.join(
+            posixpath.dirname(path), f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        )
+
+    def _write_local(self, path: str, value: bytes) -> None:
+        """Temp file in the entry's directory, fsync, rename: atomic on POSIX filesystems."""
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        tmp = self._temp_name(path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW, 0o644)
+        try:
+            try:
+                view = memoryview(value)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def _write_moved(self, path: str, value: bytes) -> None:
+        """Temp object, then a move (a rename where the filesystem has one)."""
+        tmp = self._temp_name(path)
+        try:
+            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        except Exception:  # stores without directories
+            pass
+        self.fs.pipe_file(tmp, value)
+        try:
+            self.fs.mv(tmp, path)
+        except BaseException:
+            try:
+                self.fs.rm_file(tmp)
+            except Exception:
+                pass
+            raise
+
+    def _make_room(self, incoming: int) -> None:
+        """Removes the oldest entries until ``incoming`` more bytes fit under ``max_bytes``."""
+        assert self.max_bytes is not None
+        listed = self._list()
+        total = sum(int(info.get("size") or 0) for info in listed.values())
+        if total + incoming <= self.max_bytes:
+            return
+        order = sorted(listed, key=lambda k: (_timestamp(listed[k]) or 0.0, k))
+        evicted = 0
+        for key in order:
+            if total + incoming <= self.max_bytes:
+                break
+            try:
+                self.fs.rm_file(self.path_of(key))
+                evicted += 1
+            except FileNotFoundError:
+                pass
+            total -= int(listed[key].get("size") or 0)
+        if evicted:
+            self._count("evictions", evicted)

@@ -1,0 +1,248 @@
+"""TieredCache: verified promotion, bad entries refused and removed, writes to every
+tier, a raising tier does not stop the others; JAXAOT_CACHE URLs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxaot
+from jaxaot import _config, _entry
+from jaxaot._caches._tiered import TieredCache, verify_entry
+
+
+def make_blob(name: str = "t", payload: bytes = b"payload", tag: Any = 0) -> tuple[str, bytes]:
+    """A sound entry (no JAX compilation involved) and its cache key."""
+    key = jaxaot.ComponentKey({"component": f"key:{name!r}", "tag": tag})
+    entry = _entry.Entry(
+        key=key,
+        name=name,
+        in_avals=(),
+        out_avals=(),
+        out_tree=jax.tree_util.tree_structure(()),
+        arg_names=(),
+        result_paths=(),
+        stablehlo=payload,
+    )
+    return key.digest, _entry.encode(entry)
+
+
+def flip(blob: bytes, at: int | None = None) -> bytes:
+    data = bytearray(blob)
+    data[len(data) // 2 if at is None else at] ^= 0x01
+    return bytes(data)
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "jaxaot" and r.levelno >= logging.WARNING
+    ]
+
+
+class Exploding:
+    """A protocol-complete cache whose every method raises."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def _boom(self, *args: Any) -> Any:
+        self.calls += 1
+        raise RuntimeError("tier on fire")
+
+    get = put = delete = keys = clear = stats = _boom
+
+
+def test_hit_in_slow_tier_is_verified_and_promoted() -> None:
+    fast, slow = jaxaot.MemoryCache(), jaxaot.MemoryCache()
+    tiered = TieredCache(fast, slow)
+    key, blob = make_blob()
+    slow.put(key, blob)
+    assert tiered.get(key) == blob
+    assert fast.get(key) == blob  # promoted
+    assert tiered.get(key) == blob
+    assert slow.hit_count(key) == 1  # the second hit came from the fast tier
+    stats = tiered.stats()
+    assert stats["backend"] == "tiered" and stats["entries"] == 1
+    assert stats["promotions"] == 1 and stats["tier_hits"] == [1, 1]
+    assert [t["backend"] for t in stats["tiers"]] == ["memory", "memory"]
+    assert stats["bytes"] == 2 * len(blob)
+
+
+def test_promotion_reaches_every_faster_tier() -> None:
+    tiers = [jaxaot.MemoryCache() for _ in range(3)]
+    key, blob = make_blob()
+    tiers[2].put(key, blob)
+    assert TieredCache(*tiers).get(key) == blob
+    assert all(t.get(key) == blob for t in tiers)
+
+
+@pytest.mark.parametrize("damage", ["flip", "misfiled", "garbage"])
+def test_bad_entry_is_not_promoted_and_removed(
+    damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    fast, slow = jaxaot.MemoryCache(), jaxaot.MemoryCache()
+    key, blob = make_blob()
+    if damage == "flip":
+        bad = flip(blob)
+    elif damage == "misfiled":
+        bad = make_blob(tag=1)[1]  # a sound entry, but for another key
+    else:
+        bad = b"not an entry at all"
+    slow.put(key, bad)
+    caplog.set_level(logging.DEBUG, logger="jaxaot")
+    tiered = TieredCache(fast, slow)
+    assert tiered.get(key) is None
+    assert fast.keys() == [] and slow.keys() == []  # not promoted; removed from its tier
+    assert tiered.stats()["refused"] == 1
+    assert len(warnings_of(caplog)) == 1 and key[:16] in warnings_of(caplog)[0]
+
+
+def test_bad_entry_falls_through_to_a_sound_copy_further_down() -> None:
+    t0, t1, t2 = jaxaot.MemoryCache(), jaxaot.MemoryCache(), jaxaot.MemoryCache()
+    key, blob = make_blob()
+    t1.put(key, flip(blob))
+    t2.put(key, blob)
+    assert TieredCache(t0, t1, t2).get(key) == blob
+    assert t0.get(key) == blob and t1.get(key) == blob  # the damaged copy was repaired
+
+
+def test_quarantine_is_used_when_a_tier_has_it(tmp_path: Path) -> None:
+    directory = jaxaot.DirectoryCache(tmp_path / "d")
+    key, blob = make_blob()
+    directory.put(key, flip(blob))
+    tiered = TieredCache(jaxaot.MemoryCache(), directory)
+    assert tiered.get(key) is None
+    assert directory.keys() == []
+    assert len(list((tmp_path / "d" / "quarantine").iterdir())) == 1
+
+
+def test_first_tier_is_returned_unverified_and_quarantine_cleans_all_tiers() -> None:
+    fast, slow = jaxaot.MemoryCache(), jaxaot.MemoryCache()
+    key, blob = make_blob()
+    fast.put(key, flip(blob))
+    slow.put(key, flip(blob))
+    tiered = TieredCache(fast, slow)
+    assert tiered.get(key) == flip(blob)  # the reader (component) verifies tier 0 itself
+    tiered.quarantine(key)
+    assert fast.keys() == [] and slow.keys() == []
+
+
+def test_put_writes_every_tier_and_delete_keys_clear() -> None:
+    tiers = [jaxaot.MemoryCache(), jaxaot.MemoryCache()]
+    tiered = TieredCache(*tiers)
+    k1, b1 = make_blob(tag=1)
+    k2, b2 = make_blob(tag=2)
+    tiered.put(k1, b1)
+    tiers[1].put(k2, b2)
+    assert all(t.get(k1) == b1 for t in tiers)
+    assert tiered.keys() == sorted([k1, k2])
+    assert tiered.delete(k1) is True and tiered.delete(k1) is False
+    assert all(t.keys() in ([], [k2]) for t in tiers)
+    tiered.clear()
+    assert all(t.keys() == [] for t in tiers)
+
+
+def test_a_raising_tier_does_not_stop_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="jaxaot")
+    bad, good = Exploding(), jaxaot.MemoryCache()
+    tiered = TieredCache(bad, good)  # type: ignore[arg-type]
+    key, blob = make_blob()
+    for _ in range(3):
+        tiered.put(key, blob)
+    assert good.get(key) == blob
+    assert tiered.get(key) == blob
+    assert tiered.keys() == [key]
+    assert tiered.delete(key) is True
+    tiered.clear()
+    stats = tiered.stats()
+    assert "error" in stats["tiers"][0] and stats["tiers"][1]["backend"] == "memory"
+    # One warning per cause (operation and tier), not per call.
+    put_warnings = [m for m in warnings_of(caplog) if m.startswith("jaxaot tiered cache: put")]
+    assert len(put_warnings) == 1
+
+
+def test_components_through_a_tiered_cache() -> None:
+    shared = jaxaot.MemoryCache()
+
+    def make() -> Any:
+        @jaxaot.component(key="tiered-e2e")
+        def f(x):
+            return jnp.sin(x) * 2
+
+        return f
+
+    x = jnp.arange(4.0)
+    f1 = make()
+    with jaxaot.using_cache(TieredCache(jaxaot.MemoryCache(), shared)):
+        expected = f1(x)
+    assert f1.cache_info().traces == 1 and len(shared.keys()) == 2  # entry + executable
+
+    @jaxaot.component(key="tiered-e2e")
+    def f2(x):
+        raise AssertionError("traced although the shared tier holds the entry")
+
+    local = jaxaot.MemoryCache()
+    with jaxaot.using_cache(TieredCache(local, shared)):
+        assert jnp.allclose(f2(x), expected)
+    assert f2.cache_info().traces == 0
+    assert local.keys() and set(local.keys()) <= set(shared.keys())  # what was read, promoted
+
+
+def test_verify_entry_checks_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAXAOT_CACHE_HMAC_KEY", "one")
+    key, signed = make_blob()
+    verify_entry(key, signed)
+    monkeypatch.setenv("JAXAOT_CACHE_HMAC_KEY", "two")
+    with pytest.raises(_entry.EntryError, match="signature"):
+        verify_entry(key, signed)
+
+
+def test_constructor_checks() -> None:
+    with pytest.raises(ValueError):
+        TieredCache()
+    with pytest.raises(TypeError, match="tier 1"):
+        TieredCache(jaxaot.MemoryCache(), object())  # type: ignore[arg-type]
+    assert isinstance(TieredCache(jaxaot.MemoryCache()), jaxaot.Cache)
+
+
+# -- JAXAOT_CACHE URLs -------------------------------------------------------------
+
+
+def test_env_url_gives_local_directory_in_front_of_the_store(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from jaxaot._caches._fsspec import FsspecCache
+    from jaxaot._caches._redis import RedisCache
+
+    monkeypatch.setenv("JAXAOT_CACHE_DIR", str(tmp_path / "local"))
+    monkeypatch.setenv("JAXAOT_CACHE", "redis://127.0.0.1:1/0")  # never contacted here
+    cache = _config._default_from_env()
+    assert isinstance(cache, TieredCache)
+    assert isinstance(cache.tiers[0], jaxaot.DirectoryCache)
+    assert isinstance(cache.tiers[1], RedisCache)
+    for url in (f"file://{tmp_path}/shared", "memory://jaxaot-env-test"):
+        monkeypatch.setenv("JAXAOT_CACHE", url)
+        cache = _config._default_from_env()
+        assert isinstance(cache, TieredCache) and isinstance(cache.tiers[1], FsspecCache)
+    monkeypatch.setenv("JAXAOT_CACHE", "nosuchprotocol://x")
+    with pytest.raises(ValueError, match="JAXAOT_CACHE"):
+        _config._default_from_env()
+
+
+def test_env_url_with_unusable_directory_uses_memory_locally(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("JAXAOT_CACHE_DIR", str(tmp_path / "file" / "sub"))
+    monkeypatch.setenv("JAXAOT_CACHE", "memory://jaxaot-env-test2")
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    cache = _config._default_from_env()
+    assert isinstance(cache, TieredCache) and isinstance(cache.tiers[0], jaxaot.MemoryCache)
+    assert len(warnings_of(caplog)) == 1
