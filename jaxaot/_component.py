@@ -35,6 +35,7 @@ from ._jaxcompat import (
     ShapedArray,
     Tracer,
     batch_jaxpr,
+    partial_eval_jaxpr,
     default_platform,
     deserialize_executable,
     has_host_callbacks,
@@ -239,6 +240,62 @@ class Call:
             f"tangent of {nm}" if nm else "" for nm, m in zip(self._names(), mask, strict=True) if m
         ]
         return self._derive(("jvp", mask), args, make_fn, names)
+
+    def _linearized_jaxprs(self, mask: tuple[bool, ...]) -> tuple[Any, Any]:
+        """The JVP of this computation split by partial evaluation: a forward
+        jaxpr (primals -> primal outputs + residuals) and a linear jaxpr
+        (residuals + live tangents -> differentiable output tangents)."""
+        pf = self.fn()
+        in_avals = self.entry.in_avals
+        out_avals = self.entry.out_avals
+        n = len(in_avals)
+        diff = [bool(np.issubdtype(a.dtype, np.inexact)) for a in out_avals]
+
+        def jvp_fn(*xs: Any) -> tuple[Any, ...]:
+            primals, live = xs[:n], iter(xs[n:])
+            tangents = [
+                next(live) if m else _zeros(a.to_tangent_aval())
+                for m, a in zip(mask, in_avals, strict=True)
+            ]
+            outs, out_t = jax.jvp(lambda *p: tuple(pf(*p)), tuple(primals), tuple(tangents))
+            return (*outs, *[t for t, d in zip(out_t, diff, strict=True) if d])
+
+        live_avals = [a.to_tangent_aval() for a, m in zip(in_avals, mask, strict=True) if m]
+        closed = jax.make_jaxpr(jvp_fn)(*[_sds(a) for a in (*in_avals, *live_avals)])
+        n_diff = sum(diff)
+        known, unknown, _, _ = partial_eval_jaxpr(
+            closed,
+            unknowns=[False] * n + [True] * len(live_avals),
+            instantiate=[False] * len(out_avals) + [True] * n_diff,
+        )
+        return known, unknown
+
+    def linearize(
+        self, mask: tuple[bool, ...], args: Sequence[Any]
+    ) -> tuple[Call, Callable[[Sequence[Any]], Call]]:
+        """The forward call (primal outputs and residuals), and a function giving the
+        linear call (residuals and live tangents to output tangents) for its residuals."""
+        parent = self
+
+        def make_fwd() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
+            known, _ = parent._linearized_jaxprs(mask)
+            return jaxpr_as_fun(known), {}
+
+        fwd = self._derive(("linearize", mask, "forward"), args, make_fwd, self.entry.arg_names)
+        n_out = len(self.entry.out_avals)
+        live_names = [f"tangent of {nm}" if nm else "" for nm, m in zip(self._names(), mask, strict=True) if m]
+
+        def make_lin(residuals: Sequence[Any]) -> Call:
+            def make() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
+                _, unknown = parent._linearized_jaxprs(mask)
+                return jaxpr_as_fun(unknown), {}
+
+            live = [a.to_tangent_aval() for a, m in zip(self.entry.in_avals, mask, strict=True) if m]
+            args = [*residuals, *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in live]]
+            names = ["residual"] * (len(fwd.entry.out_avals) - n_out) + live_names
+            return parent._derive(("linearize", mask, "linear"), args, make, names)
+
+        return fwd, make_lin
 
     def transpose(self, undefined: tuple[bool, ...], args: Sequence[Any]) -> Call:
         """Cotangents of the linear (undefined) inputs, given the others and output cotangents."""

@@ -20,6 +20,7 @@ from jax._src.ad_util import Zero
 from jax._src.callback import io_callback_p, pure_callback_p
 from jax._src.debugging import debug_callback_p
 from jax._src.interpreters import ad, batching, mlir
+from jax._src.interpreters import partial_eval as _pe
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import func as func_dialect
 
@@ -181,3 +182,12 @@ def component_calls_in(jaxpr: Any) -> int:
     return sum(
         1 for j in _jaxprs(jaxpr) for eqn in j.eqns if eqn.primitive.name == "jaxaot_component"
     )
+
+
+def partial_eval_jaxpr(
+    closed_jaxpr: Any, unknowns: Sequence[bool], instantiate: Sequence[bool]
+) -> tuple[Any, Any, list[bool], list[Any]]:
+    """Splits a jaxpr into the part computable from the known inputs (which also
+    returns residuals, last) and the part that needs the unknown ones (which
+    takes the residuals first)."""
+    return _pe.partial_eval_jaxpr_nounits(closed_jaxpr, list(unknowns), list(instantiate))

@@ -128,6 +128,43 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call: Any) -> Any:
 ad.primitive_jvps[component_p] = _jvp
 
 
+def _linearize(is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, call: Any) -> Any:
+    """Direct linearization (grad, vjp, linearize): a derived *forward* entry gives
+    the primal outputs and the residuals, and a derived *linear* entry maps
+    residuals and tangents to output tangents. Reverse mode then transposes the
+    linear entry alone, so the backward pass never recomputes the forward one."""
+    in_avals = call.entry.in_avals
+    out_avals = call.entry.out_avals
+    mask = tuple(
+        bool(nz) and _is_differentiable(a.to_tangent_aval())
+        for nz, a in zip(nonzeros, in_avals, strict=True)
+    )
+    diff = [_is_differentiable(a) for a in out_avals]
+    zeros = [Zero(a.to_tangent_aval()) for a in out_avals]
+    if not any(mask) or not any(diff):
+        outs = bind(call, primals)
+
+        def no_tangents(residuals: Sequence[Any], *tangents: Any) -> list[Any]:
+            return list(zeros)
+
+        return outs, [False] * len(outs), [], no_tangents
+    fwd, make_lin = call.linearize(mask, primals)
+    results = bind(fwd, primals)
+    outs, residuals = results[: len(out_avals)], results[len(out_avals) :]
+    lin = make_lin(residuals)
+
+    def linearized(residuals: Sequence[Any], *tangents: Any) -> list[Any]:
+        live = [t for t, m in zip(tangents, mask, strict=True) if m]
+        live = [ad.instantiate_zeros(t) for t in live]
+        it = iter(bind(lin, [*residuals, *live]))
+        return [next(it) if d else z for d, z in zip(diff, zeros, strict=True)]
+
+    return outs, diff, residuals, linearized
+
+
+ad.primitive_linearizations[component_p] = _linearize
+
+
 def _transpose(cts: Sequence[Any], *args: Any, call: Any) -> list[Any]:
     undefined = tuple(ad.is_undefined_primal(a) for a in args)
     if all(type(ct) is Zero for ct in cts):
