@@ -35,13 +35,13 @@ from ._jaxcompat import (
     ShapedArray,
     Tracer,
     batch_jaxpr,
-    partial_eval_jaxpr,
     default_platform,
     deserialize_executable,
     has_host_callbacks,
     is_ordered_effect,
     jaxpr_as_fun,
     module_to_bytecode,
+    partial_eval_jaxpr,
     serialize_executable,
     trace_state_clean,
 )
@@ -283,14 +283,18 @@ class Call:
 
         fwd = self._derive(("linearize", mask, "forward"), args, make_fwd, self.entry.arg_names)
         n_out = len(self.entry.out_avals)
-        live_names = [f"tangent of {nm}" if nm else "" for nm, m in zip(self._names(), mask, strict=True) if m]
+        live_names = [
+            f"tangent of {nm}" if nm else "" for nm, m in zip(self._names(), mask, strict=True) if m
+        ]
 
         def make_lin(residuals: Sequence[Any]) -> Call:
             def make() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
                 _, unknown = parent._linearized_jaxprs(mask)
                 return jaxpr_as_fun(unknown), {}
 
-            live = [a.to_tangent_aval() for a, m in zip(self.entry.in_avals, mask, strict=True) if m]
+            live = [
+                a.to_tangent_aval() for a, m in zip(self.entry.in_avals, mask, strict=True) if m
+            ]
             args = [*residuals, *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in live]]
             names = ["residual"] * (len(fwd.entry.out_avals) - n_out) + live_names
             return parent._derive(("linearize", mask, "linear"), args, make, names)
