@@ -1,8 +1,14 @@
 """jaxaot: reusable, cached, compiled building blocks for JAX programs."""
 
+from ._bundle import BundleError as BundleError
+from ._bundle import export_bundle as export_bundle
+from ._bundle import import_bundle as import_bundle
 from ._caches import Cache as Cache
 from ._caches import DirectoryCache as DirectoryCache
+from ._caches import FsspecCache as FsspecCache
 from ._caches import MemoryCache as MemoryCache
+from ._caches import RedisCache as RedisCache
+from ._caches import TieredCache as TieredCache
 from ._caches import UnsafeCacheDirError as UnsafeCacheDirError
 from ._component import Component as Component
 from ._component import component as component
@@ -22,19 +28,25 @@ from ._stats import stats as stats
 __version__ = "0.1.0"
 
 __all__ = [
+    "BundleError",
     "Cache",
     "CacheInfo",
     "ClosureError",
     "Component",
     "ComponentKey",
     "DirectoryCache",
+    "FsspecCache",
     "HostCopy",
     "MemoryCache",
+    "RedisCache",
     "RegionalFunction",
+    "TieredCache",
     "UnsafeCacheDirError",
     "component",
     "default_cache_dir",
+    "export_bundle",
     "get_cache",
+    "import_bundle",
     "jit",
     "set_cache",
     "stats",

@@ -27,7 +27,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-BATCH, SEQ, WIDTH = 8, 128, 256
+# The benchmark model's batch, sequence and width; JAXAOT_BENCH_SHAPE="b,s,w"
+# shrinks it (the test suite runs the whole benchmark on a tiny model).
+BATCH, SEQ, WIDTH = (int(v) for v in os.environ.get("JAXAOT_BENCH_SHAPE", "8,128,256").split(","))
 PHASES = ("trace", "lower", "compile", "first_run")
 
 # name -> (label, preparation contender or None)

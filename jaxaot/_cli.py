@@ -1180,7 +1180,38 @@ DEMO = Command(
     uses_cache=False,
 )
 
-COMMANDS: list[Command | Group] = [DEMO, CACHE]
+
+def _bench_configure(parser: argparse.ArgumentParser) -> None:
+    from ._bench import add_arguments
+
+    add_arguments(parser)
+
+
+def _cmd_bench(args: argparse.Namespace, out: Output) -> int:
+    from ._bench import run
+
+    try:
+        text = run(args, lambda message: print(message, file=sys.stderr))
+    except ImportError as e:
+        raise CLIError(f"{e} (pip install 'jaxaot[bench]')") from None
+    out.line(text)
+    out.line(f"tables, JSON and plots written to {os.path.abspath(args.out)}")
+    return 0
+
+
+BENCH = Command(
+    "bench",
+    "benchmark warm starts and regional compilation against JAX's own caches",
+    _bench_configure,
+    _cmd_bench,
+    description="Run the warm-start benchmark (jax.jit, JAX's persistent cache, jax.export, "
+    "jaxaot, the physical limit) and/or the regional-compilation depth sweep (jax.jit, scan, "
+    "Equinox noinline, jaxaot.jit), each contender in a fresh process; write Markdown tables, "
+    "JSON and PNG plots.",
+    uses_cache=False,
+)
+
+COMMANDS: list[Command | Group] = [DEMO, BENCH, CACHE]
 
 
 def _add_command(sub: Any, cmd: Command) -> None:

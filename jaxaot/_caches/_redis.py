@@ -240,7 +240,7 @@ class RedisCache:
             self._count("misses")
             return None
         self._count("hits")
-        return bytes(value)
+        return value if isinstance(value, bytes) else bytes(str(value), "utf-8")
 
     def put(self, key: str, value: bytes | bytearray | memoryview) -> None:
         """Stores ``value`` under ``key`` unless an entry is already there; faults skip it."""

@@ -1,0 +1,26 @@
+"""Warm-start benchmark (the same as ``jaxaot bench warm-start``).
+
+Each contender runs in a fresh subprocess: plain jax.jit, jax.jit with JAX's
+persistent compilation cache (cold and warm), a jax.export artifact, a jaxaot
+component (cold and warm), and the physical limit (reading a serialized
+executable and ``deserialize_and_load``). Writes ``warm_start.md``,
+``warm_start.json`` and ``warm_start.png`` to ``--out`` (default ./bench-out).
+
+    python benchmarks/warm_start.py                # L = 4 and 16
+    python benchmarks/warm_start.py --full         # L = 4, 8, 16 and 48
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from jaxaot import _bench
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    _bench.add_arguments(parser)
+    args = parser.parse_args(["warm-start", *sys.argv[1:]])
+    print(_bench.run(args, lambda message: print(message, file=sys.stderr)))

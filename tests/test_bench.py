@@ -1,0 +1,31 @@
+"""``jaxaot bench``: both suites end to end on a tiny model (tables, JSON, plots)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jaxaot import _bench
+from jaxaot._cli import main
+
+
+def test_bench_all_on_a_tiny_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("JAXAOT_BENCH_SHAPE", "2,8,16")
+    out = tmp_path / "out"
+    assert main(["bench", "all", "--layers", "2", "--repeats", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "jaxaot warm / physical limit" in text and "jaxaot.jit / scan" in text
+    for name in ("warm_start", "regional"):
+        assert (out / f"{name}.md").read_text().startswith(("Warm-start", "Regional"))
+        assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = json.loads((out / "warm_start.json").read_text())
+    assert {r["contender"] for r in rows} == set(_bench.CONTENDERS)
+    warm = next(r for r in rows if r["contender"] == "jaxaot_warm")
+    assert warm["cache_info"]["traces"] == 0 and warm["cache_info"]["compiles"] == 0
+    regional = json.loads((out / "regional.json").read_text())
+    assert {r["contender"] for r in regional} == set(_bench.REGIONAL)
+    assert all(r["first_result"] > 0 for r in regional)

@@ -1,0 +1,28 @@
+"""The public surface: every exported name imports, and ``import jaxaot`` stays light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import jaxaot
+
+
+def test_every_public_name_is_exported() -> None:
+    for name in jaxaot.__all__:
+        assert getattr(jaxaot, name) is not None, name
+    assert sorted(jaxaot.__all__) == sorted(set(jaxaot.__all__))
+    public = {n for n in dir(jaxaot) if not n.startswith("_")}
+    assert set(jaxaot.__all__) <= public
+
+
+def test_import_is_light(subprocess_env: dict[str, str]) -> None:
+    code = (
+        "import sys, jaxaot; "
+        "heavy = [m for m in ('redis', 'fsspec', 'rich', 'optax', 'matplotlib', 'equinox') if m in sys.modules]; "
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env, check=True
+    ).stdout.strip()
+    assert out == ""
