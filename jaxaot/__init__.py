@@ -12,6 +12,7 @@ from ._caches import TieredCache as TieredCache
 from ._caches import UnsafeCacheDirError as UnsafeCacheDirError
 from ._component import Component as Component
 from ._component import component as component
+from ._component import wait_for_writes as wait_for_writes
 from ._config import default_cache_dir as default_cache_dir
 from ._config import get_cache as get_cache
 from ._config import set_cache as set_cache
@@ -52,4 +53,5 @@ __all__ = [
     "stats",
     "to_host_async",
     "using_cache",
+    "wait_for_writes",
 ]

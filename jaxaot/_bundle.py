@@ -136,6 +136,9 @@ def export_bundle(
     from ._caches._tiered import verify_entry
     from ._entry import EntryError
 
+    from ._component import wait_for_writes
+
+    wait_for_writes()  # executables still being written belong in the bundle
     cache = _resolve_cache(cache, "export_bundle")
     wanted = None if components is None else set(components)
     exported: list[str] = []

@@ -16,11 +16,13 @@ tracing and lowering the body. Made entries are written to the active cache.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import inspect
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
@@ -780,22 +782,21 @@ class Component(Generic[P, R]):
             else:
                 self._counters.add("misses")
 
-                def compile_here() -> tuple[Any, Entry | None]:
-                    compiled = self._jitted.trace(*args, **kwargs).lower().compile()
-                    self._counters.add("compiles")
-                    root = self._entries.get(root_key)
-                    if root is None or root.host_callbacks:
-                        return compiled, None
-                    return compiled, _executable_entry(
-                        exe_key, root, compiled, _cost_dict(compiled)
-                    )
-
+                start = time.perf_counter()
+                exe = self._jitted.trace(*args, **kwargs).lower().compile()
+                seconds = time.perf_counter() - start
+                self._counters.add("compiles")
+                costs = _cost_dict(exe)
+                root = self._entries.get(root_key)
                 # Executables are compiled by each process of a multi-process job
                 # (they are bound to that process's devices); lowered entries are shared.
-                exe, record = compile_here()
-                costs = _cost_dict(exe)
-                if cache is not None and record is not None:
-                    _write(cache, record)
+                if cache is not None and root is not None and not root.host_callbacks:
+                    if seconds >= _BACKGROUND_AFTER_SECONDS:
+                        # A big executable: serialize and write it while the first
+                        # step runs, off the path to the first result.
+                        _store_in_background(cache, exe_key, root, exe, costs)
+                    else:
+                        _store_executable(cache, exe_key, root, exe, costs)
             self._costs[sig] = costs
             self._compiled[sig] = exe
             return exe, sig
@@ -942,7 +943,44 @@ def _cost_dict(compiled: Any) -> dict[str, float] | None:
     return out
 
 
+_BACKGROUND_AFTER_SECONDS = 1.0
+_writer: concurrent.futures.ThreadPoolExecutor | None = None
+_pending: dict[str, concurrent.futures.Future[None]] = {}
+_pending_lock = threading.Lock()
+
+
+def _store_in_background(
+    cache: Cache, key: ComponentKey, root: Entry, exe: Any, costs: dict[str, float] | None
+) -> None:
+    """Stores an executable entry from a worker thread. The interpreter waits for
+    the worker at exit; ``wait_for_writes`` and reads of the same key wait too."""
+    global _writer
+    with _pending_lock:
+        if _writer is None:
+            _writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxaot-writer")
+        future = _writer.submit(_store_executable, cache, key, root, exe, costs)
+        _pending[key.digest] = future
+
+    def done(_: Any) -> None:
+        with _pending_lock:
+            if _pending.get(key.digest) is future:
+                del _pending[key.digest]
+
+    future.add_done_callback(done)
+
+
+def wait_for_writes() -> None:
+    """Blocks until every entry being written in the background is written."""
+    with _pending_lock:
+        futures = list(_pending.values())
+    for future in futures:
+        future.result()
+
+
 def _load_executable(cache: Cache, key: ComponentKey) -> tuple[Any, dict[str, float] | None] | None:
+    pending = _pending.get(key.digest)
+    if pending is not None:
+        pending.result()
     entry = _read(cache, key)
     if entry is None:
         return None

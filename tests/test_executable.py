@@ -183,3 +183,19 @@ def test_executions_are_annotated_for_the_profiler(tmp_path: Path) -> None:
             comp(x).block_until_ready()
     blobs = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
     assert b"jaxaot:<lambda>" in blobs
+
+
+def test_big_executables_are_written_in_the_background(
+    fresh_cache: jaxaot.MemoryCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_component, "_BACKGROUND_AFTER_SECONDS", 0.0)
+    comp = jaxaot.component(lambda x: jnp.sinh(x), key="exe-background")
+    x = jnp.arange(3.0)
+    np.testing.assert_allclose(comp(x), np.sinh(np.arange(3.0)), rtol=1e-6)
+    # Another component with the key waits for the pending write and loads it.
+    again = jaxaot.component(lambda x: jnp.sinh(x), key="exe-background")
+    np.testing.assert_allclose(again(x), np.sinh(np.arange(3.0)), rtol=1e-6)
+    assert again.cache_info().compiles == 0
+    jaxaot.wait_for_writes()
+    assert len(_exe_entries(fresh_cache)) == 1
+    assert not _component._pending

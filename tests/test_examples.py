@@ -1,0 +1,37 @@
+"""The examples run, and the train-step example warm-starts in a second process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _run(script: str, env: dict[str, str], *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_quickstart(subprocess_env: dict[str, str]) -> None:
+    out = _run("quickstart.py", subprocess_env)
+    assert "1 function, 6 calls" in out
+    assert "same key, same result: True" in out
+
+
+def test_train_step_warm_starts(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    args = ("--steps", "5", "--cache-dir", str(tmp_path / "cache"))
+    cold = _run("train_step.py", subprocess_env, *args)
+    assert "compiles=1" in cold and "traces=1" in cold
+    warm = _run("train_step.py", subprocess_env, *args)
+    assert "traces=0, lowerings=0, compiles=0" in warm
+    assert cold.splitlines()[0].split("loss")[1] == warm.splitlines()[0].split("loss")[1]
+    assert "'flops'" in warm
