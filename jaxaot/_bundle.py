@@ -134,9 +134,8 @@ def export_bundle(
     Bad entries are never exported. Entries are read with ``get``.
     """
     from ._caches._tiered import verify_entry
-    from ._entry import EntryError
-
     from ._component import wait_for_writes
+    from ._entry import EntryError
 
     wait_for_writes()  # executables still being written belong in the bundle
     cache = _resolve_cache(cache, "export_bundle")

@@ -37,8 +37,10 @@ from ._jaxcompat import (
     ShapedArray,
     Tracer,
     batch_jaxpr,
+    cpp_dispatcher,
     default_platform,
     deserialize_executable,
+    fastpath_miss,
     has_host_callbacks,
     is_ordered_effect,
     jaxpr_as_fun,
@@ -382,11 +384,11 @@ class Component(Generic[P, R]):
         self._lock = threading.RLock()
         self._entries: dict[ComponentKey, Entry] = {}
         self._compiled: dict[Any, Any] = {}
-        self._fast: dict[Any, Any] = {}
         self._costs: dict[Any, dict[str, float] | None] = {}
         self._region_exes: dict[ComponentKey, Any] = {}
         self._annotation = f"jaxaot:{self.name}"
-        self._simple = not self._static_argnums and not self._static_argnames and not callable(key)
+        simple = not self._static_argnums and not self._static_argnames and not callable(key)
+        self._dispatch = cpp_dispatcher(self.name, self._dispatch_miss) if simple else None
 
         @functools.wraps(fun)
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -710,32 +712,22 @@ class Component(Generic[P, R]):
         return jax.tree_util.tree_unflatten(call.entry.out_tree, outs)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        fast: Any = None
-        if self._simple and trace_state_clean():
-            # Hot path: a signature of arrays seen before runs its executable
-            # directly (C++ dispatch), as jax.jit's own fast path does. Avals
-            # carry shape, dtype and weak type; only signatures made of
-            # concrete jax.Arrays are ever stored.
-            try:
-                if kwargs:
-                    raise AttributeError
-                fast = tuple([x.aval for x in args])  # type: ignore[attr-defined]
-            except AttributeError:
-                leaves, treedef = _tree_flatten((args, kwargs))
-                try:
-                    fast = (treedef, *[x.aval for x in leaves])
-                except AttributeError:
-                    fast = None
-            if fast is not None:
-                run = self._fast.get(fast)
-                if run is not None:
-                    if _TraceAnnotation.is_enabled():
-                        with _TraceAnnotation(self._annotation):
-                            return run(*args, **kwargs)  # type: ignore[no-any-return]
-                    return run(*args, **kwargs)  # type: ignore[no-any-return]
-        return self._call_slow(args, kwargs, fast)  # type: ignore[arg-type]
+        if self._dispatch is not None and trace_state_clean() and not _TraceAnnotation.is_enabled():
+            # Hot path: JAX's C++ dispatcher, over this component's executables
+            # (one per signature, compiled here or loaded from the cache).
+            return self._dispatch(*args, **kwargs)  # type: ignore[no-any-return]
+        return self._call_slow(args, kwargs)  # type: ignore[arg-type]
 
-    def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any], fast: Any) -> Any:
+    def _dispatch_miss(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
+        """The C++ dispatcher met a new signature (or one without fast-path data yet)."""
+        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        leaves, in_tree = self._flatten(dyn_args, dyn_kwargs, allow_sds=False)
+        if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
+            return self._call_traced(args, kwargs), None, False
+        exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)
+        return fastpath_miss(exe, dyn_args, dyn_kwargs)
+
+    def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
         leaves, in_tree = self._flatten(dyn_args, dyn_kwargs, allow_sds=False)
         if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
@@ -743,12 +735,8 @@ class Component(Generic[P, R]):
         exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)
         if _TraceAnnotation.is_enabled():
             with _TraceAnnotation(self._annotation):
-                out = exe(*dyn_args, **dyn_kwargs)
-        else:
-            out = exe(*dyn_args, **dyn_kwargs)
-        if fast is not None and all(type(x) is _ARRAY_TYPE for x in leaves):
-            self._fast[fast] = getattr(exe, "_call", None) or exe
-        return out
+                return exe(*dyn_args, **dyn_kwargs)
+        return exe(*dyn_args, **dyn_kwargs)
 
     def _executable(
         self,
@@ -878,7 +866,8 @@ class Component(Generic[P, R]):
         with self._lock:
             self._entries.clear()
             self._compiled.clear()
-            self._fast.clear()
+            if self._dispatch is not None:
+                self._dispatch.clear_cache()  # type: ignore[attr-defined]
             self._costs.clear()
             self._region_exes.clear()
 
@@ -943,7 +932,7 @@ def _cost_dict(compiled: Any) -> dict[str, float] | None:
     return out
 
 
-_BACKGROUND_AFTER_SECONDS = 1.0
+_BACKGROUND_AFTER_SECONDS = 0.25
 _writer: concurrent.futures.ThreadPoolExecutor | None = None
 _pending: dict[str, concurrent.futures.Future[None]] = {}
 _pending_lock = threading.Lock()

@@ -191,3 +191,39 @@ def partial_eval_jaxpr(
     returns residuals, last) and the part that needs the unknown ones (which
     takes the residuals first)."""
     return _pe.partial_eval_jaxpr_nounits(closed_jaxpr, list(unknowns), list(instantiate))
+
+
+def cpp_dispatcher(name: str, cache_miss: Callable[..., Any]) -> Callable[..., Any]:
+    """A C++ dispatcher (as ``jax.jit`` uses) over many executables: calls with a
+    signature it has seen run in C++; the others go to ``cache_miss``, which
+    returns ``(outputs, fastpath_data_or_None, False)`` (see ``fastpath_miss``)."""
+    from jax._src import tree_util as _tree_util
+    from jax._src.interpreters import pxla as _pxla
+    from jax._src.lib import _jax
+
+    return _jax.pjit(  # type: ignore[no-any-return]
+        name,
+        None,
+        cache_miss,
+        [],
+        [],
+        _pxla.JitGlobalCppCacheKeys(),
+        _tree_util.dispatch_registry,
+        _pxla.cc_shard_arg,
+    )
+
+
+def fastpath_miss(
+    compiled: Any, args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[Any, Any, bool]:
+    """Runs ``compiled`` and returns what a C++ dispatcher's cache miss returns, with
+    the executable's fast-path data when it has some (so later calls stay in C++)."""
+    call = getattr(compiled, "_call", None)
+    if call is None and hasattr(compiled, "_executable") and hasattr(compiled, "_params"):
+        call = compiled._executable.create_cpp_call(compiled._params)
+        if call is not None:
+            compiled._call = call
+    miss = getattr(call, "_cache_miss", None)
+    if miss is None:
+        return compiled(*args, **kwargs), None, False
+    return miss(*args, **kwargs)  # type: ignore[no-any-return]
