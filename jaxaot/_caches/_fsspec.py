@@ -40,10 +40,9 @@ import os
 import posixpath
 import re
 import secrets
-import threading
-import time
 from typing import Any
 
+from ._faults import FaultTracking
 from ._protocol import check_key
 
 __all__ = ["FsspecCache"]
@@ -92,7 +91,7 @@ def _redact(url: str) -> str:
     return redact_url(url)
 
 
-class FsspecCache:
+class FsspecCache(FaultTracking):
     """A byte cache in an fsspec filesystem (object store or shared directory).
 
     Args:
@@ -150,64 +149,25 @@ class FsspecCache:
         self._direct = not self._local and bool(OBJECT_STORE_PROTOCOLS.intersection(protocols))
         root = str(root).rstrip("/")
         self._root = root
-        self._state_lock = threading.Lock()
-        self._warned: set[str] = set()
-        self._down_until = 0.0
-        self._counters = {
-            "hits": 0,
-            "misses": 0,
-            "puts": 0,
-            "evictions": 0,
-            "errors": 0,
-            "skipped_offline": 0,
-        }
+        self._init_faults(
+            {"hits": 0, "misses": 0, "puts": 0, "evictions": 0, "errors": 0, "skipped_offline": 0}
+        )
 
     def __repr__(self) -> str:
         return f"FsspecCache({self.url!r})"
 
     # -- paths and faults ----------------------------------------------------
 
+    _kind = "fsspec"
+    _peer = "store"
+
+    def _cause(self, e: BaseException) -> str:
+        return _cause(e)
+
     def path_of(self, key: str) -> str:
         """The object name (without protocol) that holds the entry for ``key``."""
         check_key(key)
         return f"{self._root}/{key[:2]}/{key}"
-
-    def _count(self, name: str, n: int = 1) -> None:
-        with self._state_lock:
-            self._counters[name] += n
-
-    def _warn_once(self, cause: str, message: str) -> None:
-        with self._state_lock:
-            first = cause not in self._warned
-            self._warned.add(cause)
-        if first:
-            logger.warning(
-                "jaxaot fsspec cache %s: %s; further occurrences are logged at DEBUG",
-                self.url,
-                message,
-            )
-        else:
-            logger.debug("jaxaot fsspec cache %s: %s", self.url, message)
-
-    def _available(self, what: str) -> bool:
-        with self._state_lock:
-            down = time.monotonic() < self._down_until
-            if down:
-                self._counters["skipped_offline"] += 1
-        if down:
-            logger.debug("jaxaot fsspec cache %s: %s skipped (store unreachable)", self.url, what)
-        return not down
-
-    def _fault(self, what: str, e: BaseException) -> None:
-        cause = _cause(e)
-        self._count("errors")
-        action = "skipped"
-        if isinstance(e, ConnectionError | TimeoutError) and self.backoff > 0:
-            with self._state_lock:
-                self._down_until = time.monotonic() + self.backoff
-            action = "skipping the store for a while"
-        text = " ".join(str(e).split())[:200] or type(e).__name__
-        self._warn_once(cause, f"{what} failed ({cause}: {text}); {action}")
 
     def _is_entry(self, path: str) -> str | None:
         name = posixpath.basename(path)

@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
-import time
 import urllib.parse
 from typing import Any
 
+from ._faults import FaultTracking
 from ._protocol import check_key
 
 __all__ = ["DEFAULT_BACKOFF", "RedisCache", "redact_url"]
@@ -72,7 +71,7 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-class RedisCache:
+class RedisCache(FaultTracking):
     """A byte cache in a Redis database.
 
     Args:
@@ -159,59 +158,21 @@ class RedisCache:
             raise ValueError(f"RedisCache: cannot use the URL {self.url}: {e}") from None
         self._prefix_bytes = prefix.encode("utf-8")
         self._match = _GLOB_SPECIAL.sub(r"\\\1", prefix) + "*"
-        self._state_lock = threading.Lock()
-        self._warned: set[str] = set()
-        self._down_until = 0.0
-        self._counters = {
-            "hits": 0,
-            "misses": 0,
-            "puts": 0,
-            "errors": 0,
-            "skipped_offline": 0,
-        }
+        self._init_faults({"hits": 0, "misses": 0, "puts": 0, "errors": 0, "skipped_offline": 0})
 
     def __repr__(self) -> str:
         return f"RedisCache({self.url!r}, prefix={self.prefix!r})"
 
     # -- faults --------------------------------------------------------------
 
-    def _count(self, name: str, n: int = 1) -> None:
-        with self._state_lock:
-            self._counters[name] += n
+    _kind = "redis"
+    _peer = "server"
 
-    def _warn_once(self, cause: str, message: str) -> None:
-        with self._state_lock:
-            first = cause not in self._warned
-            self._warned.add(cause)
-        if first:
-            logger.warning(
-                "jaxaot redis cache %s: %s; further occurrences are logged at DEBUG",
-                self.url,
-                message,
-            )
-        else:
-            logger.debug("jaxaot redis cache %s: %s", self.url, message)
+    def _cause(self, e: BaseException) -> str:
+        return _cause(e)
 
-    def _available(self, what: str) -> bool:
-        """False while backing off after an outage (the call then skips the server)."""
-        with self._state_lock:
-            down = time.monotonic() < self._down_until
-            if down:
-                self._counters["skipped_offline"] += 1
-        if down:
-            logger.debug("jaxaot redis cache %s: %s skipped (server unreachable)", self.url, what)
-        return not down
-
-    def _fault(self, what: str, e: BaseException) -> None:
-        cause = _cause(e)
-        self._count("errors")
-        if isinstance(e, self._outage):
-            with self._state_lock:
-                self._down_until = time.monotonic() + self.backoff
-            action = "skipping the server for a while" if self.backoff > 0 else "skipped"
-        else:
-            action = "skipped"
-        self._warn_once(cause, f"{what} failed ({cause}: {_message(e)}); {action}")
+    def _is_outage(self, e: BaseException) -> bool:
+        return isinstance(e, self._outage)
 
     def _is_key(self, name: bytes) -> str | None:
         if not name.startswith(self._prefix_bytes):
@@ -357,8 +318,3 @@ def _cause(e: BaseException) -> str:
         if word.isupper() and word.isalpha():
             return f"ResponseError {word}"
     return name
-
-
-def _message(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return text[:200] if text else type(e).__name__

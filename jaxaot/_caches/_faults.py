@@ -1,0 +1,79 @@
+"""Fault bookkeeping shared by the remote backends: counters, one warning per
+cause (later ones at DEBUG), and a short back-off after an outage so that a
+dead server is not asked again on every call."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+logger = logging.getLogger("jaxaot")
+
+
+class FaultTracking:
+    """Mixin: call ``_init_faults`` in ``__init__``; subclasses set ``url``,
+    ``backoff``, ``_kind`` ("redis", "fsspec") and ``_peer`` ("server", "store"),
+    and override ``_cause`` and ``_is_outage``."""
+
+    url: str
+    backoff: float
+    _kind = "remote"
+    _peer = "server"
+
+    def _init_faults(self, counters: dict[str, int]) -> None:
+        self._state_lock = threading.Lock()
+        self._warned: set[str] = set()
+        self._down_until = 0.0
+        self._counters = counters
+
+    def _cause(self, e: BaseException) -> str:
+        return type(e).__name__
+
+    def _is_outage(self, e: BaseException) -> bool:
+        return isinstance(e, ConnectionError | TimeoutError)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._state_lock:
+            self._counters[name] += n
+
+    def _warn_once(self, cause: str, message: str) -> None:
+        with self._state_lock:
+            first = cause not in self._warned
+            self._warned.add(cause)
+        if first:
+            logger.warning(
+                "jaxaot %s cache %s: %s; further occurrences are logged at DEBUG",
+                self._kind,
+                self.url,
+                message,
+            )
+        else:
+            logger.debug("jaxaot %s cache %s: %s", self._kind, self.url, message)
+
+    def _available(self, what: str) -> bool:
+        """False while backing off after an outage (the call then skips the remote)."""
+        with self._state_lock:
+            down = time.monotonic() < self._down_until
+            if down:
+                self._counters["skipped_offline"] += 1
+        if down:
+            logger.debug(
+                "jaxaot %s cache %s: %s skipped (%s unreachable)",
+                self._kind,
+                self.url,
+                what,
+                self._peer,
+            )
+        return not down
+
+    def _fault(self, what: str, e: BaseException) -> None:
+        cause = self._cause(e)
+        self._count("errors")
+        action = "skipped"
+        if self._is_outage(e) and self.backoff > 0:
+            with self._state_lock:
+                self._down_until = time.monotonic() + self.backoff
+            action = f"skipping the {self._peer} for a while"
+        text = " ".join(str(e).split())[:200] or type(e).__name__
+        self._warn_once(cause, f"{what} failed ({cause}: {text}); {action}")
