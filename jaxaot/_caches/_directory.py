@@ -147,6 +147,30 @@ def _makedirs_private(path: str) -> None:
         _mkdir_private(d)
 
 
+def write_and_replace(tmp: str, path: str, value: bytes, mode: int) -> None:
+    """Writes ``value`` to the new file ``tmp`` (mode ``mode``, whatever the umask),
+    fsyncs it and renames it onto ``path``; on any failure ``tmp`` is removed."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW, mode)
+    try:
+        try:
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, mode)  # the umask may have narrowed the mode further
+            view = memoryview(value)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
@@ -571,23 +595,5 @@ class DirectoryCache:
         """Writes ``value`` to ``path`` atomically (temp file, fsync, rename)."""
         directory = os.path.dirname(path)
         tmp = os.path.join(directory, f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW, 0o600)
-        try:
-            try:
-                if hasattr(os, "fchmod"):
-                    os.fchmod(fd, 0o600)  # the umask may have narrowed the mode further
-                view = memoryview(value)
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_and_replace(tmp, path, value, 0o600)
         _fsync_dir(directory)

@@ -42,6 +42,7 @@ import re
 import secrets
 from typing import Any
 
+from ._directory import write_and_replace
 from ._faults import FaultTracking
 from ._protocol import check_key
 
@@ -326,23 +327,7 @@ class FsspecCache(FaultTracking):
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
         tmp = self._temp_name(path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW, 0o644)
-        try:
-            try:
-                view = memoryview(value)
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_and_replace(tmp, path, value, 0o644)
 
     def _write_moved(self, path: str, value: bytes) -> None:
         """Temp object, then a move (a rename where the filesystem has one)."""
