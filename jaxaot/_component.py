@@ -294,7 +294,7 @@ class Call:
         def make_lin(residuals: Sequence[Any]) -> Call:
             def make() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
                 _, unknown = parent._linearized_jaxprs(mask)
-                return jaxpr_as_fun(unknown), {}
+                return jaxpr_as_fun(unknown), {"linear_from": len(residuals)}
 
             live = [
                 a.to_tangent_aval() for a, m in zip(self.entry.in_avals, mask, strict=True) if m

@@ -135,13 +135,18 @@ def _linearize(is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, call: Any)
     linear entry alone, so the backward pass never recomputes the forward one."""
     in_avals = call.entry.in_avals
     out_avals = call.entry.out_avals
-    mask = tuple(
+    live_any = any(
         bool(nz) and _is_differentiable(a.to_tangent_aval())
         for nz, a in zip(nonzeros, in_avals, strict=True)
     )
+    # Every differentiable input gets a tangent slot, whether or not this call
+    # differentiates it (zeros are passed): calls that differ only in which
+    # inputs they differentiate (the first layer of a network, say) share one
+    # forward, one linear and one transposed entry, compiled once.
+    mask = tuple(_is_differentiable(a.to_tangent_aval()) for a in in_avals)
     diff = [_is_differentiable(a) for a in out_avals]
     zeros = [Zero(a.to_tangent_aval()) for a in out_avals]
-    if not any(mask) or not any(diff):
+    if not live_any or not any(diff):
         outs = bind(call, primals)
 
         def no_tangents(residuals: Sequence[Any], *tangents: Any) -> list[Any]:
@@ -169,11 +174,22 @@ def _transpose(cts: Sequence[Any], *args: Any, call: Any) -> list[Any]:
     undefined = tuple(ad.is_undefined_primal(a) for a in args)
     if all(type(ct) is Zero for ct in cts):
         return [Zero(a.aval) if u else None for a, u in zip(args, undefined, strict=True)]
-    defined = [a for a, u in zip(args, undefined, strict=True) if not u]
+    # A linear entry is linear in all its tangent slots: transpose with respect to
+    # all of them (a slot given zeros just has its cotangent dropped), so that
+    # every use shares one transposed entry.
+    linear_from = call.entry.extra.get("linear_from")
+    wrt = tuple(
+        u or (linear_from is not None and i >= linear_from) for i, u in enumerate(undefined)
+    )
+    defined = [a for a, w in zip(args, wrt, strict=True) if not w]
     cts = [ad.instantiate_zeros(ct) for ct in cts]
-    derived = call.transpose(undefined, [*defined, *cts])
+    derived = call.transpose(wrt, [*defined, *cts])
     it = iter(bind(derived, [*defined, *cts]))
-    return [next(it) if u else None for u in undefined]
+    out = []
+    for u, w in zip(undefined, wrt, strict=True):
+        ct = next(it) if w else None
+        out.append(ct if u else None)
+    return out
 
 
 ad.primitive_transposes[component_p] = _transpose
