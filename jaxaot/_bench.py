@@ -478,10 +478,14 @@ def worker_main(t_import: float) -> None:
         Path(sys.argv[3]),
         int(sys.argv[4]),
     )
-    print(json.dumps(worker(contender, depth, work_dir, reps, t_import)))
+    sys.stdout.write(json.dumps(worker(contender, depth, work_dir, reps, t_import)) + "\n")
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
     add_arguments(p)
-    print(run(p.parse_args(), lambda m: print(m, file=sys.stderr)))
+
+    def log(message: str) -> None:
+        sys.stderr.write(message + "\n")
+
+    sys.stdout.write(run(p.parse_args(), log) + "\n")

@@ -13,9 +13,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 import pytest
+from _helpers import make_blob
 
 import jaxaot
 from jaxaot import _bundle, _cli, _entry
@@ -111,21 +111,6 @@ def source(populated: dict[str, Any], tmp_path: Path) -> jaxaot.DirectoryCache:
 
 def names_in(cache: Any) -> dict[str, str]:
     return {k: _entry.verify(cache.get(k))[0]["name"] for k in cache.keys()}
-
-
-def make_blob(name: str = "t", payload: bytes = b"payload", tag: Any = 0) -> tuple[str, bytes]:
-    key = jaxaot.ComponentKey({"component": f"key:{name!r}", "tag": tag})
-    entry = _entry.Entry(
-        key=key,
-        name=name,
-        in_avals=(),
-        out_avals=(),
-        out_tree=jax.tree_util.tree_structure(()),
-        arg_names=(),
-        result_paths=(),
-        stablehlo=payload,
-    )
-    return key.digest, _entry.encode(entry)
 
 
 # -- the whole trip ----------------------------------------------------------------

@@ -11,32 +11,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import pytest
+from _helpers import make_blob
 
 import jaxaot
-from jaxaot import _cli, _entry
+from jaxaot import _cli
 from jaxaot._caches._fsspec import FsspecCache
 from jaxaot._caches._tiered import TieredCache
 
 SIZES = [1, 1000, 1 << 20, 5 << 20]
-
-
-def make_blob(name: str = "t", payload: bytes = b"payload", tag: Any = 0) -> tuple[str, bytes]:
-    """A sound entry (no JAX compilation involved) and its cache key."""
-    key = jaxaot.ComponentKey({"component": f"key:{name!r}", "tag": tag})
-    entry = _entry.Entry(
-        key=key,
-        name=name,
-        in_avals=(),
-        out_avals=(),
-        out_tree=jax.tree_util.tree_structure(()),
-        arg_names=(),
-        result_paths=(),
-        stablehlo=payload,
-    )
-    return key.digest, _entry.encode(entry)
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:

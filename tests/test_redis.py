@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 import redis
+from _helpers import make_blob
 
 import jaxaot
 from jaxaot import _cli, _entry
@@ -151,22 +152,6 @@ def unique_prefix() -> str:
 
 
 # -- entries ---------------------------------------------------------------------
-
-
-def make_blob(name: str = "t", payload: bytes = b"payload", tag: Any = 0) -> tuple[str, bytes]:
-    """A sound entry (no JAX compilation involved) and its cache key."""
-    key = jaxaot.ComponentKey({"component": f"key:{name!r}", "tag": tag})
-    entry = _entry.Entry(
-        key=key,
-        name=name,
-        in_avals=(),
-        out_avals=(),
-        out_tree=jax.tree_util.tree_structure(()),
-        arg_names=(),
-        result_paths=(),
-        stablehlo=payload,
-    )
-    return key.digest, _entry.encode(entry)
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:

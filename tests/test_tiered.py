@@ -7,29 +7,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import pytest
+from _helpers import make_blob
 
 import jaxaot
 from jaxaot import _config, _entry
 from jaxaot._caches._tiered import TieredCache, verify_entry
-
-
-def make_blob(name: str = "t", payload: bytes = b"payload", tag: Any = 0) -> tuple[str, bytes]:
-    """A sound entry (no JAX compilation involved) and its cache key."""
-    key = jaxaot.ComponentKey({"component": f"key:{name!r}", "tag": tag})
-    entry = _entry.Entry(
-        key=key,
-        name=name,
-        in_avals=(),
-        out_avals=(),
-        out_tree=jax.tree_util.tree_structure(()),
-        arg_names=(),
-        result_paths=(),
-        stablehlo=payload,
-    )
-    return key.digest, _entry.encode(entry)
 
 
 def flip(blob: bytes, at: int | None = None) -> bytes:
