@@ -58,8 +58,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _ARRAY_SCALARS = (bool, int, float, complex, np.generic)
-_ARRAY_TYPE = type(jax.numpy.zeros(()))
-_tree_flatten = jax.tree_util.tree_flatten
 _TraceAnnotation = jax.profiler.TraceAnnotation
 
 
