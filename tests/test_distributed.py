@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 WORKER = textwrap.dedent(
     """
@@ -94,3 +95,74 @@ def test_each_signature_is_made_once_per_job(
     assert sum(r["compiles"] for r in warm) == 0, warm
     assert warm[0]["value"] == cold[0]["value"]
     assert all(os.listdir(tmp_path / f"cache-{pid}") for pid in range(4))
+
+
+SLOW_LEADER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import jax
+    jax.config.update("jax_platforms", "cpu")
+    pid, n, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=n, process_id=pid,
+                               initialization_timeout=120)
+    import jax.numpy as jnp
+    import jaxaot
+
+    traces = []
+
+    @jaxaot.component(key="dist-slow")
+    def f(x):
+        traces.append(1)
+        if pid == 0 and os.environ.get("LEADER_FAILS") == "1":
+            raise RuntimeError("process 0 cannot make this entry")
+        return jnp.cos(x) * 3
+
+    x = jnp.arange(4.0)  # every process's backend is up (backend start-up is collective)
+    if pid == 0 and os.environ.get("LEADER_FAILS") != "1":
+        time.sleep(8)  # longer than the others wait
+    try:
+        value = jax.jit(lambda v: f(v) + 1)(x).tolist()
+    except RuntimeError:
+        value = None
+    print(json.dumps({"pid": pid, "traces": len(traces), "value": value}))
+    sys.stdout.flush()
+    os._exit(0)  # do not wait for the other process at shutdown
+    """
+)
+
+
+@pytest.mark.parametrize("leader_fails", [False, True], ids=["leader-too-slow", "leader-fails"])
+def test_waiters_make_the_entry_themselves(
+    tmp_path: Path, subprocess_env: dict[str, str], leader_fails: bool
+) -> None:
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_LEADER)
+    port = _free_port()
+    procs = []
+    for pid in range(2):
+        env = dict(subprocess_env)
+        env["JAXAOT_CACHE_DIR"] = str(tmp_path / f"cache-{pid}")
+        env["JAXAOT_DISTRIBUTED_TIMEOUT"] = "2"
+        env["LEADER_FAILS"] = "1" if leader_fails else "0"
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), str(pid), "2", str(port)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        )
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    leader, waiter = results
+    expected = (np.cos(np.arange(4.0)) * 3 + 1).tolist()
+    assert waiter["traces"] == 1, results  # made it itself, after the timeout or failure
+    np.testing.assert_allclose(waiter["value"], expected, rtol=1e-6)
+    if leader_fails:
+        assert leader["value"] is None
+    else:
+        np.testing.assert_allclose(leader["value"], expected, rtol=1e-6)
