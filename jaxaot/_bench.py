@@ -104,6 +104,17 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
+def _measure_stages(
+    jitted: Any, args: tuple[Any, ...], result: dict[str, Any], repeats: int
+) -> None:
+    """Times ``jitted``'s trace, lower, compile and first run, then its steady step."""
+    traced, result["trace"] = _timed(lambda: jitted.trace(*args))
+    lowered, result["lower"] = _timed(traced.lower)
+    compiled, result["compile"] = _timed(lowered.compile)
+    _, result["first_run"] = _timed(lambda: _block(compiled(*args)))
+    result["steady"] = _steady(lambda: compiled(*args), repeats)
+
+
 def worker(
     contender: str, layers: int, work: Path, repeats: int, t_import: float
 ) -> dict[str, Any]:
@@ -128,11 +139,7 @@ def worker(
         else:
             step = make_step(model_lib.block)
         jitted = jax.jit(step)
-        traced, result["trace"] = _timed(lambda: jitted.trace(blocks, x))
-        lowered, result["lower"] = _timed(traced.lower)
-        compiled, result["compile"] = _timed(lowered.compile)
-        _, result["first_run"] = _timed(lambda: _block(compiled(blocks, x)))
-        result["steady"] = _steady(lambda: compiled(blocks, x), repeats)
+        _measure_stages(jitted, (blocks, x), result, repeats)
     elif contender == "scan_cold":
         stacked = jax.tree_util.tree_map(lambda *xs: jax.numpy.stack(xs), *blocks)
 
@@ -144,21 +151,13 @@ def worker(
             return jax.numpy.mean(h**2)
 
         jitted = jax.jit(jax.value_and_grad(scan_loss))
-        traced, result["trace"] = _timed(lambda: jitted.trace(stacked, x))
-        lowered, result["lower"] = _timed(traced.lower)
-        compiled, result["compile"] = _timed(lowered.compile)
-        _, result["first_run"] = _timed(lambda: _block(compiled(stacked, x)))
-        result["steady"] = _steady(lambda: compiled(stacked, x), repeats)
+        _measure_stages(jitted, (stacked, x), result, repeats)
     elif contender == "noinline_cold":
         from equinox.internal import noinline
 
         step = make_step(noinline(model_lib.block))
         jitted = jax.jit(step)
-        traced, result["trace"] = _timed(lambda: jitted.trace(blocks, x))
-        lowered, result["lower"] = _timed(traced.lower)
-        compiled, result["compile"] = _timed(lowered.compile)
-        _, result["first_run"] = _timed(lambda: _block(compiled(blocks, x)))
-        result["steady"] = _steady(lambda: compiled(blocks, x), repeats)
+        _measure_stages(jitted, (blocks, x), result, repeats)
     elif contender in ("regional_cold", "regional_warm"):
         jaxaot.set_cache(jaxaot.DirectoryCache(work / "jaxaot-regional"))
         step = jaxaot.jit(make_step(jaxaot.component(model_lib.block)))
@@ -176,14 +175,8 @@ def worker(
 
         blob, t_read = _timed((work / "step.export").read_bytes)
         exported, t_deser = _timed(lambda: export.deserialize(bytearray(blob)))
-        result["trace"] = t_read + t_deser  # reading and deserializing stand in for tracing
-        jitted = jax.jit(exported.call)
-        traced, t_trace = _timed(lambda: jitted.trace(blocks, x))
-        lowered, result["lower"] = _timed(traced.lower)
-        result["trace"] += t_trace
-        compiled, result["compile"] = _timed(lowered.compile)
-        _, result["first_run"] = _timed(lambda: _block(compiled(blocks, x)))
-        result["steady"] = _steady(lambda: compiled(blocks, x), repeats)
+        _measure_stages(jax.jit(exported.call), (blocks, x), result, repeats)
+        result["trace"] += t_read + t_deser  # reading and deserializing count as tracing
     elif contender in ("jaxaot_cold", "jaxaot_warm"):
         jaxaot.set_cache(jaxaot.DirectoryCache(work / "jaxaot-cache"))
         step = jaxaot.component(make_step(jaxaot.component(model_lib.block)), key="bench-step")

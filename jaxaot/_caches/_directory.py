@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 import filelock
 
+from ._faults import WarnOnce
 from ._protocol import check_key
 
 __all__ = [
@@ -184,7 +185,7 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-class DirectoryCache:
+class DirectoryCache(WarnOnce):
     """A byte cache in a local directory, safe to share between processes.
 
     Args:
@@ -276,22 +277,8 @@ class DirectoryCache:
 
     # -- logging -------------------------------------------------------------
 
-    def _warn_once(self, cause: str, message: str) -> None:
-        with self._state_lock:
-            first = cause not in self._warned
-            self._warned.add(cause)
-        if first:
-            logger.warning(
-                "jaxaot directory cache %s: %s; further occurrences are logged at DEBUG",
-                self._root,
-                message,
-            )
-        else:
-            logger.debug("jaxaot directory cache %s: %s", self._root, message)
-
-    def _count(self, name: str, n: int = 1) -> None:
-        with self._state_lock:
-            self._counters[name] += n
+    def _log_prefix(self) -> str:
+        return f"directory cache {self._root}"
 
     # -- protocol ------------------------------------------------------------
 

@@ -11,10 +11,41 @@ import time
 logger = logging.getLogger("jaxaot")
 
 
-class FaultTracking:
-    """Mixin: call ``_init_faults`` in ``__init__``; subclasses set ``url``,
-    ``backoff``, ``_kind`` ("redis", "fsspec") and ``_peer`` ("server", "store"),
-    and override ``_cause`` and ``_is_outage``."""
+class WarnOnce:
+    """Mixin for every backend: counters, and one warning per cause (later ones at
+    DEBUG). Subclasses set ``_state_lock``, ``_warned`` and ``_counters`` and name
+    themselves in ``_log_prefix``."""
+
+    _state_lock: threading.Lock
+    _warned: set[str]
+    _counters: dict[str, int]
+
+    def _log_prefix(self) -> str:
+        return "cache"
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._state_lock:
+            self._counters[name] += n
+
+    def _warn_once(self, cause: str, message: str) -> None:
+        with self._state_lock:
+            first = cause not in self._warned
+            self._warned.add(cause)
+        if first:
+            logger.warning(
+                "jaxaot %s: %s; further occurrences are logged at DEBUG",
+                self._log_prefix(),
+                message,
+            )
+        else:
+            logger.debug("jaxaot %s: %s", self._log_prefix(), message)
+
+
+class FaultTracking(WarnOnce):
+    """Mixin for remote backends: ``WarnOnce`` plus a back-off after outages. Call
+    ``_init_faults`` in ``__init__``; subclasses set ``url``, ``backoff``, ``_kind``
+    ("redis", "fsspec") and ``_peer`` ("server", "store"), and override ``_cause``
+    and ``_is_outage``."""
 
     url: str
     backoff: float
@@ -33,23 +64,8 @@ class FaultTracking:
     def _is_outage(self, e: BaseException) -> bool:
         return isinstance(e, ConnectionError | TimeoutError)
 
-    def _count(self, name: str, n: int = 1) -> None:
-        with self._state_lock:
-            self._counters[name] += n
-
-    def _warn_once(self, cause: str, message: str) -> None:
-        with self._state_lock:
-            first = cause not in self._warned
-            self._warned.add(cause)
-        if first:
-            logger.warning(
-                "jaxaot %s cache %s: %s; further occurrences are logged at DEBUG",
-                self._kind,
-                self.url,
-                message,
-            )
-        else:
-            logger.debug("jaxaot %s cache %s: %s", self._kind, self.url, message)
+    def _log_prefix(self) -> str:
+        return f"{self._kind} cache {self.url}"
 
     def _available(self, what: str) -> bool:
         """False while backing off after an outage (the call then skips the remote)."""

@@ -15,6 +15,7 @@ import logging
 import threading
 from typing import Any
 
+from ._faults import WarnOnce
 from ._protocol import Cache, check_key
 
 __all__ = ["TieredCache", "verify_entry"]
@@ -46,7 +47,7 @@ def verify_entry(key: str, blob: bytes) -> dict[str, Any]:
     return header
 
 
-class TieredCache:
+class TieredCache(WarnOnce):
     """Several caches read fastest first, written all at once.
 
     Args:
@@ -94,20 +95,8 @@ class TieredCache:
 
     # -- helpers -------------------------------------------------------------
 
-    def _count(self, name: str, n: int = 1) -> None:
-        with self._state_lock:
-            self._counters[name] += n
-
-    def _warn_once(self, cause: str, message: str) -> None:
-        with self._state_lock:
-            first = cause not in self._warned
-            self._warned.add(cause)
-        if first:
-            logger.warning(
-                "jaxaot tiered cache: %s; further occurrences are logged at DEBUG", message
-            )
-        else:
-            logger.debug("jaxaot tiered cache: %s", message)
+    def _log_prefix(self) -> str:
+        return "tiered cache"
 
     def _tier_failed(self, i: int, what: str, e: Exception) -> None:
         self._count("tier_errors")
