@@ -50,6 +50,7 @@ from ._jaxcompat import (
     trace_state_clean,
 )
 from ._key import ClosureError, ComponentKey, aval_str, function_fingerprint, stable_repr
+from ._optimize import fuse_dot_transposes
 from ._rules import bind
 
 logger = logging.getLogger("jaxaot")
@@ -88,11 +89,19 @@ def _jax_config_parts() -> tuple[tuple[str, str], ...]:
     return tuple((n, str(getattr(cfg, n, None))) for n in names)
 
 
+# How jaxaot derives the entries of transformations (a key part, so entries
+# derived the old way are missed, never mixed with new ones).
+#   1: first version.
+#   2: transposed entries compute transpose(dot_general(a, b)) as dot_general(b, a).
+DERIVE_VERSION = 2
+
+
 def _base_parts(platform: str) -> dict[str, Any]:
     import jaxlib
 
     return {
         "format": _entry.ENTRY_FORMAT_VERSION,
+        "derive": DERIVE_VERSION,
         "jax": jax.__version__,
         "jaxlib": str(jaxlib.__version__),
         "x64": bool(jax.config.read("jax_enable_x64")),
@@ -309,6 +318,7 @@ class Call:
         in_avals = self.entry.in_avals
         lin_avals = [a for a, u in zip(in_avals, undefined, strict=True) if u]
         n_defined = len(in_avals) - len(lin_avals)
+        arg_avals = [_aval_of(a) for a in args]
 
         def make_fn() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
             pf = parent.fn()
@@ -324,7 +334,7 @@ class Call:
                 t = jax.linear_transpose(linear, *[_sds(a) for a in lin_avals])
                 return tuple(t(tuple(cts)))
 
-            return transposed, {}
+            return fuse_dot_transposes(transposed, arg_avals), {}
 
         names = [nm for nm, u in zip(self._names(), undefined, strict=True) if not u]
         names += [f"cotangent of {p}" for p in self.entry.result_paths]
@@ -384,6 +394,7 @@ class Component(Generic[P, R]):
         self._compiled: dict[Any, Any] = {}
         self._costs: dict[Any, dict[str, float] | None] = {}
         self._region_exes: dict[ComponentKey, Any] = {}
+        self._region_locks = _stats.KeyedLocks()
         self._annotation = f"jaxaot:{self.name}"
         simple = not self._static_argnums and not self._static_argnames and not callable(key)
         self._dispatch = cpp_dispatcher(self.name, self._dispatch_miss) if simple else None
@@ -793,7 +804,9 @@ class Component(Generic[P, R]):
         exe = self._region_exes.get(call.key)
         if exe is not None:
             return exe
-        with self._lock:
+        # One lock per entry, so that jaxaot.jit compiles different entries of one
+        # component (its forward and its backward) at the same time.
+        with self._region_locks(call.key):
             exe = self._region_exes.get(call.key)
             if exe is not None:
                 return exe

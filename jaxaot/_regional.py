@@ -21,8 +21,12 @@ the one ``jax.jit`` would give.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
+import functools
 import hashlib
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,11 +48,15 @@ from ._jaxcompat import (
     trace_state_clean,
 )
 from ._key import ComponentKey, aval_str
-from ._rules import component_p
+from ._rules import PREFETCH, component_p
 
 logger = logging.getLogger("jaxaot")
 
 _INLINE = frozenset(["jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"])
+
+
+class _PlanFailed(Exception):
+    """An executable of a plan could not be made; nothing was donated yet."""
 
 
 @dataclass
@@ -56,14 +64,28 @@ class _Step:
     """One executable in a split program: a component call or a glue program."""
 
     kind: str  # "component" or "glue"
-    run: Any  # a loaded or compiled executable taking and returning flat lists
+    job: concurrent.futures.Future[Any]  # the executable, loaded or compiled in the background
     invars: list[Any]
     outvars: list[Any]
     label: str
+    donates: bool
+
+    def executable(self) -> Any:
+        """The executable (taking and returning flat lists), waiting for it if need be."""
+        try:
+            return self.job.result()
+        except Exception as e:
+            raise _PlanFailed(f"{self.label}: {type(e).__name__}: {e}") from e
 
 
 class _Plan:
-    """A split program for one input signature."""
+    """A split program for one input signature.
+
+    Its executables are loaded or compiled on a few threads while the first call
+    already runs the steps whose executables are ready: the first layers' forward
+    pass runs while the backward executable compiles. Before the first step that
+    donates an input (and before donated inputs are deleted), the plan waits for
+    every executable, so a failure leaves the inputs intact for ``jax.jit``."""
 
     def __init__(
         self,
@@ -80,17 +102,29 @@ class _Plan:
         self.steps = steps
         self.out_tree = out_tree
         self.delete_after = delete_after
+        self.ready = False
+
+    def wait(self) -> None:
+        """Waits for every executable; raises ``_PlanFailed`` if one could not be made."""
+        if not self.ready:
+            for step in self.steps:
+                step.executable()
+            self.ready = True
 
     def run(self, leaves: Sequence[Any]) -> Any:
         env: dict[Any, Any] = dict(self.consts)
         for v, x in zip(self.invars, leaves, strict=True):
             env[v] = x
         for step in self.steps:
+            if step.donates:
+                self.wait()
             ins = [v.val if isinstance(v, Literal) else env[v] for v in step.invars]
-            outs = step.run(*ins)
+            outs = step.executable()(*ins)
             for v, o in zip(step.outvars, outs, strict=True):
                 env[v] = o
         out = [v.val if isinstance(v, Literal) else env[v] for v in self.outvars]
+        if self.delete_after:
+            self.wait()
         for i in self.delete_after:
             leaf = leaves[i]
             if (
@@ -171,7 +205,7 @@ class _GlueCache:
     """Compiled glue programs of this process, by structure; shared by all jaxaot.jit functions."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._locks = _stats.KeyedLocks()
         self._exes: dict[tuple[str, tuple[Any, ...], tuple[int, ...]], Any] = {}
         self.counters = _stats.Counters(parent=_stats.PROCESS)
 
@@ -183,7 +217,7 @@ class _GlueCache:
         if exe is not None:
             self.counters.add("hits")
             return exe
-        with self._lock:
+        with self._locks(memo_key):
             exe = self._exes.get(memo_key)
             if exe is not None:
                 self.counters.add("hits")
@@ -285,6 +319,26 @@ def _split(
     return steps, donated - consumed
 
 
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _submit_jobs(
+    jobs: dict[Any, Callable[[], Any]],
+) -> dict[Any, concurrent.futures.Future[Any]]:
+    """Starts the jobs (loading or compiling executables), in order, on a pool of
+    threads: XLA compiles without holding the GIL, so a block's forward and
+    backward executables compile at the same time, and while earlier steps run.
+    Each job sees the caller's context (the cache set by ``using_cache``)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            workers = max(2, os.cpu_count() or 1)
+            _POOL = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="jaxaot-jit")
+        pool = _POOL
+    return {k: pool.submit(contextvars.copy_context().run, job) for k, job in jobs.items()}
+
+
 class RegionalFunction:
     """A function compiled region by region; see :func:`jit`."""
 
@@ -361,16 +415,31 @@ class RegionalFunction:
                     self._plans[sig] = plan
         if plan is None:
             return self._jitted(*args, **kwargs)
-        return plan.run(leaves)  # type: ignore[union-attr]
+        try:
+            return plan.run(leaves)  # type: ignore[union-attr]
+        except _PlanFailed as e:  # nothing donated yet: jax.jit gives the result
+            self._give_up(sig, e)
+            return self._jitted(*args, **kwargs)
+
+    def _give_up(self, sig: Any, error: Exception) -> None:
+        logger.debug("jaxaot.jit %s: not split (%s); using jax.jit", self.__name__, error)
+        with self._lock:
+            self._plans[sig] = None
 
     def precompile(self, *args: Any, **kwargs: Any) -> None:
         """Traces, splits and loads or compiles every executable for this signature,
-        without running anything."""
+        without running anything; returns when all are ready."""
         leaves, treedef, statics, donated = self._dynamic(args, kwargs)
         sig = (treedef, tuple(jax.typeof(x) for x in leaves), statics)
         with self._lock:
             if sig not in self._plans:
                 self._plans[sig] = self._plan(args, kwargs, donated)
+            plan = self._plans[sig]
+        if plan is not None:
+            try:
+                plan.wait()
+            except _PlanFailed as e:
+                self._give_up(sig, e)
 
     def _plan(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int]
@@ -389,7 +458,19 @@ class RegionalFunction:
     def _build_plan(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int]
     ) -> _Plan | None:
-        traced = self._jitted.trace(*args, **kwargs)
+        # Executables that autodiff will surely need start compiling during the trace.
+        early: dict[Any, concurrent.futures.Future[Any]] = {}
+
+        def prefetch(call: Any) -> None:
+            if call.key not in early:
+                job = functools.partial(call.component._call_executable, call)
+                early.update(_submit_jobs({call.key: job}))
+
+        token = PREFETCH.set(prefetch)
+        try:
+            traced = self._jitted.trace(*args, **kwargs)
+        finally:
+            PREFETCH.reset(token)
         closed = traced.jaxpr
         if not _contains_components(closed.jaxpr):
             logger.debug("jaxaot.jit %s: no component calls; using jax.jit", self.__name__)
@@ -401,23 +482,38 @@ class RegionalFunction:
         jaxpr = flat.jaxpr
         donated_vars = {jaxpr.invars[i] for i in donated}
         split, leftover = _split(jaxpr, donated_vars)
-        steps: list[_Step] = []
+        # What each step runs: one job per distinct entry or glue program.
+        jobs: dict[Any, Callable[[], Any]] = {}
+        step_jobs: list[tuple[Any, str]] = []
         for kind, eqns, invars, outvars, donate in split:
             if kind == "component":
                 call = eqns[0].params["call"]
-                exe = call.component._call_executable(call)
-                steps.append(_Step(kind, exe, invars, outvars, call.name))
+                job_key: Any = call.key
+                jobs[job_key] = functools.partial(call.component._call_executable, call)
+                step_jobs.append((job_key, call.name))
             else:
-                glue = Jaxpr(
-                    constvars=(),
-                    invars=invars,
-                    outvars=outvars,
-                    eqns=eqns,
-                    effects=join_effects(*(e.effects for e in eqns)),
-                    debug_info=jaxpr.debug_info,
+                glue = ClosedJaxpr(
+                    Jaxpr(
+                        constvars=(),
+                        invars=invars,
+                        outvars=outvars,
+                        eqns=eqns,
+                        effects=join_effects(*(e.effects for e in eqns)),
+                        debug_info=jaxpr.debug_info,
+                    ),
+                    (),
                 )
-                exe = GLUE.get(ClosedJaxpr(glue, ()), donate)
-                steps.append(_Step(kind, exe, invars, outvars, "glue"))
+                job_key = (str(glue), tuple(glue.in_avals), donate)
+                jobs.setdefault(job_key, functools.partial(GLUE.get, glue, donate))
+                step_jobs.append((job_key, "glue"))
+        futures = {k: f for k, f in early.items() if k in jobs}
+        futures.update(_submit_jobs({k: job for k, job in jobs.items() if k not in futures}))
+        steps = [
+            _Step(kind, futures[job_key], invars, outvars, label, bool(donate))
+            for (job_key, label), (kind, _, invars, outvars, donate) in zip(
+                step_jobs, split, strict=True
+            )
+        ]
         consts = dict(zip(jaxpr.constvars, flat.consts, strict=True))
         delete_after = [i for i, v in enumerate(jaxpr.invars) if v in leftover]
         n_comp = sum(s.kind == "component" for s in steps)

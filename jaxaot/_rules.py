@@ -18,8 +18,9 @@ its output avals and a way to derive the entries of transformed versions:
 
 from __future__ import annotations
 
+import contextvars
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,20 @@ from ._jaxcompat import (
 
 component_p = Primitive("jaxaot_component")
 component_p.multiple_results = True
+
+
+# Set by jaxaot.jit while it traces a program: called with the forward and
+# transposed calls that autodiff binds, so that their executables start
+# compiling while the rest of the program is still being traced.
+PREFETCH: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
+    "jaxaot_prefetch", default=None
+)
+
+
+def _prefetch(call: Any) -> None:
+    prefetch = PREFETCH.get()
+    if prefetch is not None:
+        prefetch(call)
 
 
 def bind(call: Any, args: Sequence[Any]) -> list[Any]:
@@ -154,6 +169,7 @@ def _linearize(is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, call: Any)
 
         return outs, [False] * len(outs), [], no_tangents
     fwd, make_lin = call.linearize(mask, primals)
+    _prefetch(fwd)
     results = bind(fwd, primals)
     outs, residuals = results[: len(out_avals)], results[len(out_avals) :]
     lin = make_lin(residuals)
@@ -184,6 +200,7 @@ def _transpose(cts: Sequence[Any], *args: Any, call: Any) -> list[Any]:
     defined = [a for a, w in zip(args, wrt, strict=True) if not w]
     cts = [ad.instantiate_zeros(ct) for ct in cts]
     derived = call.transpose(wrt, [*defined, *cts])
+    _prefetch(derived)
     it = iter(bind(derived, [*defined, *cts]))
     out = []
     for u, w in zip(undefined, wrt, strict=True):

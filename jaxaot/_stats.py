@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Hashable
 from typing import NamedTuple
 
 logger = logging.getLogger("jaxaot")
@@ -24,6 +25,19 @@ class CacheInfo(NamedTuple):
     traces: int = 0
     lowerings: int = 0
     compiles: int = 0
+
+
+class KeyedLocks:
+    """One lock per key, made on first use: work on different keys runs in parallel,
+    work on one key once."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[Hashable, threading.Lock] = {}
+
+    def __call__(self, key: Hashable) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
 
 
 class Counters:

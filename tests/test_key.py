@@ -25,6 +25,7 @@ from jaxaot._key import (
 
 REQUIRED_PARTS = {
     "format",
+    "derive",
     "jax",
     "jaxlib",
     "x64",
@@ -88,7 +89,9 @@ def test_json_round_trip() -> None:
         ComponentKey.from_json([["a"]])
 
 
-@pytest.mark.parametrize("part", ["jax", "jaxlib", "platforms", "x64", "format", "config"])
+@pytest.mark.parametrize(
+    "part", ["jax", "jaxlib", "platforms", "x64", "format", "derive", "config"]
+)
 def test_changing_any_environment_part_changes_digest(part: str) -> None:
     comp = jaxaot.component(lambda x: x, key="env")
     key = comp.cache_key(jnp.ones(2))

@@ -283,3 +283,111 @@ def test_warm_process_compiles_no_component(tmp_path: Path, subprocess_env: dict
     assert warm["traces"] == 0 and warm["compiles"] == 0
     np.testing.assert_allclose(warm["value"], cold["value"], rtol=1e-6)
     np.testing.assert_allclose(warm["grads"], cold["grads"], rtol=1e-6)
+
+
+def test_a_failed_executable_falls_back_to_jax_jit_with_inputs_intact(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Executables compile in the background while the first call runs; when one
+    cannot be made, the call still gives jax.jit's result, and donated inputs are
+    only given up once every executable exists."""
+    comp = jaxaot.component(lambda w, v: jnp.tanh(v @ w) + v)
+    calls = {"n": 0}
+
+    def broken(self: Any, call: Any) -> Any:
+        calls["n"] += 1
+        raise RuntimeError("no executable today")
+
+    monkeypatch.setattr(jaxaot.Component, "_call_executable", broken)
+
+    def step(ws: Any, v: jax.Array) -> Any:
+        def loss(ws: Any) -> jax.Array:
+            h = v
+            for w in ws:
+                h = comp(w, h)
+            return jnp.sum(h**2)
+
+        grads = jax.grad(loss)(ws)
+        return [w - 0.1 * g for w, g in zip(ws, grads, strict=True)]
+
+    ws = [jnp.eye(3) * 0.5, jnp.eye(3) * 0.25]
+    v = jnp.arange(6.0).reshape(2, 3) / 6
+    want = jax.jit(step)(ws, v)
+    caplog.set_level("DEBUG", logger="jaxaot")
+    regional = jaxaot.jit(step, donate_argnums=0)
+    got = regional(ws, v)
+    _close(got, want)
+    assert calls["n"] >= 1
+    assert any("not split" in r.getMessage() for r in caplog.records)
+    # The fallback ran with the donated inputs: jax.jit gave them up, not a half-run plan.
+    assert all(w.is_deleted() for w in ws)
+    # Later calls go straight to jax.jit.
+    n = calls["n"]
+    ws2 = [jnp.eye(3) * 0.5, jnp.eye(3) * 0.25]
+    _close(regional(ws2, v), want)
+    assert calls["n"] == n
+
+
+def test_precompile_waits_for_every_executable() -> None:
+    blocks, x = _setup(3)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: _loss(bs, x, block)))
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        block.clear_cache()
+        grad.precompile(blocks, x)
+        (plan,) = grad._plans.values()
+        assert plan is not None and plan.ready
+        assert all(step.job.done() for step in plan.steps)
+        _close(grad(blocks, x), jax.grad(lambda bs, x: _loss(bs, x, _model.block))(blocks, x))
+
+
+def test_autodiff_executables_start_compiling_during_the_trace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The forward and transposed executables are submitted while the program is
+    still being traced (and each is compiled once)."""
+    from jaxaot import _regional
+
+    events: list[str] = []
+    submit = _regional._submit_jobs
+
+    def recording(jobs: dict[Any, Any]) -> Any:
+        events.extend(f"submit {k.parts['transform'][-1][0]}" for k in jobs if hasattr(k, "parts"))
+        return submit(jobs)
+
+    monkeypatch.setattr(_regional, "_submit_jobs", recording)
+    comp = jaxaot.component(lambda w, v: jnp.sin(v @ w))
+
+    def loss(ws: Any, v: jax.Array) -> jax.Array:
+        for i, w in enumerate(ws):
+            v = comp(w, v)
+            events.append(f"traced layer {i}")
+        return jnp.sum(v)
+
+    ws = [jnp.eye(3) * 0.5] * 3
+    v = jnp.ones((2, 3))
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        got = jaxaot.jit(jax.grad(loss))(ws, v)
+    _close(got, jax.grad(loss)(ws, v))
+    assert events.index("submit linearize") < events.index("traced layer 2")
+    assert events.count("submit linearize") == 1 and events.count("submit transpose") == 1
+    assert comp.cache_info().compiles == 2
+
+
+def test_no_input_is_donated_before_every_executable_exists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    comp = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
+
+    def broken(self: Any, call: Any) -> Any:
+        raise RuntimeError("no executable today")
+
+    monkeypatch.setattr(jaxaot.Component, "_call_executable", broken)
+
+    def f(a: jax.Array, w: jax.Array) -> jax.Array:
+        return comp(w, a * 2)  # the glue computing a * 2 is a's last use: it donates a
+
+    a, w = jnp.ones((2, 3)), jnp.eye(3)
+    want = jax.jit(f)(a, w)
+    got = jaxaot.jit(f, donate_argnums=0)(a, w)
+    _close(got, want)
+    assert a.is_deleted()

@@ -1,0 +1,131 @@
+"""Jaxpr rewrites for the entries jaxaot derives itself.
+
+A transposed (backward) entry is compiled on its own, so XLA cannot undo
+layout choices that JAX's transpose rules make. The one that matters: JAX
+transposes ``dot_general`` into another ``dot_general`` followed by a
+``transpose`` that swaps its two groups of free dimensions (for a weight
+gradient, ``(g^T x)^T`` rather than ``x^T g``). XLA:CPU fuses that transpose
+with the elementwise producers of ``g`` into a strided loop, and the dot then
+misses its fast kernel; in the benchmark transformer block this was a third
+of the backward pass. Swapping the operands gives the same product with no
+transpose, so :func:`fuse_dot_transposes` does that wherever the transposed
+product has no other use.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from ._jaxcompat import ClosedJaxpr, DropVar, Jaxpr, Literal, jaxpr_as_fun
+
+logger = logging.getLogger("jaxaot")
+
+# Calls whose bodies are inlined. A ``checkpoint`` in a backward entry holds the
+# forward recomputation; with no forward pass in the same program there is
+# nothing for XLA to share it with, so inlining it changes no schedule.
+_CALLS = frozenset(["jit", "pjit", "closed_call", "core_call", "checkpoint", "remat2"])
+
+
+def _swapped_dot_params(dot: Any, permutation: Sequence[int]) -> dict[str, Any] | None:
+    """The params of ``dot_general(b, a)`` when ``transpose(dot_general(a, b), permutation)``
+    equals it, else None."""
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dot.params["dimension_numbers"]
+    lhs, rhs = dot.invars
+    n_batch = len(lhs_batch)
+    n_lhs_free = lhs.aval.ndim - len(lhs_contract) - n_batch
+    n_rhs_free = rhs.aval.ndim - len(rhs_contract) - n_batch
+    swapped = (
+        *range(n_batch),
+        *range(n_batch + n_lhs_free, n_batch + n_lhs_free + n_rhs_free),
+        *range(n_batch, n_batch + n_lhs_free),
+    )
+    if tuple(permutation) != swapped or dot.params.get("out_sharding") is not None:
+        return None
+    params = dict(dot.params)
+    params["dimension_numbers"] = ((rhs_contract, lhs_contract), (rhs_batch, lhs_batch))
+    precision = params.get("precision")
+    if isinstance(precision, tuple) and len(precision) == 2:
+        params["precision"] = (precision[1], precision[0])
+    return params
+
+
+def _uses(jaxpr: Any) -> dict[Any, int]:
+    uses: dict[Any, int] = {}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            if not isinstance(v, Literal):
+                uses[v] = uses.get(v, 0) + 1
+    for v in jaxpr.outvars:
+        if not isinstance(v, Literal):
+            uses[v] = uses.get(v, 0) + 1
+    return uses
+
+
+def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], counter: list[int]) -> list[Any]:
+    env: dict[Any, Any] = {}
+
+    def read(v: Any) -> Any:
+        return v.val if isinstance(v, Literal) else env[v]
+
+    for v, x in zip(jaxpr.constvars, consts, strict=True):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, args, strict=True):
+        env[v] = x
+    # transpose equation -> (its dot_general equation, the swapped dot's params)
+    fused: dict[int, tuple[Any, dict[str, Any]]] = {}
+    uses = _uses(jaxpr)
+    dots = {
+        eqn.outvars[0]: eqn
+        for eqn in jaxpr.eqns
+        if eqn.primitive.name == "dot_general" and uses.get(eqn.outvars[0]) == 1
+    }
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "transpose" and eqn.invars[0] in dots:
+            dot = dots[eqn.invars[0]]
+            params = _swapped_dot_params(dot, eqn.params["permutation"])
+            if params is not None:
+                fused[id(eqn)] = (dot, params)
+    skipped = {id(dot) for dot, _ in fused.values()}
+    counter[0] += len(fused)
+    for eqn in jaxpr.eqns:
+        if id(eqn) in skipped:
+            continue
+        name = eqn.primitive.name
+        if id(eqn) in fused:
+            dot, params = fused[id(eqn)]
+            lhs, rhs = (read(v) for v in dot.invars)
+            with dot.ctx.manager:
+                env[eqn.outvars[0]] = jax.lax.dot_general_p.bind(rhs, lhs, **params)
+            continue
+        invals = [read(v) for v in eqn.invars]
+        inner = eqn.params.get("jaxpr") if name in _CALLS else None
+        if isinstance(inner, ClosedJaxpr):
+            outvals = _eval(inner.jaxpr, inner.consts, invals, counter)
+        elif isinstance(inner, Jaxpr) and not inner.constvars:
+            outvals = _eval(inner, (), invals, counter)
+        else:
+            with eqn.ctx.manager:
+                outvals = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+            if not eqn.primitive.multiple_results:
+                outvals = [outvals]
+        for v, x in zip(eqn.outvars, outvals, strict=True):
+            if not isinstance(v, DropVar):
+                env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+
+def fuse_dot_transposes(fun: Callable[..., Any], avals: Sequence[Any]) -> Callable[..., Any]:
+    """``fun`` (flat arrays to a flat sequence of arrays) traced at ``avals``, with
+    every ``transpose(dot_general(a, b))`` that only swaps the product's free
+    dimensions computed as ``dot_general(b, a)``; calls of ``jit`` functions are
+    inlined (XLA inlines them anyway). Same values, from the same products."""
+    sds = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    closed = jax.make_jaxpr(fun)(*sds)
+    counter = [0]
+    out = jax.make_jaxpr(lambda *xs: _eval(closed.jaxpr, closed.consts, xs, counter))(*sds)
+    logger.debug("jaxaot: %d dot transposes fused", counter[0])
+    return jaxpr_as_fun(out)  # type: ignore[no-any-return]

@@ -1,0 +1,138 @@
+"""Jaxpr rewrites of derived entries: dot_general + transpose as one swapped dot_general."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from jaxaot import _model
+from jaxaot._optimize import fuse_dot_transposes
+
+
+def _prims(fun: Callable[..., Any], avals: Sequence[Any]) -> list[str]:
+    return [e.primitive.name for e in jax.make_jaxpr(fun)(*avals).jaxpr.eqns]
+
+
+def _avals(*arrays: Any) -> list[Any]:
+    return [jax.typeof(a) for a in arrays]
+
+
+def _weight_grad(x: jax.Array, g: jax.Array) -> tuple[jax.Array]:
+    # What JAX's transpose rule emits for the weight of x @ w: (g^T x)^T.
+    prod = jax.lax.dot_general(g, x, (((0, 1), (0, 1)), ((), ())))
+    return (prod.T,)
+
+
+def test_weight_gradient_transpose_becomes_one_dot() -> None:
+    x = jax.random.normal(jax.random.key(0), (2, 3, 4))
+    g = jax.random.normal(jax.random.key(1), (2, 3, 5))
+    assert _prims(_weight_grad, [x, g]) == ["dot_general", "transpose"]
+    fused = fuse_dot_transposes(_weight_grad, _avals(x, g))
+    assert _prims(fused, [x, g]) == ["dot_general"]
+    (got,) = fused(x, g)
+    (want,) = _weight_grad(x, g)
+    assert got.shape == (4, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_batched_swap_is_fused_and_other_permutations_are_kept() -> None:
+    a = jax.random.normal(jax.random.key(0), (3, 4, 5))
+    b = jax.random.normal(jax.random.key(1), (3, 5, 6))
+    dims = (((2,), (1,)), ((0,), (0,)))
+
+    def swap(a: jax.Array, b: jax.Array) -> tuple[jax.Array]:
+        return (jnp.transpose(jax.lax.dot_general(a, b, dims), (0, 2, 1)),)
+
+    def move_batch(a: jax.Array, b: jax.Array) -> tuple[jax.Array]:
+        return (jnp.transpose(jax.lax.dot_general(a, b, dims), (1, 0, 2)),)
+
+    fused = fuse_dot_transposes(swap, _avals(a, b))
+    assert _prims(fused, [a, b]) == ["dot_general"]
+    np.testing.assert_allclose(fused(a, b)[0], swap(a, b)[0], rtol=1e-5, atol=1e-5)
+    kept = fuse_dot_transposes(move_batch, _avals(a, b))
+    assert _prims(kept, [a, b]) == ["dot_general", "transpose"]
+    np.testing.assert_allclose(kept(a, b)[0], move_batch(a, b)[0], rtol=1e-6)
+
+
+def test_a_product_with_another_use_is_not_recomputed() -> None:
+    a = jnp.ones((4, 5))
+    b = jnp.ones((5, 6))
+
+    def both(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+        prod = a @ b
+        return prod.T, prod * 2
+
+    fused = fuse_dot_transposes(both, _avals(a, b))
+    assert _prims(fused, [a, b]).count("dot_general") == 1
+    for got, want in zip(fused(a, b), both(a, b), strict=True):
+        np.testing.assert_allclose(got, want)
+
+
+def test_products_inside_jit_and_checkpoint_are_fused() -> None:
+    x = jax.random.normal(jax.random.key(0), (2, 3, 4))
+    g = jax.random.normal(jax.random.key(1), (2, 3, 5))
+    inner = jax.checkpoint(jax.jit(_weight_grad))
+    fused = fuse_dot_transposes(inner, _avals(x, g))
+    assert _prims(fused, [x, g]) == ["dot_general"]
+    np.testing.assert_allclose(fused(x, g)[0], _weight_grad(x, g)[0], rtol=1e-5, atol=1e-5)
+
+
+def _transposed_entry_prims(comp: jaxaot.Component[..., Any], *args: Any) -> list[str]:
+    closed = jax.make_jaxpr(jax.grad(lambda *a: jnp.sum(comp(*a)), argnums=(0, 1)))(*args)
+    calls = [e.params["call"] for e in closed.jaxpr.eqns if e.primitive.name == "jaxaot_component"]
+    transposed = [c for c in calls if c.key.parts["transform"][-1][0] == "transpose"]
+    assert len(transposed) == 1
+    return [e.primitive.name for e in transposed[0].jaxpr().jaxpr.eqns]
+
+
+def test_backward_entries_of_a_transformer_block_have_no_weight_transposes() -> None:
+    params = _model.init_block(jax.random.key(0), 16)
+    x = jax.random.normal(jax.random.key(1), (2, 8, 16))
+    comp = jaxaot.component(_model.block)
+    prims = _transposed_entry_prims(comp, params, x)
+    plain = jax.make_jaxpr(jax.grad(lambda p, x: jnp.sum(_model.block(p, x)), argnums=(0, 1)))(
+        params, x
+    )
+    plain_transposes = sum(e.primitive.name == "transpose" for e in plain.jaxpr.eqns)
+    # The four weight gradients (qkv, proj, up, down) lose their transposes.
+    assert prims.count("transpose") <= plain_transposes - 4
+    got = jax.grad(lambda p, x: jnp.sum(comp(p, x) ** 2), argnums=(0, 1))(params, x)
+    want = jax.grad(lambda p, x: jnp.sum(_model.block(p, x) ** 2), argnums=(0, 1))(params, x)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4)
+
+
+def test_derive_version_is_a_key_part() -> None:
+    from jaxaot._component import DERIVE_VERSION
+
+    comp = jaxaot.component(lambda x: x * 2, key="derive-version")
+    assert comp.cache_key(jnp.ones(3)).parts["derive"] == DERIVE_VERSION >= 2
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_dtypes_and_per_operand_precision_are_kept(dtype: Any) -> None:
+    x = jax.random.normal(jax.random.key(0), (2, 3, 4)).astype(dtype)
+    g = jax.random.normal(jax.random.key(1), (2, 3, 5)).astype(dtype)
+    precision = (jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT)
+
+    def grad(x: jax.Array, g: jax.Array) -> tuple[jax.Array]:
+        dims = (((0, 1), (0, 1)), ((), ()))
+        prod = jax.lax.dot_general(
+            g, x, dims, precision=precision, preferred_element_type=jnp.float32
+        )
+        return (prod.T,)
+
+    fused = fuse_dot_transposes(grad, _avals(x, g))
+    (eqn,) = jax.make_jaxpr(fused)(x, g).jaxpr.eqns
+    assert eqn.params["preferred_element_type"] == jnp.float32
+    # The operands swapped, so their precisions swap with them.
+    assert tuple(eqn.params["precision"]) == (precision[1], precision[0])
+    (got,) = fused(x, g)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, grad(x, g)[0], rtol=1e-5, atol=1e-5)
