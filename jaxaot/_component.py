@@ -114,7 +114,7 @@ class Call:
     """The parameter of one ``jaxaot_component`` equation: one cache entry and how to
     derive the entries of its transformations. Equal when the keys are equal."""
 
-    __slots__ = ("component", "key", "entry", "_trace")
+    __slots__ = ("component", "key", "entry", "_trace", "_linearized")
 
     def __init__(
         self,
@@ -127,6 +127,7 @@ class Call:
         self.key = key
         self.entry = entry
         self._trace = trace  # traces this computation afresh: a jax.stages.Traced
+        self._linearized: dict[tuple[bool, ...], tuple[Any, Any]] = {}
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Call) and self.key == other.key
@@ -255,7 +256,11 @@ class Call:
     def _linearized_jaxprs(self, mask: tuple[bool, ...]) -> tuple[Any, Any]:
         """The JVP of this computation split by partial evaluation: a forward
         jaxpr (primals -> primal outputs + residuals) and a linear jaxpr
-        (residuals + live tangents -> differentiable output tangents)."""
+        (residuals + live tangents -> differentiable output tangents). Made once
+        per mask: the forward and linear entries both come from it."""
+        done = self._linearized.get(mask)
+        if done is not None:
+            return done
         pf = self.fn()
         in_avals = self.entry.in_avals
         out_avals = self.entry.out_avals
@@ -279,6 +284,7 @@ class Call:
             unknowns=[False] * n + [True] * len(live_avals),
             instantiate=[False] * len(out_avals) + [True] * n_diff,
         )
+        self._linearized[mask] = (known, unknown)
         return known, unknown
 
     def linearize(

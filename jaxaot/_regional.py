@@ -507,6 +507,9 @@ class RegionalFunction:
                 jobs.setdefault(job_key, functools.partial(GLUE.get, glue, donate))
                 step_jobs.append((job_key, "glue"))
         futures = {k: f for k, f in early.items() if k in jobs}
+        for k, f in early.items():
+            if k not in jobs:  # autodiff ran under another transformation (vmap of grad)
+                f.cancel()
         futures.update(_submit_jobs({k: job for k, job in jobs.items() if k not in futures}))
         steps = [
             _Step(kind, futures[job_key], invars, outvars, label, bool(donate))
