@@ -65,16 +65,38 @@ def _uses(jaxpr: Any) -> dict[Any, int]:
     return uses
 
 
-def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], counter: list[int]) -> list[Any]:
+def evaluate(
+    jaxpr: Any,
+    consts: Sequence[Any],
+    args: Sequence[Any],
+    visit: Callable[[Any, list[Any], Callable[[Any], Any]], list[Any] | None],
+) -> list[Any]:
+    """Evaluates ``jaxpr`` equation by equation (under a trace, this restages it),
+    binding each primitive unless ``visit(eqn, invals, read)`` returns the
+    equation's outputs itself (``read`` gives any variable's value so far)."""
     env: dict[Any, Any] = {}
 
     def read(v: Any) -> Any:
         return v.val if isinstance(v, Literal) else env[v]
 
-    for v, x in zip(jaxpr.constvars, consts, strict=True):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args, strict=True):
-        env[v] = x
+    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        outvals = visit(eqn, invals, read)
+        if outvals is None:
+            with eqn.ctx.manager:
+                out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+            outvals = out if eqn.primitive.multiple_results else [out]
+        for v, x in zip(eqn.outvars, outvals, strict=True):
+            if not isinstance(v, DropVar):
+                env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _fusing(
+    jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], counter: list[int]
+) -> list[Any]:
     # transpose equation -> (its dot_general equation, the swapped dot's params)
     fused: dict[int, tuple[Any, dict[str, Any]]] = {}
     uses = _uses(jaxpr)
@@ -91,31 +113,23 @@ def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], counter: list[
                 fused[id(eqn)] = (dot, params)
     skipped = {id(dot) for dot, _ in fused.values()}
     counter[0] += len(fused)
-    for eqn in jaxpr.eqns:
+
+    def visit(eqn: Any, invals: list[Any], read: Callable[[Any], Any]) -> list[Any] | None:
         if id(eqn) in skipped:
-            continue
-        name = eqn.primitive.name
+            return [None]  # computed by the transpose that used it
         if id(eqn) in fused:
             dot, params = fused[id(eqn)]
             lhs, rhs = (read(v) for v in dot.invars)
             with dot.ctx.manager:
-                env[eqn.outvars[0]] = jax.lax.dot_general_p.bind(rhs, lhs, **params)
-            continue
-        invals = [read(v) for v in eqn.invars]
-        inner = eqn.params.get("jaxpr") if name in _CALLS else None
+                return [jax.lax.dot_general_p.bind(rhs, lhs, **params)]
+        inner = eqn.params.get("jaxpr") if eqn.primitive.name in _CALLS else None
         if isinstance(inner, ClosedJaxpr):
-            outvals = _eval(inner.jaxpr, inner.consts, invals, counter)
-        elif isinstance(inner, Jaxpr) and not inner.constvars:
-            outvals = _eval(inner, (), invals, counter)
-        else:
-            with eqn.ctx.manager:
-                outvals = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
-            if not eqn.primitive.multiple_results:
-                outvals = [outvals]
-        for v, x in zip(eqn.outvars, outvals, strict=True):
-            if not isinstance(v, DropVar):
-                env[v] = x
-    return [read(v) for v in jaxpr.outvars]
+            return _fusing(inner.jaxpr, inner.consts, invals, counter)
+        if isinstance(inner, Jaxpr) and not inner.constvars:
+            return _fusing(inner, (), invals, counter)
+        return None
+
+    return evaluate(jaxpr, consts, args, visit)
 
 
 def fuse_dot_transposes(fun: Callable[..., Any], avals: Sequence[Any]) -> Callable[..., Any]:
@@ -126,6 +140,6 @@ def fuse_dot_transposes(fun: Callable[..., Any], avals: Sequence[Any]) -> Callab
     sds = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     closed = jax.make_jaxpr(fun)(*sds)
     counter = [0]
-    out = jax.make_jaxpr(lambda *xs: _eval(closed.jaxpr, closed.consts, xs, counter))(*sds)
+    out = jax.make_jaxpr(lambda *xs: _fusing(closed.jaxpr, closed.consts, xs, counter))(*sds)
     logger.debug("jaxaot: %d dot transposes fused", counter[0])
     return jaxpr_as_fun(out)  # type: ignore[no-any-return]

@@ -48,6 +48,7 @@ from ._jaxcompat import (
     trace_state_clean,
 )
 from ._key import ComponentKey, aval_str
+from ._optimize import evaluate
 from ._rules import PREFETCH, component_p
 
 logger = logging.getLogger("jaxaot")
@@ -151,35 +152,19 @@ def _inner_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
 
 def _eval_inlined(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
     """Evaluates ``jaxpr``, inlining calls (jit, checkpoint) that contain components."""
-    env: dict[Any, Any] = {}
 
-    def read(v: Any) -> Any:
-        return v.val if isinstance(v, Literal) else env[v]
-
-    for v, x in zip(jaxpr.constvars, consts, strict=True):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args, strict=True):
-        env[v] = x
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        inner = _inner_jaxpr(eqn) if eqn.primitive.name in _INLINE else None
+    def visit(eqn: Any, invals: list[Any], read: Any) -> list[Any] | None:
+        name = eqn.primitive.name
+        inner = _inner_jaxpr(eqn) if name in _INLINE else None
         if inner is not None and _contains_components(inner[0]):
-            outvals = _eval_inlined(inner[0], inner[1], invals)
-        else:
-            if eqn.primitive.name not in _INLINE and _contains_components_in_params(eqn):
-                logger.debug(
-                    "jaxaot.jit: components under %s are compiled inline with their glue",
-                    eqn.primitive.name,
-                )
-            params = eqn.primitive.get_bind_params(eqn.params)
-            with eqn.ctx.manager:
-                outvals = eqn.primitive.bind(*invals, **params)
-            if not eqn.primitive.multiple_results:
-                outvals = [outvals]
-        for v, x in zip(eqn.outvars, outvals, strict=True):
-            if not isinstance(v, DropVar):
-                env[v] = x
-    return [read(v) for v in jaxpr.outvars]
+            return _eval_inlined(inner[0], inner[1], invals)
+        if name not in _INLINE and _contains_components_in_params(eqn):
+            logger.debug(
+                "jaxaot.jit: components under %s are compiled inline with their glue", name
+            )
+        return None
+
+    return evaluate(jaxpr, consts, args, visit)
 
 
 def _contains_components_in_params(eqn: Any) -> bool:
