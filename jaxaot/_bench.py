@@ -197,7 +197,11 @@ def worker(
     elif contender == "limit_prepare":
         from jax.experimental import serialize_executable as se
 
-        compiled = jax.jit(make_step(model_lib.block)).trace(blocks, x).lower().compile()
+        # The same program jaxaot's step executable is (jit of the step calling
+        # component blocks), so the limit is loading exactly what jaxaot loads.
+        jaxaot.set_cache(None)
+        program = make_step(jaxaot.component(model_lib.block))
+        compiled = jax.jit(program).trace(blocks, x).lower().compile()
         payload, _, _ = se.serialize(compiled)
         (work / "step.executable").write_bytes(payload)
     elif contender == "limit":

@@ -816,7 +816,10 @@ class Component(Generic[P, R]):
             exe = self._region_exes.get(call.key)
             if exe is not None:
                 return exe
-            exe_key = call.key.replace(executable=_executable_parts(()))
+            # Not the top-level executable of the same entry: that one takes the
+            # call's pytrees, this one flat arrays.
+            parts = (*_executable_parts(()), ("calling_convention", "flat"))
+            exe_key = call.key.replace(executable=parts)
             cache = get_cache()
             loaded = _load_executable(cache, exe_key) if cache is not None else None
             if loaded is not None:
@@ -883,8 +886,8 @@ class Component(Generic[P, R]):
         with self._lock:
             self._entries.clear()
             self._compiled.clear()
-            if self._dispatch is not None:
-                self._dispatch.clear_cache()  # type: ignore[attr-defined]
+            if self._dispatch is not None:  # a fresh dispatcher: it knows no executable
+                self._dispatch = cpp_dispatcher(self.name, self._dispatch_miss)
             self._costs.clear()
             self._region_exes.clear()
 

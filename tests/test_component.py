@@ -16,6 +16,7 @@ import pytest
 
 import jaxaot
 from jaxaot import _entry
+from jaxaot._jaxcompat import default_platform
 
 Point = namedtuple("Point", ["x", "y"])
 
@@ -79,8 +80,9 @@ def test_static_values_and_platform_change_the_key() -> None:
     assert comp.cache_key(x, 2) != comp.cache_key(x, 3)
     assert comp.cache_key(x, 2) == comp.cache_key(x, 2)
     key = comp.cache_key(x, 2)
-    assert key.parts["platforms"] == ("cpu",)
-    assert key.replace(platforms=("cuda",)) != key
+    assert key.parts["platforms"] == (default_platform(),)  # the backend's, e.g. cpu or cuda
+    other = "rocm" if key.parts["platforms"] == ("cuda",) else "cuda"
+    assert key.replace(platforms=(other,)) != key
     np.testing.assert_allclose(comp(x, 2), 2 * x)
     np.testing.assert_allclose(comp(x, 3), 3 * x)
 
@@ -444,3 +446,16 @@ def test_process_stats_count_every_component() -> None:
     assert after["traces"] == before["traces"] + 1
     assert after["compiles"] == before["compiles"] + 1
     assert after["misses"] >= before["misses"] + 1
+
+
+def test_clear_cache_forgets_executables_of_a_dispatched_component() -> None:
+    comp = jaxaot.component(lambda x: jnp.sin(x) * 2, key="clear-me")
+    x = jnp.arange(3.0)
+    np.testing.assert_allclose(comp(x), np.sin(np.arange(3.0)) * 2, rtol=1e-6)
+    np.testing.assert_allclose(comp(x), np.sin(np.arange(3.0)) * 2, rtol=1e-6)
+    hits = comp.cache_info().hits
+    comp.clear_cache()
+    # The next call goes back to the cache (in-process executables are gone) and
+    # still gives the right result.
+    np.testing.assert_allclose(comp(x), np.sin(np.arange(3.0)) * 2, rtol=1e-6)
+    assert comp.cache_info().hits > hits

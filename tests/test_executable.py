@@ -109,7 +109,7 @@ def test_executable_key_parts(fresh_cache: jaxaot.MemoryCache) -> None:
     comp(jnp.ones(3))
     [(_, entry)] = _exe_entries(fresh_cache)
     parts = dict(entry.key.parts["executable"])
-    assert parts["backend"] == "cpu"
+    assert parts["backend"] == jax.devices()[0].client.platform  # "cpu" here, "gpu" on CUDA
     assert parts["device_kind"] == jax.devices()[0].device_kind
     assert parts["device_count"] == jax.device_count()
     assert {"platform_version", "xla_flags", "donate_argnums", "process_count"} <= set(parts)

@@ -391,3 +391,22 @@ def test_no_input_is_donated_before_every_executable_exists(
     got = jaxaot.jit(f, donate_argnums=0)(a, w)
     _close(got, want)
     assert a.is_deleted()
+
+
+def test_a_component_used_at_top_level_and_in_jaxaot_jit_shares_one_cache(
+    tmp_path: Path,
+) -> None:
+    """The top-level executable of an entry takes the call's pytrees; jaxaot.jit's
+    takes flat arrays. They are different cache entries, so neither is handed
+    to the other's caller."""
+    comp = jaxaot.component(lambda p, x: jnp.tanh(x @ p["w"]) + p["b"], key="both-ways")
+    p = {"w": jnp.eye(3) * 0.5, "b": jnp.ones(3)}
+    x = jnp.arange(6.0).reshape(2, 3)
+    want = jnp.tanh(x @ p["w"]) + p["b"]
+    with jaxaot.using_cache(jaxaot.DirectoryCache(tmp_path / "cache")):
+        _close(comp(p, x), want)
+        jaxaot.wait_for_writes()
+        comp.clear_cache()  # as a fresh process would: everything comes from the directory
+        _close(jaxaot.jit(lambda p, x: comp(p, x) * 2)(p, x), 2 * want)
+        comp.clear_cache()
+        _close(comp(p, x), want)
