@@ -50,7 +50,7 @@ from ._jaxcompat import (
     trace_state_clean,
 )
 from ._key import ClosureError, ComponentKey, aval_str, function_fingerprint, stable_repr
-from ._optimize import fuse_dot_transposes
+from ._optimize import fuse_dot_transposes, prune_residuals
 from ._rules import bind
 
 logger = logging.getLogger("jaxaot")
@@ -93,7 +93,8 @@ def _jax_config_parts() -> tuple[tuple[str, str], ...]:
 # derived the old way are missed, never mixed with new ones).
 #   1: first version.
 #   2: transposed entries compute transpose(dot_general(a, b)) as dot_general(b, a).
-DERIVE_VERSION = 2
+#   3: residuals that are elementwise arithmetic of other residuals are recomputed.
+DERIVE_VERSION = 3
 
 
 def _base_parts(platform: str) -> dict[str, Any]:
@@ -284,6 +285,7 @@ class Call:
             unknowns=[False] * n + [True] * len(live_avals),
             instantiate=[False] * len(out_avals) + [True] * n_diff,
         )
+        known, unknown = prune_residuals(known, unknown, len(out_avals))
         self._linearized[mask] = (known, unknown)
         return known, unknown
 

@@ -136,3 +136,43 @@ def test_dtypes_and_per_operand_precision_are_kept(dtype: Any) -> None:
     (got,) = fused(x, g)
     assert got.dtype == jnp.float32
     np.testing.assert_allclose(got, grad(x, g)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_residuals_that_are_arithmetic_of_other_residuals_are_recomputed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jaxaot import _component
+    from jaxaot._optimize import prune_residuals
+
+    def f(w: jax.Array, x: jax.Array) -> jax.Array:
+        u = x @ w
+        return 0.5 * u * (1 + jnp.tanh(0.8 * (u + 0.044715 * u**3)))  # tanh-approximate GELU
+
+    seen: list[tuple[Any, Any, Any, Any]] = []
+
+    def spy(known: Any, unknown: Any, n_out: int) -> tuple[Any, Any]:
+        pruned = prune_residuals(known, unknown, n_out)
+        seen.append((known, unknown, *pruned))
+        return pruned
+
+    monkeypatch.setattr(_component, "prune_residuals", spy)
+    w = jax.random.normal(jax.random.key(0), (4, 6))
+    x = jax.random.normal(jax.random.key(1), (3, 4))
+    comp = jaxaot.component(f)
+    got = jax.value_and_grad(lambda w, x: jnp.sum(comp(w, x) ** 2), argnums=(0, 1))(w, x)
+    want = jax.value_and_grad(lambda w, x: jnp.sum(f(w, x) ** 2), argnums=(0, 1))(w, x)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    (known, unknown, new_known, new_unknown) = seen[0]
+
+    def producers(closed: Any) -> list[str]:
+        made = {v: e.primitive.name for e in closed.jaxpr.eqns for v in e.outvars}
+        return [made.get(v, "input") for v in closed.jaxpr.outvars[1:]]
+
+    before, after = producers(known), producers(new_known)
+    # 1 + tanh(.) and 1 - tanh(.)**2 are read back no more: recomputed from tanh(.).
+    assert len(after) < len(before), (before, after)
+    assert "tanh" in after and "add" in before and "add" not in after
+    assert len(new_unknown.in_avals) == len(unknown.in_avals) - (len(before) - len(after))
+    # Pruned again, nothing changes: the same jaxprs come back.
+    assert prune_residuals(new_known, new_unknown, 1) == (new_known, new_unknown)
