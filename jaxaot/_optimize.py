@@ -188,7 +188,7 @@ def prune_residuals(known: Any, unknown: Any, n_out: int) -> tuple[Any, Any]:
     ``known`` maps primals to ``n_out`` primal outputs then the residuals;
     ``unknown`` maps the residuals then the tangents to output tangents. The
     forward entry then writes fewer bytes (in the benchmark block, four of the
-    six MLP-sized residuals are products of the other two) and the backward
+    six MLP-sized residuals are arithmetic of the other two) and the backward
     entry reads fewer; no residual is ever added."""
     jaxpr = known.jaxpr
     residuals = list(jaxpr.outvars[n_out:])
