@@ -65,6 +65,13 @@ def _uses(jaxpr: Any) -> dict[Any, int]:
     return uses
 
 
+def _bind(eqn: Any, invals: Sequence[Any]) -> list[Any]:
+    """Binds ``eqn``'s primitive to ``invals`` in its context; its outputs as a list."""
+    with eqn.ctx.manager:
+        out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
 def evaluate(
     jaxpr: Any,
     consts: Sequence[Any],
@@ -85,9 +92,7 @@ def evaluate(
         invals = [read(v) for v in eqn.invars]
         outvals = visit(eqn, invals, read)
         if outvals is None:
-            with eqn.ctx.manager:
-                out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
-            outvals = out if eqn.primitive.multiple_results else [out]
+            outvals = _bind(eqn, invals)
         for v, x in zip(eqn.outvars, outvals, strict=True):
             if not isinstance(v, DropVar):
                 env[v] = x
@@ -239,10 +244,7 @@ def prune_residuals(known: Any, unknown: Any, n_out: int) -> tuple[Any, Any]:
         env = dict(zip(kept_list, args[: len(kept_list)], strict=True))
         for eqn in recompute:
             invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
-            with eqn.ctx.manager:
-                out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
-            outs = out if eqn.primitive.multiple_results else [out]
-            env.update(zip(eqn.outvars, outs, strict=True))
+            env.update(zip(eqn.outvars, _bind(eqn, invals), strict=True))
         values = [r.val if isinstance(r, Literal) else env[r] for r in residuals]
         return linear(*values, *args[len(kept_list) :])  # type: ignore[no-any-return]
 
