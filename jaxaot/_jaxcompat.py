@@ -4,28 +4,84 @@ A JAX upgrade should only ever need changes here. The names re-exported below
 are the small surface jaxaot depends on: defining a primitive with abstract
 evaluation, lowering, batching, JVP and transpose rules; merging a StableHLO
 module into the module being lowered; and a few facts about the backend.
+
+Supported JAX: 0.10.2 through 0.12.x (``SUPPORTED_JAX``). The differences
+between those versions are all handled here, keyed on the installed version
+(``JAX_VERSION``):
+
+* 0.11.1 changed the linearization-rule protocol: a rule returns five values
+  (``out, nonzeros, residuals, structured_residuals, linearized``) and JAX calls
+  ``linearized(residuals, structured_residuals, *tangents)``; jaxaot's rules use
+  the four-value form, adapted by ``register_linearization``.
+* 0.11.1 replaced the ``closed_call``/``core_call`` primitives by ``eval_jaxpr``
+  (its body in the ``call_jaxpr`` parameter): see ``CALL_PRIMITIVES`` and
+  ``call_body``.
+* 0.11 merged ``ClosedJaxpr`` into ``Jaxpr`` (a ``Jaxpr`` carries its consts;
+  ``Jaxpr(jaxpr, consts)`` still builds a closed one) and 0.12 removed the
+  ``ClosedJaxpr`` name: ``ClosedJaxpr`` here is whichever class closes a jaxpr.
+* 0.11.2 computes tanh's derivative with a ``one_minus_square`` primitive:
+  ``ELEMENTWISE_ARITHMETIC`` lists it with the other cheap elementwise ops.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-from jax._src import core as _core
-from jax._src import dispatch as _dispatch
-from jax._src import effects as _effects
-from jax._src import xla_bridge as _xb
-from jax._src.ad_util import Zero
-from jax._src.callback import io_callback_p, pure_callback_p
-from jax._src.debugging import debug_callback_p
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.interpreters import partial_eval as _pe
-from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import func as func_dialect
+
+SUPPORTED_JAX = ((0, 10, 2), (0, 13, 0))  # [first supported, first unsupported)
+SUPPORTED_JAX_TEXT = "jax>=0.10.2,<0.13"
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    """``"0.12.0.1"`` -> ``(0, 12, 0, 1)``; a suffix such as ``.dev20260101`` or
+    ``rc1`` ends the number."""
+    parts: list[int] = []
+    for piece in text.split("."):
+        match = re.match(r"\d+", piece)
+        if match is None:
+            break
+        parts.append(int(match.group()))
+        if match.end() != len(piece):
+            break
+    return tuple(parts)
+
+
+def check_supported(version: str) -> tuple[int, ...]:
+    """The version tuple of JAX ``version``; ImportError naming the supported range
+    when jaxaot does not support it."""
+    parsed = _version_tuple(version)
+    if not SUPPORTED_JAX[0] <= parsed < SUPPORTED_JAX[1]:
+        raise ImportError(
+            f"jaxaot supports {SUPPORTED_JAX_TEXT}, but jax {version} is installed: "
+            f"install a supported JAX (pip install '{SUPPORTED_JAX_TEXT}' "
+            "'jaxlib>=0.10.2,<0.13')"
+        )
+    return parsed
+
+
+JAX_VERSION = check_supported(jax.__version__)
+
+from jax._src import core as _core  # noqa: E402
+from jax._src import dispatch as _dispatch  # noqa: E402
+from jax._src import effects as _effects  # noqa: E402
+from jax._src import xla_bridge as _xb  # noqa: E402
+from jax._src.ad_util import Zero  # noqa: E402
+from jax._src.callback import io_callback_p, pure_callback_p  # noqa: E402
+from jax._src.debugging import debug_callback_p  # noqa: E402
+from jax._src.interpreters import ad, batching, mlir  # noqa: E402
+from jax._src.interpreters import partial_eval as _pe  # noqa: E402
+from jax._src.lib.mlir import ir  # noqa: E402
+from jax._src.lib.mlir.dialects import func as func_dialect  # noqa: E402
 
 __all__ = [
+    "CALL_PRIMITIVES",
+    "ELEMENTWISE_ARITHMETIC",
+    "JAX_VERSION",
     "Primitive",
+    "SUPPORTED_JAX",
     "ShapedArray",
     "Tracer",
     "Zero",
@@ -33,6 +89,7 @@ __all__ = [
     "apply_primitive",
     "batching",
     "call_module_function",
+    "call_body",
     "canonical_platform",
     "default_platform",
     "has_host_callbacks",
@@ -42,6 +99,7 @@ __all__ = [
     "mlir",
     "module_to_bytecode",
     "not_mapped",
+    "register_linearization",
     "register_lowering",
     "trace_state_clean",
 ]
@@ -49,7 +107,9 @@ __all__ = [
 Primitive = _core.Primitive
 ShapedArray = _core.ShapedArray
 Tracer = _core.Tracer
-ClosedJaxpr = _core.ClosedJaxpr
+# 0.10: ClosedJaxpr(jaxpr, consts) wraps a Jaxpr; 0.11+: a Jaxpr carries its
+# consts and Jaxpr(jaxpr, consts) builds the closed one (0.12 drops the name).
+ClosedJaxpr: Any = getattr(_core, "ClosedJaxpr", _core.Jaxpr)
 Jaxpr = _core.Jaxpr
 Literal = _core.Literal
 DropVar = _core.DropVar
@@ -109,6 +169,89 @@ def is_ordered_effect(effect: Any) -> bool:
 
 def register_lowering(prim: Any, rule: Callable[..., Any], platform: str | None = None) -> None:
     mlir.register_lowering(prim, rule, platform=platform)
+
+
+# From 0.11.1 a linearization rule returns structured residuals too.
+_STRUCTURED_RESIDUALS = JAX_VERSION >= (0, 11, 1)
+
+
+def register_linearization(prim: Any, rule: Callable[..., Any]) -> None:
+    """Registers ``rule(is_vjp, nonzeros, *primals, **params)``, which returns
+    ``(outs, out_nonzeros, residuals, linearized)`` with
+    ``linearized(residuals, *tangents)``, in the protocol of the installed JAX."""
+    if not _STRUCTURED_RESIDUALS:
+        ad.primitive_linearizations[prim] = rule
+        return
+
+    def with_structured_residuals(is_vjp: bool, nonzeros: Any, *primals: Any, **params: Any) -> Any:
+        outs, out_nonzeros, residuals, linearized = rule(is_vjp, nonzeros, *primals, **params)
+
+        def call(residuals: Any, _structured: Any, *tangents: Any) -> Any:
+            return linearized(residuals, *tangents)
+
+        return outs, out_nonzeros, residuals, None, call
+
+    ad.primitive_linearizations[prim] = with_structured_residuals
+
+
+# Primitives that call a jaxpr (their body): inlined by jaxaot.jit and by the
+# jaxpr rewrites. 0.11.1 replaced closed_call/core_call by eval_jaxpr.
+CALL_PRIMITIVES = frozenset(
+    ["jit", "pjit", "closed_call", "core_call", "eval_jaxpr", "checkpoint", "remat2"]
+)
+
+
+def call_body(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
+    """``(jaxpr, consts)`` of the body of a call-like equation (``CALL_PRIMITIVES``),
+    or None for any other equation."""
+    if eqn.primitive.name not in CALL_PRIMITIVES:
+        return None
+    inner = eqn.params.get("jaxpr")
+    if inner is None:
+        inner = eqn.params.get("call_jaxpr")
+    if isinstance(inner, ClosedJaxpr):
+        return inner.jaxpr, inner.consts
+    if isinstance(inner, Jaxpr) and not inner.constvars:
+        return inner, ()
+    return None
+
+
+# Elementwise arithmetic and shape-only operations: cheap to recompute, and
+# fused by XLA into whatever consumes them. Transcendentals (exp, tanh, ...)
+# are not listed: recomputing them costs more than reading them back.
+# ``one_minus_square`` (0.11.2+: 1 - x**2, in tanh's derivative) is arithmetic.
+ELEMENTWISE_ARITHMETIC = frozenset(
+    [
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "neg",
+        "integer_pow",
+        "square",
+        "one_minus_square",
+        "max",
+        "min",
+        "select_n",
+        "convert_element_type",
+        "broadcast_in_dim",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "eq",
+        "ne",
+        "lt",
+        "gt",
+        "le",
+        "ge",
+        "and",
+        "or",
+        "not",
+        "abs",
+        "sign",
+        "copy",
+    ]
+)
 
 
 def lowering_platforms(ctx: Any) -> tuple[str, ...]:

@@ -37,11 +37,13 @@ import jax
 from . import _component, _entry, _stats
 from ._config import get_cache
 from ._jaxcompat import (
+    CALL_PRIMITIVES,
     ClosedJaxpr,
     DropVar,
     Jaxpr,
     Literal,
     Tracer,
+    call_body,
     component_calls_in,
     jaxpr_as_fun,
     join_effects,
@@ -53,7 +55,7 @@ from ._rules import PREFETCH, component_p
 
 logger = logging.getLogger("jaxaot")
 
-_INLINE = frozenset(["jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"])
+_INLINE = CALL_PRIMITIVES
 
 
 class _PlanFailed(Exception):
@@ -142,12 +144,7 @@ def _contains_components(jaxpr: Any) -> bool:
 
 
 def _inner_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
-    inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
-    if inner is None:
-        return None
-    if isinstance(inner, ClosedJaxpr):
-        return inner.jaxpr, inner.consts
-    return inner, ()
+    return call_body(eqn)
 
 
 def _eval_inlined(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:

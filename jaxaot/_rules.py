@@ -36,6 +36,7 @@ from ._jaxcompat import (
     inline_jaxpr_lowering,
     lowering_platforms,
     not_mapped,
+    register_linearization,
     register_lowering,
 )
 
@@ -183,7 +184,7 @@ def _linearize(is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, call: Any)
     return outs, diff, residuals, linearized
 
 
-ad.primitive_linearizations[component_p] = _linearize
+register_linearization(component_p, _linearize)
 
 
 def _transpose(cts: Sequence[Any], *args: Any, call: Any) -> list[Any]:

@@ -126,7 +126,12 @@ SLOW_LEADER = textwrap.dedent(
         value = None
     print(json.dumps({"pid": pid, "traces": len(traces), "value": value}))
     sys.stdout.flush()
-    os._exit(0)  # do not wait for the other process at shutdown
+    # As a job ends: process 0 hosts the coordination service, and a process
+    # whose coordinator vanishes while it still talks to it is aborted by the
+    # runtime (SIGABRT). The shutdown barrier keeps process 0 up until every
+    # process is done.
+    jax.distributed.shutdown()
+    os._exit(0)
     """
 )
 

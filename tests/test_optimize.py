@@ -176,3 +176,45 @@ def test_residuals_that_are_arithmetic_of_other_residuals_are_recomputed(
     assert len(new_unknown.in_avals) == len(unknown.in_avals) - (len(before) - len(after))
     # Pruned again, nothing changes: the same jaxprs come back.
     assert prune_residuals(new_known, new_unknown, 1) == (new_known, new_unknown)
+
+
+def test_benchmark_block_writes_the_same_residuals_on_every_jax() -> None:
+    """The MLP of the benchmark block leaves two residuals of its hidden size
+    (the pre-activation and ``tanh`` of it), whichever primitives the installed
+    JAX writes tanh's derivative with (0.11.2+: ``one_minus_square``)."""
+    from jaxaot import _model
+    from jaxaot._jaxcompat import jaxpr_as_fun, partial_eval_jaxpr
+    from jaxaot._optimize import prune_residuals
+
+    batch, seq, width = 2, 4, 16
+    params = _model.init_block(jax.random.key(0), width)
+    x = jax.random.normal(jax.random.key(1), (batch, seq, width))
+    primals, tree = jax.tree_util.tree_flatten((params, x))
+    n = len(primals)
+
+    def jvp_fn(*xs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        p = jax.tree_util.tree_unflatten(tree, xs[:n])
+        t = jax.tree_util.tree_unflatten(tree, xs[n:])
+        return jax.jvp(lambda a, b: _model.block(a, b), p, t)
+
+    closed = jax.make_jaxpr(jvp_fn)(*primals, *primals)
+    known, unknown, _, _ = partial_eval_jaxpr(closed, [False] * n + [True] * n, [False, True])
+    new_known, new_unknown = prune_residuals(known, unknown, 1)
+    hidden = (batch, seq, 4 * width)
+    before = [a for a in known.out_avals[1:] if a.shape == hidden]
+    after = [a for a in new_known.out_avals[1:] if a.shape == hidden]
+    assert len(before) > 2 and len(after) == 2, (before, after)
+
+    def nbytes(avals: Any) -> int:
+        return sum(a.size * a.dtype.itemsize for a in avals)
+
+    assert nbytes(new_known.out_avals) < nbytes(known.out_avals)
+    # The same primal output and tangents, from fewer residuals.
+    tangents = [jnp.full_like(p, 0.25) for p in primals]
+    old = jaxpr_as_fun(known)(*primals)
+    new = jaxpr_as_fun(new_known)(*primals)
+    np.testing.assert_allclose(new[0], old[0], rtol=1e-6)
+    want = jaxpr_as_fun(unknown)(*old[1:], *tangents)
+    got = jaxpr_as_fun(new_unknown)(*new[1:], *tangents)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
