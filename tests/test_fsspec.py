@@ -80,7 +80,7 @@ def test_file_writes_leave_no_partial_entries(
     cache = FsspecCache(f"file://{tmp_path}/store")
     key, blob = make_blob()
 
-    def broken_replace(src: Any, dst: Any) -> None:
+    def broken_replace(src: Any, dst: Any, **kwargs: Any) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", broken_replace)
@@ -134,9 +134,13 @@ def test_faults_are_misses_with_one_warning(
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(cache.fs, method, boom)
-    if method == "pipe_file" and url.startswith("file://"):
-        monkeypatch.setattr(os, "open", boom)  # the local write path does not use pipe_file
+    if url.startswith("file://"):
+        # Local paths go through os directly (descriptor-relative, no symlink followed).
+        local = {"cat_file": "read", "find": "scandir", "pipe_file": "open"}
+        local |= {"rm_file": "unlink", "exists": "stat"}
+        monkeypatch.setattr(os, local[method], boom)
+    else:
+        monkeypatch.setattr(cache.fs, method, boom)
     caplog.set_level(logging.DEBUG, logger="jaxaot")
     for _ in range(3):
         got = cache.get(key)
