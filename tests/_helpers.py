@@ -68,3 +68,16 @@ def traversable_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def forge_entry(header: bytes, payload: bytes = b"") -> bytes:
+    """An entry of the current format with a sound (unsigned) checksum around an
+    arbitrary header: what anyone who can write an unsigned cache can plant."""
+    import hashlib
+
+    body = (
+        _entry._PREFIX.pack(_entry.MAGIC, _entry.ENTRY_FORMAT_VERSION, 0, len(header))
+        + header
+        + payload
+    )
+    return body + hashlib.sha256(body).digest()
