@@ -358,12 +358,14 @@ def _check_signature(body: bytes, signature: bytes | None) -> None:
         if signature is not None:
             raise SignatureError(
                 "signed entry, no key",
-                f"the entry is signed, and ${HMAC_ENV} is not set in this process",
+                f"signature not checked: the entry is signed, and ${HMAC_ENV} is not set "
+                "in this process",
             )
         return
     if signature is None:
         raise SignatureError(
-            "unsigned entry", f"the entry is not signed, and ${HMAC_ENV} is set in this process"
+            "unsigned entry",
+            f"signature mismatch: the entry is not signed, and ${HMAC_ENV} is set in this process",
         )
     if not hmac.compare_digest(signature, _signature(body, secret)):
         raise SignatureError(

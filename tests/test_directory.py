@@ -1119,3 +1119,44 @@ def test_value_larger_than_the_cap_warns_once(
     assert cache.keys() == []
     warns = warnings_of(caplog)
     assert len(warns) == 1 and "max_bytes 100" in warns[0].getMessage()
+
+
+_SIGNED_READER = """
+import sys, jax.numpy as jnp, jaxaot
+cache = jaxaot.DirectoryCache(sys.argv[1])
+with jaxaot.using_cache(cache):
+    y = jaxaot.component(lambda x: jnp.sin(x) + 2, key="signed-cache")(jnp.arange(5.0))
+    jaxaot.wait_for_writes()
+print(repr(y.tolist()))
+"""
+
+
+def test_a_process_without_the_key_leaves_a_signed_cache_intact(tmp_path: Path) -> None:
+    root = tmp_path / "signed"
+    env = {k: v for k, v in os.environ.items() if k != "JAXAOT_CACHE_HMAC_KEY"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
+
+    def run(key: str | None) -> str:
+        proc_env = dict(env)
+        if key is not None:
+            proc_env["JAXAOT_CACHE_HMAC_KEY"] = key
+        proc = subprocess.run(
+            [sys.executable, "-c", _SIGNED_READER, str(root)],
+            env=proc_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    def entries() -> dict[Path, bytes]:
+        return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and len(p.name) == 64}
+
+    expected = run("team-secret")
+    before = entries()
+    assert len(before) == 2  # the entry and its executable, signed
+    for reader in (None, "another-secret"):
+        assert run(reader) == expected  # computed locally: a miss for this process
+        assert entries() == before  # nothing quarantined, deleted or rewritten
+        assert not (root / "quarantine").exists() or not list((root / "quarantine").iterdir())
