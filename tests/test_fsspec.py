@@ -326,3 +326,22 @@ def test_unsigned_remote_store_warns_once(
     FsspecCache(f"memory://jaxaot-test-{uuid.uuid4().hex}")  # in-process: no warning
     loud = [m for m in warnings_of(caplog) if "only checksummed" in m]
     assert len(loud) == 1 and "JAXAOT_CACHE_HMAC_KEY" in loud[0]
+
+
+def test_credentials_in_a_store_url_never_show(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"memory://user:hunter2@jaxaot-test-{uuid.uuid4().hex}/c?token=hunter3"
+    cache = FsspecCache(url)
+    key, blob = make_blob()
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(5, f"cannot reach {url}")
+
+    monkeypatch.setattr(cache.fs, "cat_file", boom)
+    caplog.set_level(logging.DEBUG, logger="jaxaot")
+    cache.get(key)
+    shown = [repr(cache), cache.url, json.dumps(cache.stats())]
+    shown += [r.getMessage() for r in caplog.records]
+    assert any("cannot reach" in text for text in shown)
+    assert all("hunter2" not in text and "hunter3" not in text for text in shown), shown

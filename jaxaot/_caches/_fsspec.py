@@ -129,6 +129,12 @@ def _redact(url: str) -> str:
     return redact_url(url)
 
 
+def _secrets_of(url: str) -> list[str]:
+    from ._redis import _url_secrets
+
+    return _url_secrets(url)
+
+
 class FsspecCache(FaultTracking):
     """A byte cache in an fsspec filesystem (object store or shared directory).
 
@@ -175,6 +181,7 @@ class FsspecCache(FaultTracking):
         if isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 0:
             raise ValueError(f"FsspecCache: backoff must be a non-negative number, got {backoff!r}")
         self.url = _redact(url)
+        self._secrets = _secrets_of(url)
         self.max_bytes = max_bytes
         self.backoff = float(backoff)
         signing()  # an empty $JAXAOT_CACHE_HMAC_KEY is a configuration error: raise now
@@ -214,6 +221,11 @@ class FsspecCache(FaultTracking):
 
     def _cause(self, e: BaseException) -> str:
         return _cause(e)
+
+    def _redact_text(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def path_of(self, key: str) -> str:
         """The object name (without protocol) that holds the entry for ``key``."""
