@@ -1026,16 +1026,6 @@ def test_symlinked_quarantine_is_never_followed(tmp_path: Path) -> None:
     assert keep.read_bytes() == b"keep me"
 
 
-def test_symlinked_lock_file_is_not_truncated(tmp_path: Path) -> None:
-    target = tmp_path / "target"
-    target.write_bytes(b"do not truncate")
-    cache = DirectoryCache(tmp_path / "c")
-    (cache.root / ".lock").symlink_to(target)
-    cache.put(k(1), b"v")
-    assert target.read_bytes() == b"do not truncate"
-    assert cache.get(k(1)) is None
-
-
 def _in_thread(fun: Callable[[], Any], timeout: float = 20.0) -> Any:
     """Runs ``fun`` in a thread; fails (instead of hanging the suite) if it blocks."""
     result: list[Any] = []
