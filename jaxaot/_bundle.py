@@ -49,8 +49,6 @@ _KEY_LEN = struct.Struct("<H")
 _VALUE_LEN = struct.Struct("<Q")
 _CHECKSUM_BYTES = 32
 _CHUNK = 1 << 20
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class BundleError(ValueError):
@@ -148,7 +146,11 @@ def export_bundle(
     def records() -> Iterator[tuple[str, bytes]]:
         nonlocal total
         for key in sorted(cache.keys()):
-            blob = _read_entry(cache, key)
+            try:
+                blob = _read_entry(cache, key)
+            except _Refused:  # the backend would not read it (a planted file, a FIFO...)
+                bad.append(key)
+                continue
             if blob is None:
                 continue  # removed meanwhile
             try:
@@ -177,18 +179,23 @@ def export_bundle(
 
 
 def _read_entry(cache: Any, key: str) -> bytes | None:
-    """The stored bytes of ``key``: read from the entry's file when the backend names one
-    (so exporting neither counts as a hit nor refreshes access times), else with ``get``."""
-    path_for = getattr(cache, "path_for", None)
-    if path_for is None:
+    """The stored bytes of ``key``: with the backend's ``peek`` where it has one (so
+    exporting neither counts as a hit nor refreshes access times, and the backend's
+    trust and no-symlink checks apply), else with ``get``. Raises for an
+    entry the backend refuses to read (as :class:`_Refused`)."""
+    peek = getattr(cache, "peek", None)
+    if peek is not None:
+        try:
+            value = peek(key)
+        except OSError as e:
+            raise _Refused(str(e)) from e
+    else:
         value = cache.get(key)
-        return None if value is None else bytes(value)
-    try:
-        fd = os.open(path_for(key), os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            return f.read()
-    except OSError:  # gone meanwhile, or unreadable: not exported
-        return None
+    return None if value is None else bytes(value)
+
+
+class _Refused(Exception):
+    """The backend refused to read an entry (internal)."""
 
 
 def _read_exact(f: IO[bytes], n: int, end: int) -> bytes:
@@ -267,9 +274,13 @@ def import_bundle(path: str | os.PathLike[str], *, cache: Any = None) -> dict[st
       cache: the cache to fill (default: ``jaxaot.get_cache()``).
 
     Returns:
-      ``{"path", "added", "skipped", "refused"}``: the keys put, the keys the
-      cache already held a sound entry for, and ``{"digest", "error"}`` for each
-      entry refused.
+      ``{"path", "added", "skipped", "refused", "not_stored", "complete"}``: the
+      keys put and held by the cache at the end, the keys the cache already held
+      a sound entry for (and still holds), ``{"digest", "error"}`` for each entry
+      refused, the keys of sound entries that the cache does not hold at the end
+      (it skipped the put: too large for its cap, disk full, read-only... or
+      evicted them to make room for later ones), and whether every entry of the
+      bundle is now in the cache (``refused`` and ``not_stored`` both empty).
 
     Raises:
       BundleError: the bundle is damaged, truncated, foreign or of another
@@ -280,7 +291,7 @@ def import_bundle(path: str | os.PathLike[str], *, cache: Any = None) -> dict[st
     from ._entry import EntryError
 
     cache = _resolve_cache(cache, "import_bundle")
-    added: list[str] = []
+    put_keys: list[str] = []
     skipped: list[str] = []
     refused: list[dict[str, str]] = []
     with open(path, "rb") as f:
@@ -305,12 +316,18 @@ def import_bundle(path: str | os.PathLike[str], *, cache: Any = None) -> dict[st
                 cache.delete(key)  # a damaged copy: replace it
             cache.put(key, value)
             present.add(key)
-            added.append(key)
+            put_keys.append(key)
+    held = set(cache.keys())  # what the cache really holds now, not what was asked
+    added = [k for k in put_keys if k in held]
+    not_stored = [k for k in put_keys + skipped if k not in held]
+    skipped = [k for k in skipped if k in held]
     return {
         "path": os.path.abspath(os.fspath(path)),
         "added": added,
         "skipped": skipped,
         "refused": refused,
+        "not_stored": not_stored,
+        "complete": not refused and not not_stored,
     }
 
 

@@ -21,8 +21,12 @@ Environment variables (read when the default cache is first needed):
                           never a failure.
   JAXAOT_CACHE_DIR        the default cache directory; else ``$XDG_CACHE_HOME/jaxaot``,
                           else ``~/.cache/jaxaot``.
-  JAXAOT_CACHE_MAX_BYTES  the default cache's size cap (default 10 GiB).
-  JAXAOT_CACHE_HMAC_KEY   if set, entries are signed and verified with this key.
+  JAXAOT_CACHE_MAX_BYTES  the default cache's size cap (default 10 GiB): bytes, or a
+                          number with K, M, G, T or P (powers of 1024: ``2G``,
+                          ``500M``, ``1.5GiB``), as ``jaxaot cache prune --max-bytes``.
+  JAXAOT_CACHE_HMAC_KEY   if set, entries are signed and verified with this key (and
+                          only entries signed with it are read); set but empty or
+                          blank is a configuration error (ValueError).
   JAXAOT_EXPLAIN_MISSES   ``1`` to log, at WARNING, why each cache miss happened.
 """
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -62,17 +67,35 @@ def default_cache_dir() -> str:
     return os.path.abspath(os.path.join(base, "jaxaot"))
 
 
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``123``, ``500M``, ``2G``, ``1.5GiB``, ``64kb``...: K, M, G, T and P
+    are powers of 1024, a trailing ``B``/``iB`` is optional, case does not matter.
+    The one size syntax of jaxaot (``JAXAOT_CACHE_MAX_BYTES``, ``prune --max-bytes``).
+
+    Raises:
+      ValueError: not such a size.
+    """
+    m = _SIZE_RE.match(text) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(
+            f"invalid size {text!r:.40}: use bytes or a number with K, M, G, T or P "
+            "(powers of 1024), e.g. 500M or 2G"
+        )
+    return int(float(m.group(1)) * 1024 ** _SIZE_UNITS[m.group(2).lower()])
+
+
 def default_max_bytes() -> int:
     text = os.environ.get("JAXAOT_CACHE_MAX_BYTES", "").strip()
     if not text:
         return DEFAULT_DIRECTORY_BYTES
     try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"JAXAOT_CACHE_MAX_BYTES must be an integer, got {text!r}") from None
-    if value < 0:
-        raise ValueError(f"JAXAOT_CACHE_MAX_BYTES must be non-negative, got {value}")
-    return value
+        return parse_size(text)
+    except ValueError as e:
+        raise ValueError(f"JAXAOT_CACHE_MAX_BYTES: {e}") from None
 
 
 #: URL schemes of JAXAOT_CACHE served by RedisCache; any other ``scheme://`` is fsspec's.
@@ -122,7 +145,19 @@ def _local_tier() -> Cache:
         return MemoryCache()
 
 
+_CACHE_CHOICES = (
+    "JAXAOT_CACHE must be one of: 'dir' (a cache directory, the default), 'memory' "
+    "(this process only), 'off' (no cache), or the URL of a shared store: "
+    "redis://[:password@]host[:port][/db] or rediss://... (Redis), "
+    "file:///absolute/path (a shared directory), or any fsspec URL such as "
+    "gs://bucket/path, s3://bucket/path or memory://name"
+)
+
+
 def _default_from_env() -> Cache | None:
+    from ._caches._trust import signing
+
+    signing()  # an empty $JAXAOT_CACHE_HMAC_KEY is a configuration error: raise now
     raw = os.environ.get("JAXAOT_CACHE", "dir").strip()
     if url_scheme(raw) is not None:
         from ._caches._tiered import TieredCache
@@ -139,10 +174,7 @@ def _default_from_env() -> Cache | None:
         return MemoryCache()
     if choice in ("dir", "directory", "disk", ""):
         return _local_tier()
-    raise ValueError(
-        "JAXAOT_CACHE must be 'dir', 'memory', 'off' or a store URL (redis://, rediss://, "
-        f"gs://, s3://, file://, memory://), got {choice!r}"
-    )
+    raise ValueError(f"{_CACHE_CHOICES}; got {raw!r:.80}")
 
 
 def _check_cache(cache: Any, what: str) -> None:

@@ -4,14 +4,29 @@ Byte format (all integers little-endian)::
 
     magic      8 bytes   b"JAXAOT\\x00\\x01"
     version    u16       ENTRY_FORMAT_VERSION
+    flags      u16       bit 0: signed (a signature follows the checksum)
     header_len u32
     header     header_len bytes of UTF-8 JSON (see ``_header``)
     sections   the payload sections, back to back, sizes listed in the header
-    digest     32 bytes: SHA-256 over everything above, or HMAC-SHA256 with the
-               key in $JAXAOT_CACHE_HMAC_KEY when that is set
+    checksum   32 bytes: SHA-256 over everything above
+    signature  32 bytes, only when signed: HMAC-SHA256 over everything above the
+               checksum, with the key in $JAXAOT_CACHE_HMAC_KEY
 
-``decode`` verifies the length, magic, version and digest before it parses a
-single byte of the header or payload; nothing in an entry is ever unpickled.
+``verify`` checks the length, magic, version and checksum before it parses a
+single byte of the header or payload, then the signature: an entry is accepted
+only if it is signed with this process's key, or unsigned when this process has
+none. The checksum tells damage apart from a sound entry that this process
+cannot check (:class:`SignatureError`: signed with another key, unsigned while
+a key is set, signed while none is): damaged entries may be quarantined, the
+others are good for the processes that wrote them and are left alone. The
+header is then validated (bounded nesting, sizes, types and numbers) before
+anything uses it, so a hostile header is a clean :class:`EntryError`.
+
+Nothing in the header or the ``stablehlo`` section is ever unpickled. The
+``executable`` section is in ``jax.experimental.serialize_executable``'s
+format, which unpickles: it is deserialized only after the checksum and the
+signature verified, so it is only as trustworthy as whoever could write the
+cache (see the README's trust model).
 
 Format changelog (bump ENTRY_FORMAT_VERSION on every change; the version is a
 key part, so entries of another version are never read, only missed):
@@ -20,16 +35,19 @@ key part, so entries of another version are never read, only missed):
     top-level compiled executable in ``jax.experimental.serialize_executable``'s
     format; only ever deserialized after the digest verified). Executable
     entries carry ``extra.cost_analysis`` and ``extra.executable_in_tree``.
+  * 2 (2026-12-01): a flags field; a SHA-256 checksum on every entry and, for
+    signed entries, an HMAC signature after it (version 1 had one digest that
+    was either), so that damage and a foreign key can be told apart.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import importlib
 import json
-import os
+import math
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,17 +55,87 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._caches._trust import HMAC_ENV, hmac_secret
 from ._key import ComponentKey, aval_str, parse_aval_str
 
-ENTRY_FORMAT_VERSION = 1
+__all__ = [
+    "ENTRY_FORMAT_VERSION",
+    "HMAC_ENV",
+    "MAGIC",
+    "Entry",
+    "EntryError",
+    "FormatVersionError",
+    "HeaderError",
+    "NotPersistable",
+    "SignatureError",
+    "decode",
+    "encode",
+    "removable",
+    "verify",
+]
+
+ENTRY_FORMAT_VERSION = 2
 MAGIC = b"JAXAOT\x00\x01"
-_PREFIX = struct.Struct("<8sHI")
+_PREFIX = struct.Struct("<8sHHI")
 _DIGEST_BYTES = 32
-HMAC_ENV = "JAXAOT_CACHE_HMAC_KEY"
+_FLAG_SIGNED = 1
+#: Limits on a header (all far above what jaxaot writes): beyond them a verified
+#: entry is refused rather than parsed or rebuilt.
+MAX_HEADER_BYTES = 32 << 20
+MAX_HEADER_DEPTH = 64
+MAX_TEXT = 1 << 20
+#: ``created`` must be a time between 1970 and about the year 5000.
+_MAX_TIME = 1e11
 
 
 class EntryError(ValueError):
-    """An entry's bytes are damaged, foreign, unsigned or of another format version."""
+    """An entry's bytes are damaged, foreign, hostile, unsigned or of another format
+    version. ``cause`` names the kind of problem, for one warning per cause."""
+
+    cause = "damaged"
+
+    @property
+    def removable(self) -> bool:
+        """Whether the entry may be quarantined: it is bad for every process."""
+        return True
+
+
+class SignatureError(EntryError):
+    """A sound entry (its checksum holds) whose signature this process cannot accept:
+    signed with another key, unsigned while this process has a key, or signed while
+    it has none. Good for the processes that wrote it, so never quarantined."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+    @property
+    def removable(self) -> bool:
+        return False
+
+
+class FormatVersionError(EntryError):
+    """An entry of another format version (a newer or older jaxaot's): unreadable
+    here, but not damaged, so never quarantined."""
+
+    cause = "other format version"
+
+    def __init__(self, version: int) -> None:
+        super().__init__(
+            f"entry format version {version}; this jaxaot reads version {ENTRY_FORMAT_VERSION}"
+        )
+        self.version = version
+
+    @property
+    def removable(self) -> bool:
+        return False
+
+
+class HeaderError(EntryError):
+    """A verified entry whose header is malformed or hostile (nesting, types, sizes,
+    numbers)."""
+
+    cause = "bad header"
 
 
 class NotPersistable(Exception):
@@ -90,13 +178,10 @@ def _aval_text(aval: Any) -> str:
 
 
 def _hmac_key() -> bytes | None:
-    secret = os.environ.get(HMAC_ENV)
-    return secret.encode("utf-8") if secret else None
+    return hmac_secret()
 
 
-def _digest(data: bytes, secret: bytes | None) -> bytes:
-    if secret is None:
-        return hashlib.sha256(data).digest()
+def _signature(data: bytes, secret: bytes) -> bytes:
     return hmac.new(secret, data, hashlib.sha256).digest()
 
 
@@ -124,10 +209,14 @@ def _import_path(cls: type) -> str:
 
 
 def _resolve(path: str) -> type:
+    """The tree node type named ``path``. Only modules this process already imported
+    are looked in: an entry never makes this process import (run) a module."""
     if path in _BUILTIN_NODES:
         return _BUILTIN_NODES[path]
     module_name, _, qualname = path.partition(":")
-    obj: Any = importlib.import_module(module_name)
+    obj: Any = sys.modules.get(module_name)
+    if obj is None:
+        raise EntryError(f"tree node type {path}: module {module_name!r} is not imported")
     for part in qualname.split("."):
         obj = getattr(obj, part)
     if not isinstance(obj, type):
@@ -224,46 +313,235 @@ def encode(entry: Entry) -> bytes:
     if entry.executable is not None:
         sections.append(("executable", entry.executable))
     header = json.dumps(_header(entry, sections), separators=(",", ":")).encode("utf-8")
+    secret = _hmac_key()
+    flags = _FLAG_SIGNED if secret is not None else 0
     body = b"".join(
-        [_PREFIX.pack(MAGIC, ENTRY_FORMAT_VERSION, len(header)), header]
+        [_PREFIX.pack(MAGIC, ENTRY_FORMAT_VERSION, flags, len(header)), header]
         + [blob for _, blob in sections]
     )
-    return body + _digest(body, _hmac_key())
+    tail = hashlib.sha256(body).digest()
+    if secret is not None:
+        tail += _signature(body, secret)
+    return body + tail
 
 
-def verify(blob: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """Checks ``blob`` and returns its header and sections; raises :class:`EntryError`.
+def _split(blob: bytes) -> tuple[bytes, int, int, bytes | None]:
+    """``(body, flags, header_len, signature)`` of an entry whose checksum holds.
 
-    The digest is checked before any of the header or payload is parsed.
+    Raises:
+      FormatVersionError: an entry of another format version.
+      EntryError: damaged (or not an entry at all).
     """
     if len(blob) < _PREFIX.size + _DIGEST_BYTES:
         raise EntryError(f"entry too short ({len(blob)} bytes)")
-    body, digest = blob[:-_DIGEST_BYTES], blob[-_DIGEST_BYTES:]
-    magic, version, header_len = _PREFIX.unpack_from(body)
+    magic, version, flags, header_len = _PREFIX.unpack_from(blob)
     if magic != MAGIC:
         raise EntryError("not a jaxaot entry (bad magic bytes)")
     if version != ENTRY_FORMAT_VERSION:
-        raise EntryError(
-            f"entry format version {version}; this jaxaot reads version {ENTRY_FORMAT_VERSION}"
-        )
+        raise FormatVersionError(int(version))
+    tail = 2 * _DIGEST_BYTES if flags & _FLAG_SIGNED else _DIGEST_BYTES
+    if len(blob) < _PREFIX.size + tail:
+        raise EntryError(f"entry too short ({len(blob)} bytes)")
+    body = blob[:-tail]
+    checksum = blob[len(body) : len(body) + _DIGEST_BYTES]
+    if not hmac.compare_digest(checksum, hashlib.sha256(body).digest()):
+        raise EntryError("checksum mismatch (the entry is damaged)")
+    if flags & ~_FLAG_SIGNED:
+        raise EntryError(f"unknown entry flags {flags:#x}")
+    signature = blob[len(body) + _DIGEST_BYTES :] if flags & _FLAG_SIGNED else None
+    return body, flags, header_len, signature
+
+
+def _check_signature(body: bytes, signature: bytes | None) -> None:
     secret = _hmac_key()
-    if not hmac.compare_digest(digest, _digest(body, secret)):
-        what = "signature" if secret is not None else "checksum"
-        raise EntryError(f"{what} mismatch")
-    if _PREFIX.size + header_len > len(body):
-        raise EntryError("header length past the end of the entry")
+    if secret is None:
+        if signature is not None:
+            raise SignatureError(
+                "signed entry, no key",
+                f"signature not checked: the entry is signed, and ${HMAC_ENV} is not set "
+                "in this process",
+            )
+        return
+    if signature is None:
+        raise SignatureError(
+            "unsigned entry",
+            f"signature mismatch: the entry is not signed, and ${HMAC_ENV} is set in this process",
+        )
+    if not hmac.compare_digest(signature, _signature(body, secret)):
+        raise SignatureError(
+            "signature mismatch",
+            f"signature mismatch: the entry is signed with a key other than ${HMAC_ENV}",
+        )
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number jaxaot writes here")
+
+
+def _parse_header(raw: bytes) -> Any:
+    if len(raw) > MAX_HEADER_BYTES:
+        raise HeaderError(f"header of {len(raw)} bytes (at most {MAX_HEADER_BYTES})")
     try:
-        header = json.loads(body[_PREFIX.size : _PREFIX.size + header_len])
-        offset = _PREFIX.size + header_len
-        sections: dict[str, bytes] = {}
-        for name, size in header["sections"]:
-            sections[name] = body[offset : offset + size]
-            offset += size
-    except (ValueError, KeyError, TypeError) as e:
-        raise EntryError(f"malformed header: {e}") from e
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise HeaderError("header nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as e:  # also ints past Python's digit limit
+        raise HeaderError(f"malformed header: {e}") from None
+
+
+def _check_depth(obj: Any, limit: int = MAX_HEADER_DEPTH) -> None:
+    """Raises :class:`HeaderError` if ``obj`` (parsed JSON) nests deeper than ``limit``."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                raise HeaderError(f"header nested deeper than {limit} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+
+
+def _text(value: Any, field: str, limit: int = MAX_TEXT) -> str:
+    if not isinstance(value, str) or len(value) > limit:
+        raise HeaderError(f"header field {field!r} is not a string of at most {limit} characters")
+    return value
+
+
+def _texts(value: Any, field: str) -> list[str]:
+    if not isinstance(value, list):
+        raise HeaderError(f"header field {field!r} is not a list of strings")
+    return [_text(v, field) for v in value]
+
+
+def _number(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise HeaderError(f"header field {field!r} is not a finite number")
+    return float(value)
+
+
+def _check_tree(data: Any, field: str) -> None:
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if node == _LEAF:
+            continue
+        if (
+            not isinstance(node, dict)
+            or set(node) != {"type", "aux", "children"}
+            or not isinstance(node["children"], list)
+        ):
+            raise HeaderError(f"header field {field!r} is not a tree structure")
+        _text(node["type"], field, 1024)
+        stack.extend(node["children"])
+
+
+def _check_header(header: Any, body_len: int) -> None:
+    """Raises :class:`HeaderError` unless ``header`` has the fields, types, sizes and
+    numbers that jaxaot writes (so nothing downstream meets a surprise)."""
+    if not isinstance(header, dict):
+        raise HeaderError("header is not a JSON object")
+    _check_depth(header)
+    required = ("format", "key", "digest", "name", "in_avals", "out_avals", "out_tree")
+    for name in required + ("arg_names", "result_paths", "created", "sections"):
+        if name not in header:
+            raise HeaderError(f"header has no {name!r} field")
+    if header["format"] != ENTRY_FORMAT_VERSION or isinstance(header["format"], bool):
+        raise HeaderError(f"header field 'format' is {header['format']!r:.40}")
+    key = header["key"]
+    if not isinstance(key, list) or not all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in key
+    ):
+        raise HeaderError("header field 'key' is not a list of [name, value] pairs")
+    digest = _text(header["digest"], "digest", 128)
+    if not digest or not all(c in "0123456789abcdef" for c in digest):
+        raise HeaderError("header field 'digest' is not a hex digest")
+    _text(header["name"], "name", 4096)
+    for name in ("signature", "jax", "jaxlib"):
+        if name in header:
+            _text(header[name], name)
+    for name in ("in_avals", "out_avals", "arg_names", "result_paths", "platforms"):
+        if name in header:
+            _texts(header[name], name)
+    _check_tree(header["out_tree"], "out_tree")
+    created = _number(header["created"], "created")
+    if not 0 <= created <= _MAX_TIME:
+        raise HeaderError(f"header field 'created' is not a plausible time ({created:.3g})")
+    if "host_callbacks" in header and not isinstance(header["host_callbacks"], bool):
+        raise HeaderError("header field 'host_callbacks' is not a boolean")
+    sections = header["sections"]
+    if not isinstance(sections, list):
+        raise HeaderError("header field 'sections' is not a list")
+    seen: set[str] = set()
+    total = 0
+    for item in sections:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not isinstance(item[0], str)
+            or isinstance(item[1], bool)
+            or not isinstance(item[1], int)
+            or item[1] < 0
+            or item[0] in seen
+        ):
+            raise HeaderError("header field 'sections' is not a list of [name, size] pairs")
+        seen.add(_text(item[0], "sections", 64))
+        total += item[1]
+        if total > body_len:
+            raise HeaderError("section sizes run past the end of the entry")
+    extra = header.get("extra", {})
+    if not isinstance(extra, dict):
+        raise HeaderError("header field 'extra' is not an object")
+    costs = extra.get("cost_analysis")
+    if costs is not None and (
+        not isinstance(costs, dict)
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in costs.values())
+    ):
+        raise HeaderError("header field 'extra.cost_analysis' is not an object of numbers")
+    if "executable_in_tree" in extra:
+        _check_tree(extra["executable_in_tree"], "extra.executable_in_tree")
+
+
+def verify(blob: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Checks ``blob`` and returns its header and sections.
+
+    The checksum (and the signature) are checked before any of the header or
+    payload is parsed; the header is then validated (see ``_check_header``).
+
+    Raises:
+      SignatureError: a sound entry this process cannot check (another key, or
+        signed/unsigned against this process's setting).
+      FormatVersionError: an entry of another format version.
+      EntryError: damaged, not an entry, or a hostile header.
+      ValueError: ``$JAXAOT_CACHE_HMAC_KEY`` is set but empty.
+    """
+    body, _, header_len, signature = _split(blob)
+    _check_signature(body, signature)
+    if _PREFIX.size + header_len > len(body):
+        raise HeaderError("header length past the end of the entry")
+    header = _parse_header(body[_PREFIX.size : _PREFIX.size + header_len])
+    _check_header(header, len(body))
+    offset = _PREFIX.size + header_len
+    sections: dict[str, bytes] = {}
+    for name, size in header["sections"]:
+        sections[name] = body[offset : offset + size]
+        offset += size
     if offset != len(body):
-        raise EntryError("section sizes do not match the entry size")
+        raise HeaderError("section sizes do not match the entry size")
     return header, sections
+
+
+def removable(blob: bytes) -> bool:
+    """Whether the stored ``blob`` may be quarantined or deleted as bad: anything but
+    a sound entry that this process cannot check (:class:`SignatureError`,
+    :class:`FormatVersionError`). A sound entry is removable too (the caller found
+    it unusable for another reason). Never raises."""
+    try:
+        verify(blob)
+    except EntryError as e:
+        return e.removable
+    except Exception:  # e.g. an empty $JAXAOT_CACHE_HMAC_KEY: decide nothing
+        return False
+    return True
 
 
 def decode(blob: bytes, expected: ComponentKey | None = None) -> Entry:

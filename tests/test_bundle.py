@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import _helpers
 import numpy as np
 import pytest
 from _helpers import make_blob
@@ -361,3 +362,38 @@ def test_cli_export_to_and_import_from_a_url(
     assert code == 0 and f"{len(source.keys())} added" in out
     code, out, _ = run(capsys, "cache", "export", str(tmp_path / "again.jaxaot"), "--url", url)
     assert code == 0 and out.startswith(f"exported {len(source.keys())} entries")
+
+
+# -- what was really stored; hostile entries -----------------------------------------------
+
+
+def test_import_reports_what_the_cache_did_not_store(tmp_path: Path) -> None:
+    source = jaxaot.MemoryCache()
+    blobs = dict(make_blob(tag=t, payload=bytes(1000)) for t in range(4))
+    for key, blob in blobs.items():
+        source.put(key, blob)
+    bundle = tmp_path / "b.jaxaot"
+    export_bundle(bundle, cache=source)
+    one = max(len(b) for b in blobs.values())
+    target = jaxaot.DirectoryCache(tmp_path / "t", max_bytes=one + 10)  # room for one entry
+    report = import_bundle(bundle, cache=target)
+    assert report["added"] == target.keys() and len(report["added"]) == 1
+    assert sorted(report["added"] + report["not_stored"]) == sorted(blobs)
+    assert report["complete"] is False and report["refused"] == []
+    tiny = jaxaot.DirectoryCache(tmp_path / "tiny", max_bytes=10)  # smaller than any entry
+    report = import_bundle(bundle, cache=tiny)
+    assert report["added"] == [] and sorted(report["not_stored"]) == sorted(blobs)
+    full = import_bundle(bundle, cache=jaxaot.DirectoryCache(tmp_path / "roomy"))
+    assert full["complete"] is True and full["not_stored"] == []
+
+
+def test_hostile_entry_in_a_bundle_is_refused_cleanly(tmp_path: Path) -> None:
+    key, blob = make_blob()
+    deep = _helpers.forge_entry(b"[" * 100_000 + b"]" * 100_000)
+    bundle = tmp_path / "b.jaxaot"
+    _bundle._write_bundle(bundle, [(key, blob), ("cd" * 32, deep)])
+    target = jaxaot.MemoryCache()
+    report = import_bundle(bundle, cache=target)  # no RecursionError
+    assert report["added"] == [key] and target.keys() == [key]
+    assert [r["digest"] for r in report["refused"]] == ["cd" * 32]
+    assert "nested" in report["refused"][0]["error"]

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import _helpers  # noqa: E402
 import pytest
 
 from jaxaot._caches import _directory
@@ -873,3 +874,279 @@ def test_stress_reader_races_evictor(tmp_path: Path) -> None:
     assert result["evictions"] > 0 and result["puts"] > 0
     assert cache.stats()["bytes"] <= max_bytes
     assert temp_files(root) == []
+
+
+# -- trust: another user, symlinks, FIFOs ------------------------------------------------
+
+
+@pytest.fixture
+def shared_base() -> Iterator[Path]:
+    with _helpers.traversable_dir() as path:
+        yield path
+
+
+def test_entry_planted_by_another_uid_after_the_root_opened_up(
+    shared_base: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _helpers.need_root()
+    root = shared_base / "c"
+    cache = DirectoryCache(root)  # private when made
+    cache.put(k(1), b"mine")
+    root.chmod(0o777)  # later made writable by all (a careless chmod, a shared mount)
+    key, planted = _helpers.make_blob("planted")
+    _helpers.as_other_user(f"mkdir {root}/{key[:2]} && cat > {root}/{key[:2]}/{key}", planted)
+    assert (root / key[:2] / key).stat().st_uid == _helpers.OTHER_UID
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    assert cache.get(key) is None  # never read: the root is no longer private
+    assert cache.get(k(1)) is None
+    cache.put(k(2), b"x")  # nor written
+    assert not (root / k(2)[:2]).exists()
+    assert len(warnings_of(caplog)) == 1 and "writable" in warnings_of(caplog)[0].getMessage()
+    root.chmod(0o700)  # private again: our entries are served, the planted one is not
+    assert cache.get(k(1)) == b"mine"
+    assert cache.get(key) is None
+    assert (root / key[:2] / key).exists()  # refused, left alone
+    assert any(f"uid {_helpers.OTHER_UID}" in r.getMessage() for r in warnings_of(caplog))
+    with pytest.raises(_directory.UntrustedEntryError):
+        cache.peek(key)
+
+
+def test_entry_file_of_another_uid_or_writable_by_others_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = DirectoryCache(tmp_path / "c")
+    for i in (1, 2, 3):
+        cache.put(k(i), b"v%d" % i)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    cache.path_for(k(1)).chmod(0o666)
+    assert cache.get(k(1)) is None
+    assert cache.get(k(3)) == b"v3"
+    if os.geteuid() == 0:
+        os.chown(cache.path_for(k(3)), _helpers.OTHER_UID, -1)
+        assert cache.get(k(3)) is None
+    assert all("not signed" in r.getMessage() for r in warnings_of(caplog))
+
+
+def test_signed_entries_lift_the_ownership_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JAXAOT_CACHE_HMAC_KEY", "team-secret")
+    root = tmp_path / "shared"
+    root.mkdir()
+    root.chmod(0o777)
+    cache = DirectoryCache(root)  # accepted: every entry read is signature-checked
+    cache.put(k(1), b"v")
+    cache.path_for(k(1)).chmod(0o666)
+    assert cache.get(k(1)) == b"v"
+    monkeypatch.delenv("JAXAOT_CACHE_HMAC_KEY")
+    assert cache.get(k(1)) is None  # without the key the same files are refused
+    with pytest.raises(UnsafeCacheDirError):
+        DirectoryCache(root)
+
+
+def test_planted_pickle_never_runs(shared_base: Path) -> None:
+    """An executable entry with a pickle that would create a sentinel, planted by
+    another user once the root became writable by all: the sentinel never appears."""
+    _helpers.need_root()
+    import jax.numpy as jnp
+
+    import jaxaot
+    from jaxaot import _entry
+
+    root = shared_base / "victim"
+    cache = DirectoryCache(root)
+
+    def body(x):
+        return x * 2 + 1
+
+    x = jnp.arange(3.0)
+    with jaxaot.using_cache(cache):
+        expected = jaxaot.component(body, key="planted-pickle")(x)
+        jaxaot.wait_for_writes()
+    exe_keys = []
+    for key in cache.keys():
+        blob = cache.path_for(key).read_bytes()
+        if "executable" in _entry.verify(blob)[1]:
+            exe_keys.append((key, blob))
+    (exe_key, exe_blob), *_ = exe_keys
+    sentinel = shared_base / "sentinel"
+
+    class Evil:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.mkdir, (str(sentinel),))
+
+    forged = _entry.decode(exe_blob)
+    forged.executable = __import__("pickle").dumps(Evil())
+    planted = _entry.encode(forged)  # a sound checksum: only ownership can tell
+    shutil.rmtree(root / exe_key[:2])
+    root.chmod(0o777)
+    _helpers.as_other_user(
+        f"mkdir {root}/{exe_key[:2]} && cat > {root}/{exe_key[:2]}/{exe_key}", planted
+    )
+    with jaxaot.using_cache(cache):
+        got = jaxaot.component(body, key="planted-pickle")(x)
+    assert not sentinel.exists()
+    assert jnp.allclose(got, expected)
+
+
+def test_symlinked_shard_is_never_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    key = k(1, shard="ab")
+    victim = outside / key
+    victim.write_bytes(b"someone else's file")
+    other = outside / k(2, shard="ab")
+    other.write_bytes(b"another")
+    cache = DirectoryCache(tmp_path / "c", max_bytes=1 << 20)
+    (cache.root / "ab").symlink_to(outside)
+    assert cache.get(key) is None  # not read through the link
+    cache.put(k(3, shard="ab"), b"new")  # not written through it
+    assert sorted(p.name for p in outside.iterdir()) == sorted([key, other.name])
+    assert key not in cache.keys()
+    assert cache.delete(key) is False
+    cache.clear()
+    for i in range(10, 20):  # eviction pressure
+        cache.put(k(i), bytes(300 << 10))
+    assert victim.read_bytes() == b"someone else's file" and other.read_bytes() == b"another"
+    assert (cache.root / "ab").is_symlink()
+
+
+def test_symlinked_quarantine_is_never_followed(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    keep = elsewhere / "precious.txt"
+    keep.write_bytes(b"keep me")
+    cache = DirectoryCache(tmp_path / "c")
+    (cache.root / "quarantine").symlink_to(elsewhere)
+    cache.put(k(1), b"bad")
+    cache.quarantine(k(1))
+    assert cache.get(k(1)) is None  # removed all the same (deleted, not moved)
+    assert [p.name for p in elsewhere.iterdir()] == ["precious.txt"]
+    cache.clear()
+    assert keep.read_bytes() == b"keep me"
+
+
+def _in_thread(fun: Callable[[], Any], timeout: float = 20.0) -> Any:
+    """Runs ``fun`` in a thread; fails (instead of hanging the suite) if it blocks."""
+    result: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fun())
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"{fun} blocked for {timeout}s"
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
+@pytest.mark.parametrize("where", ["entry", "hits"])
+def test_fifo_in_the_cache_never_blocks(tmp_path: Path, where: str) -> None:
+    cache = DirectoryCache(tmp_path / "c")
+    key = k(1)
+    shard = cache.root / key[:2]
+    shard.mkdir(mode=0o700)
+    fifo = shard / (key if where == "entry" else key + ".hits")
+    if where == "hits":
+        cache.put(key, b"value")
+    os.mkfifo(fifo, 0o600)
+    try:
+        got = _in_thread(lambda: cache.get(key))
+        assert got == (None if where == "entry" else b"value")
+        if where == "entry":
+            assert _in_thread(lambda: cache.keys()) == []
+            with pytest.raises(_directory.UntrustedEntryError):
+                _in_thread(lambda: cache.peek(key))
+            _in_thread(lambda: cache.put(key, b"value"))  # replaces the FIFO
+            assert stat.S_ISREG(os.lstat(fifo).st_mode)
+            assert cache.get(key) == b"value"
+    finally:
+        try:  # unblock a thread stuck in open() on the old code
+            fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def test_entry_signed_with_another_key_is_left_alone_by_quarantine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = DirectoryCache(tmp_path / "c")
+    monkeypatch.setenv("JAXAOT_CACHE_HMAC_KEY", "writers-key")
+    key, signed = _helpers.make_blob("signed")
+    cache.put(key, signed)
+    for reader in ("other-key", None):
+        if reader is None:
+            monkeypatch.delenv("JAXAOT_CACHE_HMAC_KEY")
+        else:
+            monkeypatch.setenv("JAXAOT_CACHE_HMAC_KEY", reader)
+        cache.quarantine(key)
+        assert cache.peek(key) == signed  # sound for its writers: kept
+    damaged = bytearray(signed)
+    damaged[40] ^= 1
+    key2 = _helpers.make_blob("signed2")[0]
+    cache.put(key2, bytes(damaged))
+    cache.quarantine(key2)  # damaged: quarantined, whatever the key
+    assert cache.peek(key2) is None
+    cache.quarantine(key, force=True)  # verify --fix --force
+    assert cache.peek(key) is None
+    assert len(list((cache.root / "quarantine").iterdir())) == 2
+
+
+def test_value_larger_than_the_cap_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = DirectoryCache(tmp_path / "c", max_bytes=100)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    for i in range(5):
+        cache.put(k(i), bytes(200))
+    assert cache.keys() == []
+    warns = warnings_of(caplog)
+    assert len(warns) == 1 and "max_bytes 100" in warns[0].getMessage()
+
+
+_SIGNED_READER = """
+import sys, jax.numpy as jnp, jaxaot
+cache = jaxaot.DirectoryCache(sys.argv[1])
+with jaxaot.using_cache(cache):
+    y = jaxaot.component(lambda x: jnp.sin(x) + 2, key="signed-cache")(jnp.arange(5.0))
+    jaxaot.wait_for_writes()
+print(repr(y.tolist()))
+"""
+
+
+def test_a_process_without_the_key_leaves_a_signed_cache_intact(tmp_path: Path) -> None:
+    root = tmp_path / "signed"
+    env = {k: v for k, v in os.environ.items() if k != "JAXAOT_CACHE_HMAC_KEY"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
+
+    def run(key: str | None) -> str:
+        proc_env = dict(env)
+        if key is not None:
+            proc_env["JAXAOT_CACHE_HMAC_KEY"] = key
+        proc = subprocess.run(
+            [sys.executable, "-c", _SIGNED_READER, str(root)],
+            env=proc_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    def entries() -> dict[Path, bytes]:
+        return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and len(p.name) == 64}
+
+    expected = run("team-secret")
+    before = entries()
+    assert len(before) == 2  # the entry and its executable, signed
+    for reader in (None, "another-secret"):
+        assert run(reader) == expected  # computed locally: a miss for this process
+        assert entries() == before  # nothing quarantined, deleted or rewritten
+        assert not (root / "quarantine").exists() or not list((root / "quarantine").iterdir())

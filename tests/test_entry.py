@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections import namedtuple
 from typing import Any
@@ -111,14 +112,62 @@ def test_hmac_signed_entries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(_entry.HMAC_ENV, "secret-one")
     signed = _entry.encode(entry)
     assert _entry.decode(signed).key == entry.key
-    with pytest.raises(EntryError, match="signature"):
+    with pytest.raises(_entry.SignatureError, match="not signed") as info:
         _entry.decode(unsigned)
+    assert not info.value.removable and info.value.cause == "unsigned entry"
     monkeypatch.setenv(_entry.HMAC_ENV, "secret-two")
-    with pytest.raises(EntryError, match="signature"):
+    with pytest.raises(_entry.SignatureError, match="another key|other than") as info:
         _entry.decode(signed)
+    assert not info.value.removable and info.value.cause == "signature mismatch"
     monkeypatch.delenv(_entry.HMAC_ENV)
-    with pytest.raises(EntryError, match="checksum"):
+    with pytest.raises(_entry.SignatureError, match="is signed") as info:
         _entry.decode(signed)
+    assert not info.value.removable and info.value.cause == "signed entry, no key"
+
+
+def test_damage_is_told_apart_from_a_foreign_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever key this process has, a damaged entry is removable and a sound entry
+    signed with another key (or unsigned against the setting) is not."""
+    entry = _entry_for(lambda x: x + 3, jnp.ones(2))
+    unsigned = _entry.encode(entry)
+    monkeypatch.setenv(_entry.HMAC_ENV, "writer-key")
+    signed = _entry.encode(entry)
+    for reader_key in (None, "writer-key", "other-key"):
+        if reader_key is None:
+            monkeypatch.delenv(_entry.HMAC_ENV)
+        else:
+            monkeypatch.setenv(_entry.HMAC_ENV, reader_key)
+        for blob in (signed, unsigned):
+            sound_here = (blob is unsigned and reader_key is None) or (
+                blob is signed and reader_key == "writer-key"
+            )
+            if sound_here:
+                _entry.verify(blob)
+                assert _entry.removable(blob)  # sound: removable when the caller cannot use it
+            else:
+                with pytest.raises(_entry.SignatureError):
+                    _entry.verify(blob)
+                assert not _entry.removable(blob)
+            for pos in (20, len(blob) // 2, len(blob) - 40):
+                damaged = bytearray(blob)
+                damaged[pos] ^= 0x10
+                with pytest.raises(EntryError) as info:
+                    _entry.verify(bytes(damaged))
+                assert not isinstance(info.value, _entry.SignatureError)
+                assert info.value.removable and _entry.removable(bytes(damaged))
+
+
+@pytest.mark.parametrize("value", ["", " ", "\t\n"])
+def test_empty_hmac_key_is_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    entry = _entry_for(lambda x: x * 5, jnp.ones(2))
+    blob = _entry.encode(entry)
+    monkeypatch.setenv(_entry.HMAC_ENV, value)
+    with pytest.raises(ValueError, match="set but empty"):
+        _entry.encode(entry)
+    with pytest.raises(ValueError, match="set but empty"):
+        _entry.decode(blob)
 
 
 def test_other_format_version_is_refused() -> None:
@@ -131,3 +180,94 @@ def test_other_format_version_is_refused() -> None:
 def test_garbage_is_not_an_entry() -> None:
     with pytest.raises(EntryError, match="magic"):
         _entry.verify(b"\x80\x04" + b"x" * 100)
+
+
+# -- verified but hostile headers -----------------------------------------------------------
+
+
+def _forge(header: bytes, payload: bytes = b"") -> bytes:
+    """An entry with a sound checksum around an arbitrary header (what anyone who can
+    write an unsigned cache can plant)."""
+    body = (
+        _entry._PREFIX.pack(_entry.MAGIC, _entry.ENTRY_FORMAT_VERSION, 0, len(header))
+        + header
+        + payload
+    )
+    return body + hashlib.sha256(body).digest()
+
+
+def _good_header() -> dict[str, Any]:
+    blob = _entry.encode(_entry_for(lambda x: x * 7, jnp.ones(2)))
+    header, _ = _entry.verify(blob)
+    header["sections"] = [["stablehlo", 3]]
+    return header
+
+
+HOSTILE: dict[str, Any] = {
+    "deep list": b"[" * 200_000 + b"]" * 200_000,
+    "deep key parts": {"key": [["a", json.loads("[" * 500 + "]" * 500)]]},
+    "deep out_tree": "deep-tree",
+    "platforms true": {"platforms": True},
+    "extra -1": {"extra": -1},
+    "created 1e308": {"created": 1e308},
+    "created inf": b'{"created": Infinity}',
+    "created huge int": "huge-int",
+    "negative section": {"sections": [["stablehlo", -5]]},
+    "section past end": {"sections": [["stablehlo", 10**12]]},
+    "name a list": {"name": ["x"]},
+    "avals numbers": {"in_avals": [1, 2]},
+    "key not pairs": {"key": {"a": 1}},
+    "cost strings": {"extra": {"cost_analysis": {"flops": "many"}}},
+    "not an object": b"[1, 2, 3]",
+    "not utf-8": b"\xff\xfe{}",
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE), ids=list(HOSTILE))
+def test_hostile_verified_header_is_a_clean_entry_error(case: str) -> None:
+    change = HOSTILE[case]
+    if isinstance(change, bytes) and case != "created inf":
+        raw = change
+    else:
+        header = _good_header()
+        if change == "deep-tree":
+            tree: Any = "*"
+            for _ in range(300):
+                tree = {"type": "tuple", "aux": None, "children": [tree]}
+            header["out_tree"] = tree
+        elif change == "huge-int":
+            header["created"] = 0
+        elif isinstance(change, dict):
+            header.update(change)
+        raw = json.dumps(header).encode()
+        if change == "huge-int":
+            raw = raw.replace(b'"created": 0', b'"created": ' + b"9" * 5000)
+        if case == "created inf":
+            raw = json.dumps(_good_header()).encode()
+            raw = raw.replace(b'"created": ', b'"created": Infinity, "_": ')
+    blob = _forge(raw, b"abc")
+    with pytest.raises(EntryError) as info:
+        _entry.verify(blob)
+    assert info.value.removable  # verified but unusable everywhere: may be quarantined
+    with pytest.raises(EntryError):
+        _entry.decode(blob)
+
+
+def test_a_forged_sound_header_still_decodes() -> None:
+    """The forging helper itself is right: the unchanged header decodes."""
+    header = _good_header()
+    header["sections"] = []
+    _entry.decode(_forge(json.dumps(header).encode()))
+
+
+def test_tree_types_are_only_looked_up_in_imported_modules() -> None:
+    header = _good_header()
+    header["sections"] = []
+    header["out_tree"] = {"type": "antigravity:Nothing", "aux": None, "children": []}
+    blob = _forge(json.dumps(header).encode())
+    import sys
+
+    assert "antigravity" not in sys.modules
+    with pytest.raises(EntryError, match="not imported"):
+        _entry.decode(blob)
+    assert "antigravity" not in sys.modules  # the entry made this process import nothing

@@ -7,10 +7,12 @@ import json
 import logging
 import os
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
+import _helpers
 import jax.numpy as jnp
 import pytest
 from _helpers import make_blob
@@ -80,7 +82,7 @@ def test_file_writes_leave_no_partial_entries(
     cache = FsspecCache(f"file://{tmp_path}/store")
     key, blob = make_blob()
 
-    def broken_replace(src: Any, dst: Any) -> None:
+    def broken_replace(src: Any, dst: Any, **kwargs: Any) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", broken_replace)
@@ -134,9 +136,13 @@ def test_faults_are_misses_with_one_warning(
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(cache.fs, method, boom)
-    if method == "pipe_file" and url.startswith("file://"):
-        monkeypatch.setattr(os, "open", boom)  # the local write path does not use pipe_file
+    if url.startswith("file://"):
+        # Local paths go through os directly (descriptor-relative, no symlink followed).
+        local = {"cat_file": "read", "find": "scandir", "pipe_file": "open"}
+        local |= {"rm_file": "unlink", "exists": "stat"}
+        monkeypatch.setattr(os, local[method], boom)
+    else:
+        monkeypatch.setattr(cache.fs, method, boom)
     caplog.set_level(logging.DEBUG, logger="jaxaot")
     for _ in range(3):
         got = cache.get(key)
@@ -221,3 +227,121 @@ def test_missing_fsspec_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setitem(sys.modules, "fsspec.core", None)
     with pytest.raises(ImportError, match=r"jaxaot\[fsspec\]"):
         FsspecCache("memory://x")
+
+
+# -- trust on local paths -----------------------------------------------------------------
+
+
+def test_file_url_over_a_directory_another_user_owns_is_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The README's ``file:///tmp/shared-jaxaot`` made by another user, writable by
+    all, no HMAC key: an entry planted there is never read."""
+    _helpers.need_root()
+    with _helpers.traversable_dir() as base:
+        base.chmod(0o1777)  # like /tmp
+        shared = base / "shared-jaxaot"
+        key, planted = make_blob("planted")
+        _helpers.as_other_user(
+            f"mkdir -m 777 {shared} && mkdir -m 777 {shared}/{key[:2]} && "
+            f"cat > {shared}/{key[:2]}/{key} && chmod 666 {shared}/{key[:2]}/{key}",
+            planted,
+        )
+        cache = FsspecCache(f"file://{shared}")
+        caplog.set_level(logging.WARNING, logger="jaxaot")
+        assert cache.get(key) is None
+        other, blob = make_blob("mine")
+        cache.put(other, blob)  # nothing written into a store another user controls
+        assert not (shared / other[:2]).exists()
+        warns = warnings_of(caplog)
+        assert len(warns) == 1 and f"uid {_helpers.OTHER_UID}" in warns[0]
+        assert cache.stats()["refused"] == 1
+
+
+def test_file_url_entry_written_by_another_user_is_refused(tmp_path: Path) -> None:
+    _helpers.need_root()
+    cache = FsspecCache(f"file://{tmp_path}/store")
+    key, blob = make_blob()
+    cache.put(key, blob)
+    assert cache.get(key) == blob
+    os.chown(tmp_path / "store" / key[:2] / key, _helpers.OTHER_UID, -1)
+    assert cache.get(key) is None
+    cache.put(key, blob)  # the foreign file is replaced by ours
+    assert cache.get(key) == blob
+
+
+def test_file_url_symlinks_and_fifos_are_never_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    key = "ab" + "0" * 30
+    (outside / key).write_bytes(b"elsewhere")
+    store = tmp_path / "store"
+    cache = FsspecCache(f"file://{store}", max_bytes=1 << 20)
+    cache.put("cd" + "1" * 30, b"v")
+    (store / "ab").symlink_to(outside)
+    assert cache.get(key) is None and key not in cache.keys()
+    cache.put("ab" + "2" * 30, b"new")
+    cache.clear()
+    assert sorted(p.name for p in outside.iterdir()) == [key]
+    fifo_key = "ef" + "3" * 30
+    (store / "ef").mkdir()
+    os.mkfifo(store / "ef" / fifo_key)
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(cache.get(fifo_key)), daemon=True)
+    t.start()
+    t.join(20)
+    try:
+        assert not t.is_alive() and result == [None]
+    finally:
+        fd = os.open(store / "ef" / fifo_key, os.O_RDWR | os.O_NONBLOCK)
+        os.close(fd)
+
+
+def test_file_url_without_a_path_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for url in ("file://", "file://relative", "local://", "file:///"):
+        with pytest.raises(ValueError, match="absolute"):
+            FsspecCache(url)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unsigned_remote_store_warns_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from jaxaot._caches import _trust
+
+    monkeypatch.setattr(_trust, "_remote_warned", set())
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    fs = pytest.importorskip("fsspec")
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class FakeRemote(MemoryFileSystem):  # an object store stand-in (not "memory")
+        protocol = ("jaxaot-fake-remote",)
+
+    fs.register_implementation("jaxaot-fake-remote", FakeRemote, clobber=True)
+    for _ in range(3):
+        FsspecCache("jaxaot-fake-remote://bucket/cache")
+    FsspecCache(f"memory://jaxaot-test-{uuid.uuid4().hex}")  # in-process: no warning
+    loud = [m for m in warnings_of(caplog) if "only checksummed" in m]
+    assert len(loud) == 1 and "JAXAOT_CACHE_HMAC_KEY" in loud[0]
+
+
+def test_credentials_in_a_store_url_never_show(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"memory://user:hunter2@jaxaot-test-{uuid.uuid4().hex}/c?token=hunter3"
+    cache = FsspecCache(url)
+    key, blob = make_blob()
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(5, f"cannot reach {url}")
+
+    monkeypatch.setattr(cache.fs, "cat_file", boom)
+    caplog.set_level(logging.DEBUG, logger="jaxaot")
+    cache.get(key)
+    shown = [repr(cache), cache.url, json.dumps(cache.stats())]
+    shown += [r.getMessage() for r in caplog.records]
+    assert any("cannot reach" in text for text in shown)
+    assert all("hunter2" not in text and "hunter3" not in text for text in shown), shown

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -92,3 +93,13 @@ def test_threads_keep_the_byte_count_exact() -> None:
     stats = cache.stats()
     assert stats["bytes"] == sum(len(cache.get(key) or b"") for key in cache.keys())
     assert stats["bytes"] <= 2000
+
+
+def test_value_larger_than_the_cap_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    cache = jaxaot.MemoryCache(max_bytes=10)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    for i in range(4):
+        cache.put(f"{i:02x}" * 16, bytes(11))
+    assert cache.keys() == []
+    warnings = [r for r in caplog.records if r.name == "jaxaot" and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "max_bytes 10" in warnings[0].getMessage()

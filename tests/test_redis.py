@@ -1,6 +1,8 @@
-"""RedisCache against real ``redis-server`` processes (never a fake): the byte
-protocol, SCAN and prefixes, TTL, racing writers, a server that stops, restarts,
-stalls or refuses writes, tampered entries, the CLI and components end to end.
+"""RedisCache against real ``redis-server`` processes: the byte protocol, SCAN and
+prefixes, TTL, racing writers, a server that stops, restarts, stalls or refuses
+writes, tampered entries, the CLI and components end to end. Misbehaving servers
+(a reply trickled a byte at a time, garbage, wrong reply types) are small socket
+servers on loopback that the tests start and stop.
 
 ``redis-server`` must be installed (CI installs it); without it these tests fail.
 """
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -154,11 +157,17 @@ def unique_prefix() -> str:
 # -- entries ---------------------------------------------------------------------
 
 
+UNSIGNED_WARNING = "is not set, so entries are only checksummed"
+
+
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The fault warnings (the one-time "entries are not signed" warning left out)."""
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "jaxaot" and r.levelno >= logging.WARNING
+        if r.name == "jaxaot"
+        and r.levelno >= logging.WARNING
+        and UNSIGNED_WARNING not in r.getMessage()
     ]
 
 
@@ -476,10 +485,27 @@ def test_entry_signed_with_another_key_is_refused(
     monkeypatch.setenv("JAXAOT_CACHE_HMAC_KEY", "our-secret")
     local = jaxaot.MemoryCache()
     assert TieredCache(local, remote).get(key) is None
-    assert local.keys() == [] and remote.keys() == []
+    # A miss for this process, left alone: it is sound for the processes with that key.
+    assert local.keys() == [] and remote.keys() == [key]
+    TieredCache(local, remote).quarantine(key)
+    assert remote.keys() == [key]
+    remote.delete(key)
     _, ours = make_blob()
     remote.put(key, ours)
     assert TieredCache(local, remote).get(key) == ours
+
+
+def test_damaged_local_copy_leaves_the_redis_copy(server: RedisServer, tmp_path: Path) -> None:
+    remote = RedisCache(server.url, prefix=unique_prefix())
+    local = jaxaot.DirectoryCache(tmp_path / "local")
+    key, blob = make_blob()
+    damaged = bytearray(blob)
+    damaged[len(damaged) // 2] ^= 0x04
+    local.put(key, bytes(damaged))
+    remote.put(key, blob)
+    tiered = TieredCache(local, remote)
+    assert tiered.get(key) == blob
+    assert remote.get(key) == blob and local.get(key) == blob
 
 
 # -- end to end ------------------------------------------------------------------
@@ -554,3 +580,192 @@ def test_password_is_redacted_and_missing_package_is_named(
     monkeypatch.setitem(sys.modules, "redis", None)
     with pytest.raises(ImportError, match=r"pip install 'jaxaot\[redis\]'"):
         RedisCache("redis://127.0.0.1:1/0")
+
+
+# -- misbehaving servers -------------------------------------------------------------
+
+
+def _complete_commands(buf: bytes) -> tuple[int, bytes]:
+    """How many whole RESP commands ``buf`` starts with, and what follows them."""
+    count = 0
+    while buf.startswith(b"*"):
+        end = buf.find(b"\r\n")
+        if end < 0:
+            break
+        pos, argc, whole = end + 2, int(buf[1:end]), True
+        for _ in range(argc):
+            e = buf.find(b"\r\n", pos)
+            if e < 0:
+                whole = False
+                break
+            pos = e + 2 + int(buf[pos + 1 : e]) + 2
+            if pos > len(buf):
+                whole = False
+                break
+        if not whole:
+            break
+        buf, count = buf[pos:], count + 1
+    return count, buf
+
+
+class FakeServer:
+    """A TCP server on 127.0.0.1 that answers every command with ``reply``, one byte
+    every ``delay`` seconds when ``delay`` is set."""
+
+    def __init__(self, reply: bytes, delay: float = 0.0) -> None:
+        self.reply, self.delay = reply, delay
+        self.stopped = threading.Event()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.05)
+        self.port = int(self.sock.getsockname()[1])
+        self.threads = [threading.Thread(target=self._serve, daemon=True)]
+        self.threads[0].start()
+
+    def url(self, query: str = "") -> str:
+        return f"redis://127.0.0.1:{self.port}/0{query}"
+
+    def _serve(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            t = threading.Thread(target=self._handle, args=(conn,), daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        conn.settimeout(0.05)
+        buf = b""
+        with conn:
+            while not self.stopped.is_set():
+                try:
+                    data = conn.recv(1 << 16)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                n, buf = _complete_commands(buf + data)
+                try:
+                    for _ in range(n):
+                        if not self.delay:
+                            conn.sendall(self.reply)
+                            continue
+                        for i in range(len(self.reply)):
+                            if self.stopped.wait(self.delay):
+                                return
+                            conn.sendall(self.reply[i : i + 1])
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self.stopped.set()
+        for t in self.threads:
+            t.join(timeout=5)
+        self.sock.close()
+
+
+@pytest.fixture
+def fake_server(request: pytest.FixtureRequest) -> Iterator[FakeServer]:
+    reply, delay = request.param
+    srv = FakeServer(reply, delay)
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("fake_server", [(b"$20\r\n" + b"x" * 20 + b"\r\n", 0.1)], indirect=True)
+def test_a_trickled_reply_is_cut_off_at_the_deadline(
+    fake_server: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each byte comes well within the socket timeout, the whole reply (about 2.6 s)
+    does not come within the call's 1 s: the get is a miss, not the trickled value."""
+    cache = RedisCache(fake_server.url(), prefix=unique_prefix(), timeout=1.0, backoff=0)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    key, _ = make_blob()
+    start = time.monotonic()
+    assert cache.get(key) is None
+    assert time.monotonic() - start < HANG_GUARD_S
+    warnings = warnings_of(caplog)
+    assert len(warnings) == 1 and "TimeoutError" in warnings[0], warnings
+    assert cache.stats()["misses"] == 1
+
+
+def _causes(warnings: list[str]) -> list[str]:
+    return [w.split(" failed (", 1)[1].split(":", 1)[0] for w in warnings]
+
+
+@pytest.mark.parametrize(
+    "fake_server, query",
+    [
+        ((b"$abc\r\n", 0.0), ""),  # an unparsable length: ValueError in the client
+        ((b"+OK\r\n", 0.0), "?protocol=3"),  # +OK to HELLO: AttributeError in the client
+        ((b":5\r\n", 0.0), ""),  # an integer where a string (or a list) is due
+        ((b"*1\r\n$3\r\nabc\r\n", 0.0), ""),  # a list where a string is due
+    ],
+    indirect=["fake_server"],
+    ids=["garbage", "ok-to-hello", "integer", "list"],
+)
+def test_broken_replies_are_misses_and_skipped_writes(
+    fake_server: FakeServer, query: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = RedisCache(fake_server.url(query), prefix=unique_prefix(), timeout=2.0, backoff=0)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    key, blob = make_blob()
+    for _ in range(3):
+        assert cache.get(key) is None
+        cache.put(key, blob)
+        assert cache.delete(key) in (False, True)
+        assert cache.keys() == []
+        cache.clear()
+        stats = cache.stats()
+        assert stats["entries"] is None and stats["bytes"] is None
+        cache.quarantine(key)
+    assert cache.stats()["hits"] == 0
+    warnings = warnings_of(caplog)
+    causes = _causes(warnings)
+    assert warnings and len(causes) == len(set(causes)), warnings  # one warning per cause
+
+
+def test_credentials_never_show(caplog: pytest.LogCaptureFixture) -> None:
+    url = f"redis://:hunter2@127.0.0.1:{_free_port()}/0?password=hunter3&socket_timeout=1"
+    cache = RedisCache(url, prefix=unique_prefix(), timeout=0.5)
+    caplog.set_level(logging.DEBUG, logger="jaxaot")
+    cache.get(make_blob()[0])
+    cache.put(*make_blob())
+    shown = [repr(cache), cache.url, json.dumps(cache.stats())]
+    shown += [r.getMessage() for r in caplog.records]
+    with pytest.raises(ConnectionError) as info:
+        cache.ping()
+    shown.append(str(info.value))
+    bad_urls = ["redis://:hunter2@127.0.0.1:notaport/0", "redis://:hunter2@[::1/0"]
+    bad_urls.append("redis://:hunter2@127.0.0.1:1/0?socket_timeout=hunter2")
+    for bad in bad_urls:
+        with pytest.raises(ValueError) as bad_info:
+            RedisCache(bad)
+        shown.append(str(bad_info.value))
+    assert all("hunter2" not in text and "hunter3" not in text for text in shown), shown
+    assert "***" in cache.url
+
+
+def test_unsigned_remote_store_warns_once_per_process(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    url = f"redis://127.0.0.1:{_free_port()}/0"
+    for _ in range(3):
+        RedisCache(url)
+    loud = [r for r in caplog.records if UNSIGNED_WARNING in r.getMessage()]
+    assert len(loud) == 1 and "JAXAOT_CACHE_HMAC_KEY" in loud[0].getMessage()
+    caplog.clear()
+    monkeypatch.setenv(_entry.HMAC_ENV, "a-secret")
+    RedisCache(f"redis://127.0.0.1:{_free_port()}/0")
+    assert not [r for r in caplog.records if UNSIGNED_WARNING in r.getMessage()]
+    monkeypatch.setenv(_entry.HMAC_ENV, "  ")
+    with pytest.raises(ValueError, match="set but empty"):
+        RedisCache(url)

@@ -107,15 +107,92 @@ def test_quarantine_is_used_when_a_tier_has_it(tmp_path: Path) -> None:
     assert len(list((tmp_path / "d" / "quarantine").iterdir())) == 1
 
 
-def test_first_tier_is_returned_unverified_and_quarantine_cleans_all_tiers() -> None:
+def test_every_tier_is_verified_and_a_damaged_fast_copy_gives_way() -> None:
     fast, slow = jaxaot.MemoryCache(), jaxaot.MemoryCache()
     key, blob = make_blob()
     fast.put(key, flip(blob))
-    slow.put(key, flip(blob))
+    slow.put(key, blob)
     tiered = TieredCache(fast, slow)
-    assert tiered.get(key) == flip(blob)  # the reader (component) verifies tier 0 itself
-    tiered.quarantine(key)
-    assert fast.keys() == [] and slow.keys() == []
+    assert tiered.get(key) == blob  # the damaged fast copy is never returned
+    assert fast.get(key) == blob  # replaced by the sound copy (promoted)
+    assert slow.get(key) == blob  # the sound copy stays where it was
+
+
+def test_bit_flipped_local_copy_is_quarantined_locally_only(tmp_path: Path) -> None:
+    local = jaxaot.DirectoryCache(tmp_path / "local")
+    remote = jaxaot.DirectoryCache(tmp_path / "remote")
+    key, blob = make_blob()
+    local.put(key, flip(blob))
+    remote.put(key, blob)
+    tiered = TieredCache(local, remote)
+    assert tiered.get(key) == blob
+    assert remote.get(key) == blob  # the sound remote copy was not quarantined
+    assert local.get(key) == blob  # the local copy is the sound one again
+    quarantined = list((tmp_path / "local" / "quarantine").iterdir())
+    assert len(quarantined) == 1 and quarantined[0].read_bytes() == flip(blob)
+    assert not (tmp_path / "remote" / "quarantine").exists()
+
+
+def test_quarantine_acts_on_the_serving_tier_and_the_faster_ones() -> None:
+    tiers = [jaxaot.MemoryCache() for _ in range(3)]
+    key, blob = make_blob()
+    tiers[1].put(key, blob)
+    tiers[2].put(key, blob)
+    tiered = TieredCache(*tiers)
+    assert tiered.get(key) == blob  # served by tier 1, promoted to tier 0
+    assert tiers[0].keys() == [key]
+    tiered.quarantine(key)  # the reader could not use it
+    assert tiers[0].keys() == [] and tiers[1].keys() == []
+    assert tiers[2].keys() == [key]  # a tier that did not serve it keeps its copy
+
+
+def test_an_entry_signed_with_another_key_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fast, slow = jaxaot.MemoryCache(), jaxaot.MemoryCache()
+    monkeypatch.setenv(_entry.HMAC_ENV, "theirs")
+    keys = []
+    for i in range(3):
+        key, theirs = make_blob(tag=i)
+        fast.put(key, theirs)
+        keys.append(key)
+    monkeypatch.setenv(_entry.HMAC_ENV, "mine")
+    key0, mine = make_blob(tag=0)
+    slow.put(key0, mine)
+    tiered = TieredCache(fast, slow)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    assert tiered.get(key0) == mine  # the sound copy this process can check
+    assert tiered.get(keys[1]) is None and tiered.get(keys[2]) is None
+    assert sorted(fast.keys()) == sorted(keys)  # nothing removed from the fast tier
+    assert len(warnings_of(caplog)) == 1  # one per cause, not per entry
+    assert "left alone" in warnings_of(caplog)[0]
+
+
+def test_component_body_that_relies_on_the_cache_survives_a_damaged_local_copy(
+    tmp_path: Path,
+) -> None:
+    shared = jaxaot.DirectoryCache(tmp_path / "shared")
+    local = tmp_path / "local"
+    x = jnp.arange(4.0)
+
+    @jaxaot.component(key="tiered-damaged-local")
+    def f1(x):
+        return jnp.cos(x) * 3
+
+    with jaxaot.using_cache(TieredCache(jaxaot.DirectoryCache(local), shared)):
+        expected = f1(x)
+    entries = [p for p in local.rglob("*") if p.is_file() and len(p.name) == 64]
+    assert entries
+    for p in entries:  # flip a bit in every local entry
+        p.write_bytes(flip(p.read_bytes()))
+
+    @jaxaot.component(key="tiered-damaged-local")
+    def f2(x):
+        raise NotImplementedError("this body relies on the cache")
+
+    with jaxaot.using_cache(TieredCache(jaxaot.DirectoryCache(local), shared)):
+        assert jnp.allclose(f2(x), expected)
+    assert sorted(shared.keys()) == sorted(p.name for p in entries)  # shared copies all kept
 
 
 def test_put_writes_every_tier_and_delete_keys_clear() -> None:

@@ -21,13 +21,23 @@ Guarantees:
 * I/O faults (read-only or full disk, a vanished directory, permissions)
   never raise from ``get``/``put``/``delete``/``keys``/``clear``/``stats``: a
   read is a miss, a write is skipped with one warning per cause.
-* The root must belong to this user and not be group- or world-writable,
-  else :class:`UnsafeCacheDirError` is raised at construction: an entry
-  becomes code in this process.
+* Trust (see ``_trust``): without ``$JAXAOT_CACHE_HMAC_KEY``, the root must
+  belong to this user and not be group- or world-writable, else
+  :class:`UnsafeCacheDirError` is raised at construction: an entry becomes code
+  in this process. The root is checked again on every call, and each shard
+  directory and entry file before it is read: one that another user could have
+  written is refused (a miss, one warning per cause) and left alone. With a key
+  set, entries are signed and these ownership checks are not needed.
+* Nothing inside the root is followed or opened unless it is a real directory
+  or a regular file (see ``_safefs``): a symlinked shard or quarantine
+  directory, a symlink, FIFO or device at an entry's name is never read,
+  written or deleted through. ``clear``, eviction and quarantine act only on
+  regular files inside the root.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -35,13 +45,17 @@ import secrets
 import stat
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import filelock
 
+from . import _safefs
 from ._faults import WarnOnce
 from ._protocol import check_key
+from ._safefs import NotRegularFileError, open_dir, opened_dir, stat_nofollow
+from ._trust import signing, untrusted_writer
 
 __all__ = [
     "DEFAULT_DIRECTORY_BYTES",
@@ -50,6 +64,7 @@ __all__ = [
     "TEMP_MAX_AGE",
     "DirectoryCache",
     "UnsafeCacheDirError",
+    "UntrustedEntryError",
 ]
 
 logger = logging.getLogger("jaxaot")
@@ -74,17 +89,31 @@ _QUARANTINE_DIR = "quarantine"
 _HEX = frozenset("0123456789abcdef")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 class UnsafeCacheDirError(PermissionError):
     """The cache directory could be written by someone else, so it is not used."""
 
 
+class UntrustedEntryError(PermissionError):
+    """An entry file (or its directory) could have been written by another user, and
+    entries are not signed, so it is not read."""
+
+
+class _Refused(Exception):
+    """A directory or file in the cache that this process does not use (internal)."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 class _Entry(NamedTuple):
     mtime: float
     size: int
-    path: str
+    shard: str
+    name: str
 
 
 class _Scan(NamedTuple):
@@ -107,22 +136,29 @@ def _cause(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def _not_a_real_dir(e: OSError) -> bool:
+    """``open_dir`` failed because the name is a symlink or not a directory."""
+    return e.errno in (errno.ELOOP, errno.ENOTDIR)
+
+
 def _check_safe(root: str) -> None:
-    """Raises :class:`UnsafeCacheDirError` unless ``root`` is ours and private enough."""
+    """Raises :class:`UnsafeCacheDirError` unless ``root`` is ours and private enough
+    (or entries are signed)."""
     st = os.stat(root)
     if not stat.S_ISDIR(st.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, "jaxaot cache path is not a directory", root)
-    getuid = getattr(os, "getuid", None)
-    if getuid is not None and st.st_uid != getuid():
+    why = untrusted_writer(st)
+    if why is None or signing():
+        return
+    if "owned by" in why:
         raise UnsafeCacheDirError(
-            f"jaxaot cache directory {root} is owned by uid {st.st_uid}, not by this user "
-            f"(uid {getuid()}); refusing to load code another user could write"
+            f"jaxaot cache directory {root} is {why}; refusing to load code another user "
+            "could write (or set $JAXAOT_CACHE_HMAC_KEY so that entries are signed)"
         )
-    if os.name == "posix" and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeCacheDirError(
-            f"jaxaot cache directory {root} is group- or world-writable "
-            f"(mode {stat.S_IMODE(st.st_mode):04o}); run `chmod 700 {root}` or choose another path"
-        )
+    raise UnsafeCacheDirError(
+        f"jaxaot cache directory {root} is {why}; run `chmod 700 {root}` or choose another "
+        "path (or set $JAXAOT_CACHE_HMAC_KEY so that entries are signed)"
+    )
 
 
 def _mkdir_private(path: str) -> None:
@@ -151,38 +187,7 @@ def _makedirs_private(path: str) -> None:
 def write_and_replace(tmp: str, path: str, value: bytes, mode: int) -> None:
     """Writes ``value`` to the new file ``tmp`` (mode ``mode``, whatever the umask),
     fsyncs it and renames it onto ``path``; on any failure ``tmp`` is removed."""
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW, mode)
-    try:
-        try:
-            if hasattr(os, "fchmod"):
-                os.fchmod(fd, mode)  # the umask may have narrowed the mode further
-            view = memoryview(value)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    _safefs.write_new_and_replace(tmp, path, value, mode)
 
 
 class DirectoryCache(WarnOnce):
@@ -190,10 +195,11 @@ class DirectoryCache(WarnOnce):
 
     Args:
       path: the cache root. Created (mode 0700) if missing; an existing one
-        must belong to this user and not be group- or world-writable.
+        must belong to this user and not be group- or world-writable (unless
+        ``$JAXAOT_CACHE_HMAC_KEY`` is set: then entries are signed).
       max_bytes: the most bytes of entries kept on disk. Least recently used
         entries are evicted to make room; a value larger than this is not
-        stored.
+        stored (one warning).
       lock_timeout: seconds a writer waits for the writers' lock before
         skipping its put with a warning.
       fallback_ok: if true, a root that cannot be created or is not a
@@ -203,9 +209,10 @@ class DirectoryCache(WarnOnce):
 
     Raises:
       UnsafeCacheDirError: the root is owned by another user or writable by
-        others.
+        others, and entries are not signed.
       OSError: the root could not be created, or is not a directory, and
         ``fallback_ok`` is false.
+      ValueError: a bad argument, or ``$JAXAOT_CACHE_HMAC_KEY`` set but empty.
 
     Example::
 
@@ -230,6 +237,7 @@ class DirectoryCache(WarnOnce):
             raise ValueError(
                 f"DirectoryCache: lock_timeout must be a non-negative number, got {lock_timeout!r}"
             )
+        signing()  # an empty $JAXAOT_CACHE_HMAC_KEY is a configuration error: raise now
         root = os.path.realpath(os.path.expanduser(os.fspath(path)))
         self._root = root
         self.root = Path(root)
@@ -246,6 +254,7 @@ class DirectoryCache(WarnOnce):
             "evictions": 0,
             "put_errors": 0,
             "lock_timeouts": 0,
+            "refused": 0,
         }
         try:
             _makedirs_private(root)
@@ -280,108 +289,213 @@ class DirectoryCache(WarnOnce):
     def _log_prefix(self) -> str:
         return f"directory cache {self._root}"
 
+    # -- trusted descriptors -----------------------------------------------------
+
+    def _trusted(self, st: os.stat_result, what: str) -> None:
+        """Raises :class:`_Refused` if another user could have written ``what``."""
+        why = untrusted_writer(st)
+        if why is not None and not signing():
+            raise _Refused(
+                f"untrusted {what.split()[0]}",
+                f"{what} is {why}, and entries are not signed ($JAXAOT_CACHE_HMAC_KEY); "
+                "not using it (another user could have planted code there)",
+            )
+
+    @contextlib.contextmanager
+    def _root_dir(self, *, create: bool = False) -> Iterator[int]:
+        """A descriptor of the root, checked again on every use (it may have been
+        opened to others since the cache was made)."""
+        if create:
+            _makedirs_private(self._root)
+        try:
+            fd = open_dir(self._root)
+        except OSError as e:
+            if _not_a_real_dir(e):
+                raise _Refused(
+                    "root not a directory",
+                    f"the cache root {self._root} is no longer a real directory; not using it",
+                ) from None
+            raise
+        try:
+            self._trusted(os.fstat(fd), f"root directory {self._root}")
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _shard_dir(self, root_fd: int, shard: str, *, create: bool = False) -> Iterator[int]:
+        """A descriptor of the shard directory: a real directory only this user writes."""
+        try:
+            fd = open_dir(shard, root_fd, create=create)
+        except OSError as e:
+            if _not_a_real_dir(e):
+                raise _Refused(
+                    "shard not a directory",
+                    f"{os.path.join(self._root, shard)} is a symlink or not a directory; "
+                    "not following it",
+                ) from None
+            raise
+        try:
+            self._trusted(os.fstat(fd), f"shard directory {os.path.join(self._root, shard)}")
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _refused(self, key: str, r: _Refused) -> None:
+        self._count("refused")
+        self._warn_once(r.cause, f"{r} (entry {key[:16]}: a miss)")
+
+    def _open_entry(self, shard_fd: int, key: str) -> tuple[int, os.stat_result]:
+        """Opens the entry file of ``key``: a regular file this user alone could write.
+
+        Raises:
+          _Refused: it is not a regular file, or not trusted.
+          OSError: it cannot be opened (``FileNotFoundError`` when absent).
+        """
+        try:
+            fd, st = _safefs.open_regular(key, shard_fd)
+        except NotRegularFileError as e:
+            raise _Refused(
+                "entry not a regular file",
+                f"{os.path.join(self._root, key[:2], key)} is {e.strerror}; not opening it",
+            ) from None
+        try:
+            self._trusted(st, f"entry file {os.path.join(self._root, key[:2], key)}")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+
     # -- protocol ------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
-        """Returns the bytes stored under ``key``, or ``None`` (also on any I/O error)."""
-        path = self.path_for(key)
+        """Returns the bytes stored under ``key``, or ``None`` (also on any I/O error,
+        and for an entry that another user could have written)."""
+        check_key(key)
         try:
-            fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+            with self._root_dir() as rfd, self._shard_dir(rfd, key[:2]) as sfd:
+                fd, st = self._open_entry(sfd, key)
+                try:
+                    data = _safefs.read_all(fd, st.st_size)
+                    try:
+                        # On the descriptor: works even if an evictor unlinked the file meanwhile.
+                        os.utime(fd)
+                    except OSError as e:
+                        logger.debug(
+                            "jaxaot directory cache %s: cannot touch %s: %s", self._root, key, e
+                        )
+                finally:
+                    os.close(fd)
+                self._record_hit(sfd, key)
+        except _Refused as r:
+            self._refused(key, r)
+            self._count("misses")
+            return None
         except OSError as e:
             if not isinstance(e, FileNotFoundError | NotADirectoryError):
-                logger.debug("jaxaot directory cache %s: cannot open %s: %s", self._root, key, e)
+                logger.debug("jaxaot directory cache %s: cannot read %s: %s", self._root, key, e)
             self._count("misses")
             return None
-        try:
-            size = os.fstat(fd).st_size
-            chunks: list[bytes] = []
-            got = 0
-            while True:
-                chunk = os.read(fd, max(size - got, 1 << 16))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                got += len(chunk)
-            data = b"".join(chunks)
-            try:
-                # On the descriptor: works even if an evictor unlinked the file meanwhile.
-                os.utime(fd if os.utime in os.supports_fd else path)
-            except OSError as e:
-                logger.debug("jaxaot directory cache %s: cannot touch %s: %s", self._root, key, e)
-        except OSError as e:
-            logger.debug("jaxaot directory cache %s: cannot read %s: %s", self._root, key, e)
-            self._count("misses")
-            return None
-        finally:
-            os.close(fd)
         self._count("hits")
-        self._record_hit(os.fspath(path))
         return data
 
-    def _record_hit(self, path: str) -> None:
+    def peek(self, key: str) -> bytes | None:
+        """The stored bytes of ``key`` without using it (no hit counted, no access time
+        refreshed), for inspection; ``None`` if there is no entry.
+
+        Raises:
+          UntrustedEntryError: the entry, its directory or the root could have been
+            written by another user (and entries are not signed), or the name is a
+            symlink, FIFO, device or directory: it is not read.
+          OSError: it cannot be read.
+        """
+        check_key(key)
+        try:
+            with self._root_dir() as rfd, self._shard_dir(rfd, key[:2]) as sfd:
+                fd, st = self._open_entry(sfd, key)
+                try:
+                    return _safefs.read_all(fd, st.st_size)
+                finally:
+                    os.close(fd)
+        except _Refused as r:
+            raise UntrustedEntryError(errno.EPERM, str(r), key) from None
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def _record_hit(self, shard_fd: int, key: str) -> None:
         try:
             fd = os.open(
-                path + _HITS_SUFFIX,
-                os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW,
+                key + _HITS_SUFFIX,
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK,
                 0o600,
+                dir_fd=shard_fd,
             )
         except OSError:
             return  # a read-only cache still serves hits; the count is best effort
         try:
-            os.write(fd, b".")
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.write(fd, b".")
         except OSError:
             pass
         finally:
             os.close(fd)
 
+    def _stat_in_shard(self, key: str, name: str) -> os.stat_result | None:
+        """``lstat`` of ``name`` in ``key``'s shard (never through a symlink), or ``None``."""
+        check_key(key)
+        try:
+            with self._root_dir() as rfd, self._shard_dir(rfd, key[:2]) as sfd:
+                return stat_nofollow(name, sfd)
+        except (_Refused, OSError):
+            return None
+
     def hit_count(self, key: str) -> int:
         """How many times ``get`` served ``key`` (from any process) since it was written."""
-        try:
-            return os.stat(os.fspath(self.path_for(key)) + _HITS_SUFFIX).st_size
-        except OSError:
-            return 0
+        st = self._stat_in_shard(key, key + _HITS_SUFFIX)
+        return st.st_size if st is not None and stat.S_ISREG(st.st_mode) else 0
 
     @staticmethod
-    def _forget_hits(path: str) -> None:
+    def _forget_hits(shard_fd: int, key: str) -> None:
         try:
-            os.unlink(path + _HITS_SUFFIX)
+            os.unlink(key + _HITS_SUFFIX, dir_fd=shard_fd)
         except OSError:
             pass
 
     def put(self, key: str, value: bytes | bytearray | memoryview) -> None:
         """Stores ``value`` under ``key`` unless an entry is already there.
 
-        An existing entry is kept (its access time refreshed). A value larger
-        than ``max_bytes`` is not stored. I/O errors and a busy lock skip the
-        put, with one warning per cause.
+        An existing entry is kept (its access time refreshed); a symlink, FIFO or
+        other non-file at its name, or a file another user could have written, is
+        replaced. A value larger than ``max_bytes`` is not stored (one warning).
+        I/O errors and a busy lock skip the put, with one warning per cause.
         """
-        path = self.path_for(key)
+        check_key(key)
         if not isinstance(value, bytes | bytearray | memoryview):
             raise TypeError(f"DirectoryCache.put: value must be bytes, got {type(value).__name__}")
         if not isinstance(value, bytes):
             value = bytes(value)
         if len(value) > self.max_bytes:
-            logger.debug(
-                "jaxaot directory cache %s: %s not stored, %d bytes > max_bytes %d",
-                self._root,
-                key,
-                len(value),
-                self.max_bytes,
+            self._count("put_errors")
+            self._warn_once(
+                "larger than max_bytes",
+                f"put of {key} skipped: {len(value)} bytes is more than the whole cache may hold "
+                f"(max_bytes {self.max_bytes}; $JAXAOT_CACHE_MAX_BYTES for the default cache)",
             )
             return
-        spath = os.fspath(path)
-        if self._touch(spath):
-            return
+        shard = key[:2]
         try:
-            _makedirs_private(self._root)
-            with self._filelock:
-                if self._touch(spath):
+            with self._root_dir(create=True) as rfd:
+                if self._touch(rfd, key):
                     return
-                shard = os.path.dirname(spath)
-                _mkdir_private(shard)
-                if not self._make_room(len(value)):
-                    return
-                self._write(spath, value)
+                self._check_lock_file(rfd)
+                with self._filelock:
+                    with self._shard_dir(rfd, shard, create=True) as sfd:
+                        if self._touch_in(sfd, key):
+                            return
+                    if not self._make_room(rfd, len(value)):
+                        return
+                    with self._shard_dir(rfd, shard, create=True) as sfd:
+                        self._write(sfd, key, value)
         except filelock.Timeout:
             self._count("lock_timeouts")
             self._warn_once(
@@ -389,6 +503,10 @@ class DirectoryCache(WarnOnce):
                 f"put of {key} skipped: the writers' lock {self._lock_path} was busy "
                 f"for {self.lock_timeout:g}s",
             )
+            return
+        except _Refused as r:
+            self._count("put_errors")
+            self._warn_once(r.cause, f"{r} (put of {key[:16]} skipped)")
             return
         except OSError as e:
             self._count("put_errors")
@@ -398,41 +516,56 @@ class DirectoryCache(WarnOnce):
 
     def delete(self, key: str) -> bool:
         """Removes the entry under ``key``; returns whether one was removed."""
-        path = self.path_for(key)
-        self._forget_hits(os.fspath(path))
+        check_key(key)
         try:
-            os.unlink(path)
+            with self._root_dir() as rfd, self._shard_dir(rfd, key[:2]) as sfd:
+                self._forget_hits(sfd, key)
+                st = stat_nofollow(key, sfd)
+                if stat.S_ISDIR(st.st_mode):
+                    return False
+                return _safefs.unlink(key, sfd)
+        except _Refused as r:
+            self._warn_once(r.cause, f"{r} (delete of {key[:16]} skipped)")
+            return False
         except OSError as e:
             if not isinstance(e, FileNotFoundError | NotADirectoryError):
                 logger.debug("jaxaot directory cache %s: cannot delete %s: %s", self._root, key, e)
             return False
-        return True
 
     def keys(self) -> list[str]:
         """The keys of the stored entries (temp, lock and foreign files are ignored)."""
-        return sorted(os.path.basename(e.path) for e in self._scan(clean=False).entries)
+        return sorted(e.name for e in self._scan_root(clean=False).entries)
 
     def clear(self) -> None:
-        """Removes every entry and every quarantined entry."""
-        for e in self._scan(clean=True).entries:
-            self._forget_hits(e.path)
-            try:
-                os.unlink(e.path)
-            except OSError as exc:
-                if not isinstance(exc, FileNotFoundError):
-                    logger.debug(
-                        "jaxaot directory cache %s: cannot delete %s: %s", self._root, e.path, exc
-                    )
-        qdir = os.path.join(self._root, _QUARANTINE_DIR)
-        for name in self._listdir(qdir):
-            try:
-                os.unlink(os.path.join(qdir, name))
-            except OSError:
-                pass
+        """Removes every entry and every quarantined entry (regular files inside the
+        root only: a symlinked shard or quarantine directory is not followed)."""
+        try:
+            with self._root_dir() as rfd:
+                for e in self._scan(rfd, clean=True).entries:
+                    self._unlink_entry(rfd, e)
+                try:
+                    with opened_dir(_QUARANTINE_DIR, rfd) as qfd:
+                        for name in os.listdir(qfd):
+                            try:
+                                if stat.S_ISREG(stat_nofollow(name, qfd).st_mode):
+                                    os.unlink(name, dir_fd=qfd)
+                            except OSError:
+                                pass
+                except OSError as e:
+                    if _not_a_real_dir(e):
+                        self._warn_once(
+                            "quarantine not a directory",
+                            f"{os.path.join(self._root, _QUARANTINE_DIR)} is a symlink or not "
+                            "a directory; not clearing through it",
+                        )
+        except _Refused as r:
+            self._warn_once(r.cause, f"{r} (clear skipped)")
+        except OSError as e:
+            logger.debug("jaxaot directory cache %s: cannot clear: %s", self._root, e)
 
     def stats(self) -> dict[str, Any]:
         """Entries, bytes, temp files on disk and this instance's counters."""
-        scan = self._scan(clean=False)
+        scan = self._scan_root(clean=False)
         with self._state_lock:
             counters = dict(self._counters)
         return {
@@ -449,35 +582,38 @@ class DirectoryCache(WarnOnce):
 
     def access_time(self, key: str) -> float | None:
         """When ``key`` was last read or written (its mtime), or ``None`` if absent."""
-        try:
-            return os.stat(self.path_for(key), follow_symlinks=False).st_mtime
-        except OSError:
-            return None
+        st = self._stat_in_shard(key, key)
+        return st.st_mtime if st is not None and stat.S_ISREG(st.st_mode) else None
 
-    def quarantine(self, key: str) -> None:
+    def quarantine(self, key: str, *, force: bool = False) -> None:
         """Moves a bad entry out of the way (or deletes it); never raises for I/O errors.
 
         The entry goes to ``<root>/quarantine/<key>.<ns>`` for inspection; once
-        that directory holds :data:`QUARANTINE_MAX_FILES` files, bad entries are
-        deleted instead.
+        that directory holds :data:`QUARANTINE_MAX_FILES` files (or if it is not a
+        real directory), bad entries are deleted instead.
+
+        An entry that is sound but cannot be checked here (signed with another
+        key, unsigned while this process has a key, signed while it has none, or
+        of another format version) is left alone unless ``force``: it is good
+        for the processes that wrote it.
         """
-        path = os.fspath(self.path_for(key))
-        qdir = os.path.join(self._root, _QUARANTINE_DIR)
+        check_key(key)
         try:
-            _mkdir_private(qdir)
-            if len(self._listdir(qdir)) < QUARANTINE_MAX_FILES:
-                target = os.path.join(qdir, f"{key}.{time.time_ns()}")
-                os.replace(path, target)
-                self._forget_hits(path)
-                try:
-                    os.chmod(target, 0o600)
-                except OSError:
-                    pass
-                logger.debug(
-                    "jaxaot directory cache %s: quarantined %s to %s", self._root, key, target
-                )
-                return
+            with self._root_dir() as rfd, self._shard_dir(rfd, key[:2]) as sfd:
+                if not force and not self._removable(sfd, key):
+                    logger.debug(
+                        "jaxaot directory cache %s: left %s alone (sound, but not checkable by "
+                        "this process)",
+                        self._root,
+                        key,
+                    )
+                    return
+                if self._move_to_quarantine(rfd, sfd, key):
+                    return
         except FileNotFoundError:
+            return
+        except _Refused as r:
+            self._warn_once(r.cause, f"{r} (quarantine of {key[:16]} skipped)")
             return
         except OSError as e:
             logger.debug("jaxaot directory cache %s: cannot quarantine %s: %s", self._root, key, e)
@@ -486,26 +622,105 @@ class DirectoryCache(WarnOnce):
 
     # -- internals -------------------------------------------------------------
 
-    def _touch(self, path: str) -> bool:
+    def _removable(self, shard_fd: int, key: str) -> bool:
+        """Whether the stored bytes of ``key`` may be quarantined: anything but a sound
+        entry that this process cannot check (see :meth:`quarantine`)."""
+        try:
+            data, _ = _safefs.read_regular(key, shard_fd)
+        except NotRegularFileError:
+            return True  # not an entry at all
+        from .._entry import removable
+
+        return removable(data)
+
+    def _move_to_quarantine(self, root_fd: int, shard_fd: int, key: str) -> bool:
+        """Renames the entry into the quarantine directory; returns whether it did."""
+        try:
+            qfd = open_dir(_QUARANTINE_DIR, root_fd, create=True)
+        except OSError as e:
+            logger.debug("jaxaot directory cache %s: no quarantine directory: %s", self._root, e)
+            return False
+        try:
+            if untrusted_writer(os.fstat(qfd)) is not None or (
+                len(os.listdir(qfd)) >= QUARANTINE_MAX_FILES
+            ):
+                return False
+            target = f"{key}.{time.time_ns()}"
+            os.rename(key, target, src_dir_fd=shard_fd, dst_dir_fd=qfd)
+            self._forget_hits(shard_fd, key)
+            logger.debug(
+                "jaxaot directory cache %s: quarantined %s to %s",
+                self._root,
+                key,
+                os.path.join(self._root, _QUARANTINE_DIR, target),
+            )
+            return True
+        finally:
+            os.close(qfd)
+
+    def _check_lock_file(self, root_fd: int) -> None:
+        """Makes sure ``.lock`` is a regular file (created here, never through a link)
+        before ``filelock`` opens it by name."""
+        try:
+            fd = os.open(
+                _LOCK_NAME,
+                os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK,
+                0o600,
+                dir_fd=root_fd,
+            )
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                raise _Refused(
+                    "lock not a regular file",
+                    f"the writers' lock {self._lock_path} is not a regular file; not writing",
+                ) from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise _Refused(
+                    "lock not a regular file",
+                    f"the writers' lock {self._lock_path} is not a regular file; not writing",
+                )
+            if stat.S_IMODE(st.st_mode) != 0o600 and st.st_uid == os.getuid():
+                os.fchmod(fd, 0o600)  # the umask may have narrowed it
+        finally:
+            os.close(fd)
+
+    def _touch(self, root_fd: int, key: str) -> bool:
         """Refreshes an existing entry's access time; returns whether it exists."""
         try:
-            os.utime(path, follow_symlinks=False)
+            with self._shard_dir(root_fd, key[:2]) as sfd:
+                return self._touch_in(sfd, key)
+        except (FileNotFoundError, _Refused):
+            return False
+
+    def _touch_in(self, shard_fd: int, key: str) -> bool:
+        """:meth:`_touch` within the shard: only a trusted regular file counts."""
+        try:
+            st = stat_nofollow(key, shard_fd)
         except FileNotFoundError:
             return False
+        if not stat.S_ISREG(st.st_mode):
+            return False  # a symlink, FIFO...: replaced by the write
+        if untrusted_writer(st) is not None and not signing():
+            return False  # planted by someone else: replaced by the write
+        try:
+            os.utime(key, dir_fd=shard_fd, follow_symlinks=False)
         except OSError:
-            # Present but not touchable (a read-only disk): it still exists.
-            return os.path.lexists(path)
+            pass  # present but not touchable (a read-only disk): it still exists
         return True
 
-    @staticmethod
-    def _listdir(path: str) -> list[str]:
+    def _scan_root(self, *, clean: bool) -> _Scan:
         try:
-            return os.listdir(path)
-        except OSError:
-            return []
+            with self._root_dir() as rfd:
+                return self._scan(rfd, clean=clean)
+        except (_Refused, OSError):
+            return _Scan([], 0, 0)
 
-    def _scan(self, *, clean: bool) -> _Scan:
+    def _scan(self, root_fd: int, *, clean: bool) -> _Scan:
         """Lists entries (and counts temp files); tolerates files vanishing meanwhile.
+        Only real shard directories and regular files count; nothing is followed.
 
         With ``clean``, temp files older than :data:`TEMP_MAX_AGE` are removed.
         """
@@ -514,47 +729,73 @@ class DirectoryCache(WarnOnce):
         temp_bytes = 0
         now = time.time()
         try:
-            shards = [d.name for d in os.scandir(self._root) if _is_shard_name(d.name)]
+            with os.scandir(root_fd) as it:
+                shards = [
+                    d.name for d in it if _is_shard_name(d.name) and d.is_dir(follow_symlinks=False)
+                ]
         except OSError:
             return _Scan(entries, 0, 0)
         for shard in shards:
-            sdir = os.path.join(self._root, shard)
             try:
-                it = list(os.scandir(sdir))
+                sfd = open_dir(shard, root_fd)
             except OSError:
                 continue
-            for f in it:
-                name = f.name
-                try:
-                    st = f.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if not stat.S_ISREG(st.st_mode):
-                    continue
-                if name.startswith(_TEMP_PREFIX):
-                    if clean and abs(now - st.st_mtime) > TEMP_MAX_AGE:
-                        try:
-                            os.unlink(f.path)
-                            logger.debug(
-                                "jaxaot directory cache %s: removed orphan %s", self._root, f.path
-                            )
-                            continue
-                        except OSError:
-                            pass
-                    temps += 1
-                    temp_bytes += st.st_size
-                elif _is_key_name(name, shard):
-                    entries.append(_Entry(st.st_mtime, st.st_size, f.path))
+            try:
+                with os.scandir(sfd) as it:
+                    files = list(it)
+                for f in files:
+                    name = f.name
+                    try:
+                        st = f.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    if name.startswith(_TEMP_PREFIX):
+                        if clean and abs(now - st.st_mtime) > TEMP_MAX_AGE:
+                            try:
+                                os.unlink(name, dir_fd=sfd)
+                                logger.debug(
+                                    "jaxaot directory cache %s: removed orphan %s/%s",
+                                    self._root,
+                                    shard,
+                                    name,
+                                )
+                                continue
+                            except OSError:
+                                pass
+                        temps += 1
+                        temp_bytes += st.st_size
+                    elif _is_key_name(name, shard):
+                        entries.append(_Entry(st.st_mtime, st.st_size, shard, name))
+            except OSError:
+                continue
+            finally:
+                os.close(sfd)
         return _Scan(entries, temps, temp_bytes)
 
-    def _make_room(self, incoming: int) -> bool:
+    def _unlink_entry(self, root_fd: int, e: _Entry) -> bool:
+        """Removes a scanned entry (through a freshly opened shard descriptor, so a
+        shard swapped for a symlink meanwhile is not followed)."""
+        try:
+            with opened_dir(e.shard, root_fd) as sfd:
+                self._forget_hits(sfd, e.name)
+                return _safefs.unlink(e.name, sfd)
+        except OSError as exc:
+            if not isinstance(exc, FileNotFoundError):
+                logger.debug(
+                    "jaxaot directory cache %s: cannot delete %s: %s", self._root, e.name, exc
+                )
+            return False
+
+    def _make_room(self, root_fd: int, incoming: int) -> bool:
         """Evicts least recently used entries until ``incoming`` more bytes fit.
 
         Called with the writers' lock held. Entries dated more than
         :data:`FUTURE_SLACK` ahead (a skewed clock) go first. Returns whether
         the value now fits.
         """
-        scan = self._scan(clean=True)
+        scan = self._scan(root_fd, clean=True)
         total = sum(e.size for e in scan.entries)
         if total + incoming <= self.max_bytes:
             return True
@@ -566,21 +807,18 @@ class DirectoryCache(WarnOnce):
         for e in victims:
             if total + incoming <= self.max_bytes:
                 break
-            self._forget_hits(e.path)
-            try:
-                os.unlink(e.path)
+            if self._unlink_entry(root_fd, e):
                 evicted += 1
-            except FileNotFoundError:
-                pass  # deleted by someone else meanwhile: the space is free all the same
+            # deleted by someone else meanwhile: the space is free all the same
             total -= e.size
         if evicted:
             self._count("evictions", evicted)
             logger.debug("jaxaot directory cache %s: evicted %d entries", self._root, evicted)
         return total + incoming <= self.max_bytes
 
-    def _write(self, path: str, value: bytes) -> None:
-        """Writes ``value`` to ``path`` atomically (temp file, fsync, rename)."""
-        directory = os.path.dirname(path)
-        tmp = os.path.join(directory, f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
-        write_and_replace(tmp, path, value, 0o600)
-        _fsync_dir(directory)
+    def _write(self, shard_fd: int, key: str, value: bytes) -> None:
+        """Writes ``value`` as the entry ``key`` atomically (temp file, fsync, rename),
+        within the shard's descriptor."""
+        tmp = f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        _safefs.write_new_and_replace(tmp, key, value, 0o600, dir_fd=shard_fd)
+        _safefs.fsync_dir(shard_fd)

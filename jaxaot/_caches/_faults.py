@@ -91,5 +91,9 @@ class FaultTracking(WarnOnce):
             with self._state_lock:
                 self._down_until = time.monotonic() + self.backoff
             action = f"skipping the {self._peer} for a while"
-        text = " ".join(str(e).split())[:200] or type(e).__name__
+        text = self._redact_text(" ".join(str(e).split()))[:200] or type(e).__name__
         self._warn_once(cause, f"{what} failed ({cause}: {text}); {action}")
+
+    def _redact_text(self, text: str) -> str:
+        """``text`` with any credential of this store taken out (backends override)."""
+        return text

@@ -26,9 +26,17 @@ Guarantees:
   round trip per put: for large buckets prefer the store's own lifecycle rules.
 
 fsspec is imported when a cache is made; cloud drivers (``gcsfs``, ``s3fs``,
-``adlfs``) are the user's own installs. Anyone who can write to the store can
-plant an entry that becomes code in the reader: set ``$JAXAOT_CACHE_HMAC_KEY``
-in every process that shares it.
+``adlfs``) are the user's own installs.
+
+Trust (see ``_trust``): anyone who can write to the store can plant an entry
+that becomes code in the reader, so set ``$JAXAOT_CACHE_HMAC_KEY`` in every
+process that shares it. Without a key, a local path (``file://``) is held to
+the directory cache's rules: the root, each shard directory and each entry file
+must be owned by this user (or root) and not group- or world-writable, else it
+is refused (a miss or a skipped put, one warning per cause); a remote store
+(not ``memory://``) logs one loud warning per process. On local paths nothing
+is followed or opened unless it is a real directory or a regular file, and
+deletions act only inside the root.
 """
 
 from __future__ import annotations
@@ -40,11 +48,14 @@ import os
 import posixpath
 import re
 import secrets
+import stat
 from typing import Any
 
-from ._directory import write_and_replace
+from . import _safefs
 from ._faults import FaultTracking
 from ._protocol import check_key
+from ._safefs import NotRegularFileError, open_dir, stat_nofollow
+from ._trust import signing, untrusted_writer, warn_unsigned_remote
 
 __all__ = ["FsspecCache"]
 
@@ -57,9 +68,35 @@ OBJECT_STORE_PROTOCOLS = frozenset(
 DEFAULT_BACKOFF = 1.0
 
 _KEY_RE = re.compile(r"^[0-9a-f]{16,128}$")
+_SHARD_RE = re.compile(r"^[0-9a-f]{2}$")
 _TEMP_PREFIX = ".tmp-"
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_LOCAL_PREFIXES = ("file://", "local://", "file:", "local:")
+
+
+class _Refused(Exception):
+    """A local directory or file that this process does not use (internal)."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def _local_path(url: str) -> str:
+    """The path a local fsspec URL names. Raises ValueError unless it is absolute
+    (``file://`` alone, an unset variable, would otherwise mean the current directory)."""
+    raw = url.split("::")[-1]
+    for prefix in _LOCAL_PREFIXES:
+        if raw.startswith(prefix):
+            raw = raw[len(prefix) :]
+            break
+    if not raw.startswith("/") or not raw.strip("/"):
+        raise ValueError(
+            f"FsspecCache: {url!r:.80} names no absolute directory; a local store is "
+            "file:///absolute/path (three slashes)"
+        )
+    return raw
+
+
 _TIME_FIELDS = ("mtime", "LastModified", "last_modified", "updated", "modified", "created")
 
 
@@ -90,6 +127,12 @@ def _redact(url: str) -> str:
     from ._redis import redact_url
 
     return redact_url(url)
+
+
+def _secrets_of(url: str) -> list[str]:
+    from ._redis import _url_secrets
+
+    return _url_secrets(url)
 
 
 class FsspecCache(FaultTracking):
@@ -138,8 +181,10 @@ class FsspecCache(FaultTracking):
         if isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 0:
             raise ValueError(f"FsspecCache: backoff must be a non-negative number, got {backoff!r}")
         self.url = _redact(url)
+        self._secrets = _secrets_of(url)
         self.max_bytes = max_bytes
         self.backoff = float(backoff)
+        signing()  # an empty $JAXAOT_CACHE_HMAC_KEY is a configuration error: raise now
         fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         self.fs = fs
         protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
@@ -147,12 +192,24 @@ class FsspecCache(FaultTracking):
         from fsspec.implementations.local import LocalFileSystem
 
         self._local = isinstance(fs, LocalFileSystem)
+        if self._local:
+            _local_path(url)
         self._direct = not self._local and bool(OBJECT_STORE_PROTOCOLS.intersection(protocols))
         root = str(root).rstrip("/")
         self._root = root
         self._init_faults(
-            {"hits": 0, "misses": 0, "puts": 0, "evictions": 0, "errors": 0, "skipped_offline": 0}
+            {
+                "hits": 0,
+                "misses": 0,
+                "puts": 0,
+                "evictions": 0,
+                "errors": 0,
+                "skipped_offline": 0,
+                "refused": 0,
+            }
         )
+        if not self._local and self.protocol != "memory":
+            warn_unsigned_remote("fsspec", self.url)
 
     def __repr__(self) -> str:
         return f"FsspecCache({self.url!r})"
@@ -164,6 +221,11 @@ class FsspecCache(FaultTracking):
 
     def _cause(self, e: BaseException) -> str:
         return _cause(e)
+
+    def _redact_text(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def path_of(self, key: str) -> str:
         """The object name (without protocol) that holds the entry for ``key``."""
@@ -179,6 +241,8 @@ class FsspecCache(FaultTracking):
 
     def _list(self) -> dict[str, dict[str, Any]]:
         """``{key: info}`` of the stored entries. Raises on faults."""
+        if self._local:
+            return self._local_list()
         try:
             found = self.fs.find(self._root, detail=True)
         except FileNotFoundError:
@@ -199,8 +263,13 @@ class FsspecCache(FaultTracking):
             self._count("misses")
             return None
         try:
-            data = self.fs.cat_file(path)
+            data = self._local_read(key) if self._local else self.fs.cat_file(path)
         except FileNotFoundError:
+            self._count("misses")
+            return None
+        except _Refused as r:
+            self._count("refused")
+            self._warn_once(r.cause, f"{r} (entry {key[:16]}: a miss)")
             self._count("misses")
             return None
         except Exception as e:  # any driver's fault: a miss
@@ -217,27 +286,33 @@ class FsspecCache(FaultTracking):
             raise TypeError(f"FsspecCache.put: value must be bytes, got {type(value).__name__}")
         value = bytes(value)
         if self.max_bytes is not None and len(value) > self.max_bytes:
-            logger.debug(
-                "jaxaot fsspec cache %s: %s not stored, %d bytes > max_bytes %d",
-                self.url,
-                key[:16],
-                len(value),
-                self.max_bytes,
+            self._warn_once(
+                "larger than max_bytes",
+                f"put of {key[:16]} skipped: {len(value)} bytes is more than the whole "
+                f"store may hold (max_bytes {self.max_bytes})",
             )
             return
         if not self._available(f"put of {key[:16]}"):
             return
         try:
-            if self.fs.exists(path):
-                return
-            if self.max_bytes is not None:
-                self._make_room(len(value))
             if self._local:
-                self._write_local(path, value)
-            elif self._direct:
-                self.fs.pipe_file(path, value)
+                if self._local_exists(key):
+                    return
+                if self.max_bytes is not None:
+                    self._make_room(len(value))
+                self._write_local(key, value)
             else:
-                self._write_moved(path, value)
+                if self.fs.exists(path):
+                    return
+                if self.max_bytes is not None:
+                    self._make_room(len(value))
+                if self._direct:
+                    self.fs.pipe_file(path, value)
+                else:
+                    self._write_moved(path, value)
+        except _Refused as r:
+            self._warn_once(r.cause, f"{r} (put of {key[:16]} skipped)")
+            return
         except Exception as e:  # any driver's fault: the put is skipped
             self._fault(f"put of {key[:16]}", e)
             return
@@ -249,8 +324,13 @@ class FsspecCache(FaultTracking):
         if not self._available(f"delete of {key[:16]}"):
             return False
         try:
+            if self._local:
+                return self._local_unlink(key)
             self.fs.rm_file(path)
         except FileNotFoundError:
+            return False
+        except _Refused as r:
+            self._warn_once(r.cause, f"{r} (delete of {key[:16]} skipped)")
             return False
         except Exception as e:
             self._fault(f"delete of {key[:16]}", e)
@@ -278,8 +358,10 @@ class FsspecCache(FaultTracking):
             return
         for key in entries:
             try:
-                self.fs.rm_file(self.path_of(key))
+                self._remove(key)
             except FileNotFoundError:
+                pass
+            except _Refused:
                 pass
             except Exception as e:
                 self._fault("clear", e)
@@ -310,8 +392,18 @@ class FsspecCache(FaultTracking):
 
     # -- extras --------------------------------------------------------------
 
-    def quarantine(self, key: str) -> None:
-        """Removes a bad entry."""
+    def quarantine(self, key: str, *, force: bool = False) -> None:
+        """Removes a bad entry. Unless ``force``, a sound entry that this process cannot
+        check (signed with another key...) is left alone."""
+        if not force:
+            blob = self.get(key)
+            if blob is None:
+                return
+            from .._entry import removable
+
+            if not removable(blob):
+                logger.debug("jaxaot fsspec cache %s: left %s alone", self.url, key[:16])
+                return
         if self.delete(key):
             logger.debug("jaxaot fsspec cache %s: deleted bad entry %s", self.url, key[:16])
 
@@ -322,12 +414,154 @@ class FsspecCache(FaultTracking):
             posixpath.dirname(path), f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         )
 
-    def _write_local(self, path: str, value: bytes) -> None:
+    # -- local paths: no symlink followed, only trusted files read -------------------
+
+    def _trusted(self, st: os.stat_result, what: str) -> None:
+        why = untrusted_writer(st)
+        if why is not None and not signing():
+            raise _Refused(
+                f"untrusted {what.split()[0]}",
+                f"{what} is {why}, and entries are not signed ($JAXAOT_CACHE_HMAC_KEY); "
+                "not using it (another user could have planted code there)",
+            )
+
+    def _local_dir(self, shard: str | None = None, *, create: bool = False) -> int:
+        """A checked descriptor of the root, or of one shard directory below it."""
+        try:
+            try:
+                rfd = open_dir(self._root)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.makedirs(self._root, exist_ok=True)
+                rfd = open_dir(self._root)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise _Refused("root not a directory", f"{self._root} is not a directory") from e
+            raise
+        try:
+            self._trusted(os.fstat(rfd), f"root directory {self._root}")
+            if shard is None:
+                return rfd
+            try:
+                sfd = open_dir(shard, rfd, create=create)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _Refused(
+                        "shard not a directory",
+                        f"{self._root}/{shard} is a symlink or not a directory; not following it",
+                    ) from e
+                raise
+            try:
+                if create:
+                    try:
+                        os.fchmod(sfd, 0o755)  # shared stores: readable by the other users
+                    except OSError:
+                        pass
+                self._trusted(os.fstat(sfd), f"shard directory {self._root}/{shard}")
+            except BaseException:
+                os.close(sfd)
+                raise
+            return sfd
+        finally:
+            if shard is not None:
+                os.close(rfd)
+
+    def _local_read(self, key: str) -> bytes:
+        sfd = self._local_dir(key[:2])
+        try:
+            try:
+                fd, st = _safefs.open_regular(key, sfd)
+            except NotRegularFileError as e:
+                raise _Refused(
+                    "entry not a regular file",
+                    f"{self._root}/{key[:2]}/{key} is {e.strerror}; not opening it",
+                ) from e
+            try:
+                self._trusted(st, f"entry file {self._root}/{key[:2]}/{key}")
+                return _safefs.read_all(fd, st.st_size)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(sfd)
+
+    def _local_exists(self, key: str) -> bool:
+        """Whether a trusted regular entry file is there (anything else is replaced)."""
+        try:
+            sfd = self._local_dir(key[:2])
+        except FileNotFoundError:
+            return False
+        try:
+            st = stat_nofollow(key, sfd)
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(sfd)
+        return stat.S_ISREG(st.st_mode) and (untrusted_writer(st) is None or signing())
+
+    def _write_local(self, key: str, value: bytes) -> None:
         """Temp file in the entry's directory, fsync, rename: atomic on POSIX filesystems."""
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        tmp = self._temp_name(path)
-        write_and_replace(tmp, path, value, 0o644)
+        sfd = self._local_dir(key[:2], create=True)
+        try:
+            tmp = f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+            _safefs.write_new_and_replace(tmp, key, value, 0o644, dir_fd=sfd)
+        finally:
+            os.close(sfd)
+
+    def _local_unlink(self, key: str) -> bool:
+        try:
+            sfd = self._local_dir(key[:2])
+        except FileNotFoundError:
+            return False
+        try:
+            if stat.S_ISDIR(stat_nofollow(key, sfd).st_mode):
+                return False
+            return _safefs.unlink(key, sfd)
+        finally:
+            os.close(sfd)
+
+    def _local_list(self) -> dict[str, dict[str, Any]]:
+        """``{key: {"size", "mtime"}}`` of the regular entry files in real shard directories."""
+        try:
+            rfd = self._local_dir()
+        except FileNotFoundError:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        try:
+            with os.scandir(rfd) as it:
+                shards = [
+                    d.name
+                    for d in it
+                    if _SHARD_RE.match(d.name) and d.is_dir(follow_symlinks=False)
+                ]
+            for shard in shards:
+                try:
+                    sfd = open_dir(shard, rfd)
+                except OSError:
+                    continue
+                try:
+                    with os.scandir(sfd) as it:
+                        for f in it:
+                            if not (_KEY_RE.match(f.name) and f.name.startswith(shard)):
+                                continue
+                            try:
+                                st = f.stat(follow_symlinks=False)
+                            except OSError:
+                                continue
+                            if stat.S_ISREG(st.st_mode):
+                                out[f.name] = {"size": st.st_size, "mtime": st.st_mtime}
+                finally:
+                    os.close(sfd)
+        finally:
+            os.close(rfd)
+        return out
+
+    def _remove(self, key: str) -> bool:
+        """Deletes an entry (for ``clear`` and eviction); raises on faults."""
+        if self._local:
+            return self._local_unlink(key)
+        self.fs.rm_file(self.path_of(key))
+        return True
 
     def _write_moved(self, path: str, value: bytes) -> None:
         """Temp object, then a move (a rename where the filesystem has one)."""
@@ -359,9 +593,9 @@ class FsspecCache(FaultTracking):
             if total + incoming <= self.max_bytes:
                 break
             try:
-                self.fs.rm_file(self.path_of(key))
-                evicted += 1
-            except FileNotFoundError:
+                if self._remove(key):
+                    evicted += 1
+            except (FileNotFoundError, _Refused):
                 pass
             total -= int(listed[key].get("size") or 0)
         if evicted:

@@ -6,17 +6,18 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from ._faults import WarnOnce
 from ._protocol import check_key
 
 DEFAULT_MEMORY_BYTES = 1 << 30
 
 
-class MemoryCache:
+class MemoryCache(WarnOnce):
     """A byte cache held in this process, least recently used evicted first.
 
     Args:
       max_bytes: the most bytes of values kept at once. A value larger than
-        this is not stored.
+        this is not stored (one warning per cache).
 
     Example::
 
@@ -35,9 +36,14 @@ class MemoryCache:
         self._bytes = 0
         self._lock = threading.Lock()
         self._counters = {"hits": 0, "misses": 0, "puts": 0, "evictions": 0}
+        self._state_lock = threading.Lock()
+        self._warned: set[str] = set()
 
     def __repr__(self) -> str:
         return f"MemoryCache(max_bytes={self.max_bytes})"
+
+    def _log_prefix(self) -> str:
+        return "memory cache"
 
     def get(self, key: str) -> bytes | None:
         check_key(key)
@@ -57,6 +63,11 @@ class MemoryCache:
             raise TypeError(f"MemoryCache.put: value must be bytes, got {type(value).__name__}")
         value = bytes(value)
         if len(value) > self.max_bytes:
+            self._warn_once(
+                "larger than max_bytes",
+                f"put of {key[:16]} skipped: {len(value)} bytes is more than the whole cache "
+                f"may hold (max_bytes {self.max_bytes})",
+            )
             return
         with self._lock:
             old = self._data.pop(key, None)

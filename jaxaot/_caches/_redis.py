@@ -11,13 +11,20 @@ Guarantees:
   (Redis applies each ``SET`` atomically).
 * ``keys``/``clear``/``stats`` walk the prefix with ``SCAN`` (never ``KEYS``)
   and only touch names under the prefix that are valid cache keys.
-* Every socket operation is bounded by ``timeout`` (connect and read), and the
-  client does not retry on its own, so no call blocks for much longer.
+* Every call has an overall deadline: ``get``, ``put`` and ``delete`` end
+  within about ``timeout`` seconds (``keys``, ``clear`` and ``stats``, which
+  walk the database, within ``LIST_DEADLINE_FACTOR`` times that), however
+  slowly the server trickles its reply: every socket read and write is given
+  only the time left. The client does not retry on its own.
 * Faults never raise from the protocol methods: a server that is down, slow,
-  out of memory (``OOM``), read-only (a replica), refusing authentication, or
-  any other ``redis.RedisError``/``OSError`` makes ``get`` a miss, ``put`` a
-  no-op, ``keys`` empty, ``delete`` false. Each cause is logged once per cache
-  instance as a WARNING on the ``jaxaot`` logger, later occurrences at DEBUG.
+  out of memory (``OOM``), read-only (a replica), refusing authentication,
+  answering garbage or with the wrong type, or any other fault of the server
+  or the client library makes ``get`` a miss, ``put`` a no-op, ``keys``
+  empty, ``delete`` false. Each cause is logged once per cache instance as a
+  WARNING on the ``jaxaot`` logger, later occurrences at DEBUG.
+* Credentials never show: the password in the URL (``redis://:PASSWORD@...``,
+  ``?password=...``) is replaced by ``***`` in ``url``, ``repr``, ``stats``,
+  warnings and errors.
 * After a connection failure or a timeout the cache *backs off*: for
   ``backoff`` seconds (default 1 s) calls do not contact the server at all
   (they miss or skip immediately), then the next call tries again; once the
@@ -25,25 +32,37 @@ Guarantees:
 
 Entries become code in the reading process: anyone who can write to the Redis
 database can plant one. Set ``$JAXAOT_CACHE_HMAC_KEY`` (the same secret in
-every process) so that entries are signed and foreign ones are refused.
+every process) so that entries are signed and foreign ones are refused; without
+it the first RedisCache of a process logs one loud warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import threading
+import time
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 from ._faults import FaultTracking
 from ._protocol import check_key
+from ._trust import warn_unsigned_remote
 
-__all__ = ["DEFAULT_BACKOFF", "RedisCache", "redact_url"]
+__all__ = ["DEFAULT_BACKOFF", "LIST_DEADLINE_FACTOR", "RedisCache", "redact_url"]
 
 logger = logging.getLogger("jaxaot")
 
 #: Seconds during which a cache that lost its server does not try to reach it again.
 DEFAULT_BACKOFF = 1.0
+#: ``keys``, ``clear`` and ``stats`` may take this many times ``timeout`` in all.
+LIST_DEADLINE_FACTOR = 10.0
+#: Query parameters of a URL that hold secrets.
+_SECRET_PARAMS = frozenset(
+    {"password", "pass", "passwd", "pwd", "secret", "token", "auth", "access_token", "key"}
+)
 
 _KEY_RE = re.compile(r"^[0-9a-f]{16,128}$")
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
@@ -51,24 +70,114 @@ _SCAN_COUNT = 1000
 _BATCH = 500
 
 
-def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``."""
+def _url_secrets(url: str) -> list[str]:
+    """The secrets in ``url``: its password and secret-named query parameters."""
     try:
         parts = urllib.parse.urlsplit(url)
+        found = [parts.password] if parts.password else []
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return []
+    found += [v for k, v in query if k.lower() in _SECRET_PARAMS and v]
+    for text in list(found):  # as they may appear in the URL itself
+        quoted = urllib.parse.quote(text, safe="")
+        if quoted != text:
+            found.append(quoted)
+    return sorted(set(found), key=len, reverse=True)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password and secret query parameters replaced by ``***``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        password = parts.password
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     except ValueError:
         return "<unparsable url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = f"{user}:***@{host}" + (f":{port}" if port is not None else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    if password is not None:
+        user = parts.username or ""
+        try:
+            host = parts.hostname or ""
+            port = parts.port
+        except ValueError:
+            host, port = "<host>", None
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = f"{user}:***@{host}" + (f":{port}" if port is not None else "")
+        parts = parts._replace(netloc=netloc)
+    if any(k.lower() in _SECRET_PARAMS for k, _ in query):
+        redacted = [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in query]
+        parts = parts._replace(query=urllib.parse.urlencode(redacted, safe="*"))
+    text = urllib.parse.urlunsplit(parts)
+    for secret in _url_secrets(url):  # anywhere else (a malformed URL)
+        text = text.replace(secret, "***")
+    return text
+
+
+class _Deadline(threading.local):
+    """When the current call of this thread must be over (``time.monotonic``), or ``None``."""
+
+    at: float | None = None
+
+
+class _DeadlineSocket:
+    """A socket whose blocking reads and writes get only the time left until the
+    call's deadline: a server that trickles its reply cannot stretch a call."""
+
+    def __init__(self, sock: Any, deadline: _Deadline) -> None:
+        self._sock = sock
+        self._deadline = deadline
+        self._timeout = sock.gettimeout()
+
+    def settimeout(self, value: float | None) -> None:
+        self._timeout = value
+        self._sock.settimeout(value)
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    @contextlib.contextmanager
+    def _bounded(self) -> Iterator[None]:
+        at = self._deadline.at
+        if at is None or self._timeout == 0:  # no deadline, or a non-blocking poll
+            yield
+            return
+        left = at - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the call's deadline passed")
+        self._sock.settimeout(left if self._timeout is None else min(self._timeout, left))
+        try:
+            yield
+        finally:
+            self._sock.settimeout(self._timeout)
+
+    def recv(self, *args: Any) -> Any:
+        with self._bounded():
+            return self._sock.recv(*args)
+
+    def recv_into(self, *args: Any) -> Any:
+        with self._bounded():
+            return self._sock.recv_into(*args)
+
+    def sendall(self, *args: Any) -> Any:
+        with self._bounded():  # a timeout bounds the whole of sendall
+            return self._sock.sendall(*args)
+
+    def send(self, *args: Any) -> Any:
+        with self._bounded():
+            return self._sock.send(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def _deadline_connection_class(base: type, deadline: _Deadline) -> type:
+    """``base`` (the client's connection class) with its sockets under ``deadline``."""
+
+    def _connect(self: Any) -> Any:
+        return _DeadlineSocket(base._connect(self), deadline)  # type: ignore[attr-defined]
+
+    return type(f"Deadline{base.__name__}", (base,), {"_connect": _connect})
 
 
 class RedisCache(FaultTracking):
@@ -81,7 +190,9 @@ class RedisCache(FaultTracking):
         database do not see each other's entries.
       ttl: if given, seconds after which an entry written by this cache
         expires (set once, at ``put``; reads do not extend it).
-      timeout: seconds allowed to connect and for each reply.
+      timeout: seconds one ``get``/``put``/``delete`` may take in all (connecting
+        included); ``keys``/``clear``/``stats`` may take ``LIST_DEADLINE_FACTOR``
+        times that.
       backoff: seconds during which, after a connection failure or timeout,
         calls skip the server instead of waiting on it again.
 
@@ -128,11 +239,13 @@ class RedisCache(FaultTracking):
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"RedisCache: {name} must be a non-negative number, got {value!r}")
         self.url = redact_url(url)
+        self._secrets = _url_secrets(url)
         self.prefix = prefix
         self.ttl = None if ttl is None else float(ttl)
         self.timeout = float(timeout)
         self.backoff = float(backoff)
-        self._redis_error: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        #: Well-formed refusals by a sound server: the connection stays usable.
+        self._refusal: tuple[type[BaseException], ...] = (redis.ResponseError,)
         self._outage: tuple[type[BaseException], ...] = (
             redis.ConnectionError,
             redis.TimeoutError,
@@ -155,10 +268,16 @@ class RedisCache(FaultTracking):
         try:
             self._client = redis.Redis.from_url(url, **options)
         except (ValueError, redis.RedisError) as e:
-            raise ValueError(f"RedisCache: cannot use the URL {self.url}: {e}") from None
+            raise ValueError(
+                f"RedisCache: cannot use the URL {self.url}: {self._scrub(str(e))}"
+            ) from None
+        self._deadline = _Deadline()
+        pool = self._client.connection_pool
+        pool.connection_class = _deadline_connection_class(pool.connection_class, self._deadline)
         self._prefix_bytes = prefix.encode("utf-8")
         self._match = _GLOB_SPECIAL.sub(r"\\\1", prefix) + "*"
         self._init_faults({"hits": 0, "misses": 0, "puts": 0, "errors": 0, "skipped_offline": 0})
+        warn_unsigned_remote("redis", self.url)
 
     def __repr__(self) -> str:
         return f"RedisCache({self.url!r}, prefix={self.prefix!r})"
@@ -173,6 +292,40 @@ class RedisCache(FaultTracking):
 
     def _is_outage(self, e: BaseException) -> bool:
         return isinstance(e, self._outage)
+
+    def _scrub(self, text: str) -> str:
+        for secret in getattr(self, "_secrets", ()):
+            text = text.replace(secret, "***")
+        return text
+
+    def _redact_text(self, text: str) -> str:
+        return self._scrub(text)
+
+    def _fault(self, what: str, e: BaseException) -> None:
+        super()._fault(what, e)
+        if not isinstance(e, self._refusal):
+            # A broken or half-done exchange (a garbled reply, a failed handshake):
+            # the next call starts on a fresh connection, never mid-reply.
+            try:
+                self._client.connection_pool.disconnect()
+            except Exception:
+                pass
+
+    @contextlib.contextmanager
+    def _within(self, seconds: float) -> Iterator[None]:
+        """Gives every socket read and write of the enclosed calls only the time left
+        until ``seconds`` from now."""
+        self._deadline.at = time.monotonic() + seconds
+        try:
+            yield
+        finally:
+            self._deadline.at = None
+
+    def _call_deadline(self) -> float:
+        return self.timeout if self.timeout > 0 else 1e9
+
+    def _list_deadline(self) -> float:
+        return self._call_deadline() * LIST_DEADLINE_FACTOR
 
     def _is_key(self, name: bytes) -> str | None:
         if not name.startswith(self._prefix_bytes):
@@ -192,8 +345,11 @@ class RedisCache(FaultTracking):
             self._count("misses")
             return None
         try:
-            value = self._client.get(name)
-        except self._redis_error as e:
+            with self._within(self._call_deadline()):
+                value = self._client.get(name)
+            if value is not None and not isinstance(value, bytes):
+                raise _ProtocolError(f"GET answered a {type(value).__name__}, not a string")
+        except Exception as e:  # any server or client fault: a miss
             self._fault(f"get of {key[:16]}", e)
             self._count("misses")
             return None
@@ -201,7 +357,7 @@ class RedisCache(FaultTracking):
             self._count("misses")
             return None
         self._count("hits")
-        return value if isinstance(value, bytes) else bytes(str(value), "utf-8")
+        return value
 
     def put(self, key: str, value: bytes | bytearray | memoryview) -> None:
         """Stores ``value`` under ``key`` unless an entry is already there; faults skip it."""
@@ -212,8 +368,9 @@ class RedisCache(FaultTracking):
             return
         px = None if self.ttl is None else max(1, int(round(self.ttl * 1000)))
         try:
-            stored = self._client.set(name, bytes(value), nx=True, px=px)
-        except self._redis_error as e:
+            with self._within(self._call_deadline()):
+                stored = self._client.set(name, bytes(value), nx=True, px=px)
+        except Exception as e:  # any server or client fault: the put is skipped
             self._fault(f"put of {key[:16]}", e)
             return
         if stored:
@@ -225,14 +382,20 @@ class RedisCache(FaultTracking):
         if not self._available(f"delete of {key[:16]}"):
             return False
         try:
-            return bool(self._client.delete(name))
-        except self._redis_error as e:
+            with self._within(self._call_deadline()):
+                removed = self._client.delete(name)
+            if isinstance(removed, bool) or not isinstance(removed, int):
+                raise _ProtocolError(f"DEL answered a {type(removed).__name__}, not an integer")
+            return removed > 0
+        except Exception as e:
             self._fault(f"delete of {key[:16]}", e)
             return False
 
     def _scan(self) -> list[bytes]:
         names: list[bytes] = []
         for name in self._client.scan_iter(match=self._match, count=_SCAN_COUNT):
+            if not isinstance(name, bytes):
+                raise _ProtocolError(f"SCAN answered a {type(name).__name__} as a key name")
             if self._is_key(name) is not None:
                 names.append(name)
         return names
@@ -242,8 +405,9 @@ class RedisCache(FaultTracking):
         if not self._available("keys"):
             return []
         try:
-            names = self._scan()
-        except self._redis_error as e:
+            with self._within(self._list_deadline()):
+                names = self._scan()
+        except Exception as e:
             self._fault("listing keys", e)
             return []
         return sorted({k for k in (self._is_key(n) for n in names) if k is not None})
@@ -253,10 +417,11 @@ class RedisCache(FaultTracking):
         if not self._available("clear"):
             return
         try:
-            names = self._scan()
-            for i in range(0, len(names), _BATCH):
-                self._client.delete(*names[i : i + _BATCH])
-        except self._redis_error as e:
+            with self._within(self._list_deadline()):
+                names = self._scan()
+                for i in range(0, len(names), _BATCH):
+                    self._client.delete(*names[i : i + _BATCH])
+        except Exception as e:
             self._fault("clear", e)
 
     def stats(self) -> dict[str, Any]:
@@ -268,15 +433,16 @@ class RedisCache(FaultTracking):
         total: int | None = None
         if self._available("stats"):
             try:
-                names = self._scan()
-                total = 0
-                for i in range(0, len(names), _BATCH):
-                    pipe = self._client.pipeline(transaction=False)
-                    for name in names[i : i + _BATCH]:
-                        pipe.strlen(name)
-                    total += sum(int(n) for n in pipe.execute())
+                with self._within(self._list_deadline()):
+                    names = self._scan()
+                    total = 0
+                    for i in range(0, len(names), _BATCH):
+                        pipe = self._client.pipeline(transaction=False)
+                        for name in names[i : i + _BATCH]:
+                            pipe.strlen(name)
+                        total += sum(int(n) for n in pipe.execute())
                 entries = len(names)
-            except self._redis_error as e:
+            except Exception as e:
                 self._fault("stats", e)
                 entries = total = None
         with self._state_lock:
@@ -293,21 +459,42 @@ class RedisCache(FaultTracking):
 
     # -- extras --------------------------------------------------------------
 
-    def quarantine(self, key: str) -> None:
-        """Removes a bad entry (Redis has no place to keep it aside)."""
+    def quarantine(self, key: str, *, force: bool = False) -> None:
+        """Removes a bad entry (Redis has no place to keep it aside). Unless ``force``,
+        a sound entry that this process cannot check (signed with another key...)
+        is left alone."""
+        if not force:
+            blob = self.get(key)
+            if blob is None:
+                return
+            from .._entry import removable
+
+            if not removable(blob):
+                logger.debug("jaxaot redis cache %s: left %s alone", self.url, key[:16])
+                return
         if self.delete(key):
             logger.debug("jaxaot redis cache %s: deleted bad entry %s", self.url, key[:16])
 
     def ping(self) -> None:
-        """Raises the client's exception if the server cannot be reached (for the CLI)."""
-        self._client.ping()
+        """Raises ``ConnectionError`` (with the password hidden) if the server cannot be
+        reached or does not answer like Redis, within the call deadline (for the CLI)."""
+        try:
+            with self._within(self._call_deadline()):
+                self._client.ping()
+        except Exception as e:
+            text = self._scrub(" ".join(str(e).split())[:200]) or type(e).__name__
+            raise ConnectionError(f"{_cause(e)}: {text}") from None
 
     def close(self) -> None:
         """Closes the connections (the cache reconnects if used again)."""
         try:
             self._client.close()
-        except self._redis_error:
+        except Exception:
             pass
+
+
+class _ProtocolError(Exception):
+    """The server answered with something a Redis server would not send."""
 
 
 def _cause(e: BaseException) -> str:

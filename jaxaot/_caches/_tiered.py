@@ -1,18 +1,22 @@
 """Caches layered fastest first: a local directory in front of a shared store.
 
 ``TieredCache(DirectoryCache(...), RedisCache(...))`` reads the directory
-first and the remote store only on a local miss. A remote hit is *verified*
-(checksum, or signature with ``$JAXAOT_CACHE_HMAC_KEY``, and the entry's own
-key digest against the key it was stored under) before it is copied into the
-faster tiers, so a damaged or planted remote entry is never promoted: it is
-removed from its tier (``quarantine`` where the tier has it, else ``delete``)
-and the look-up goes on to the next tier.
+first and the remote store only on a local miss. Every hit is *verified*
+(checksum, signature with ``$JAXAOT_CACHE_HMAC_KEY``, header, and the entry's
+own key digest against the key it was stored under) before it is returned or
+copied into the faster tiers, so a damaged or planted entry is never promoted
+nor returned: a damaged one is removed from the tier that returned it, and
+only from that tier (``quarantine`` where the tier has it, else ``delete``); a
+sound entry that this process cannot check (signed with another key...) is
+left alone; either way the look-up goes on to the next tier, and a sound copy
+found there is returned and copied into the faster tiers.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from typing import Any
 
 from ._faults import WarnOnce
@@ -21,6 +25,8 @@ from ._protocol import Cache, check_key
 __all__ = ["TieredCache", "verify_entry"]
 
 logger = logging.getLogger("jaxaot")
+
+_SERVED_MAX = 4096
 
 
 def verify_entry(key: str, blob: bytes) -> dict[str, Any]:
@@ -53,11 +59,15 @@ class TieredCache(WarnOnce):
     Args:
       *caches: the tiers, fastest (most local) first.
 
-    * ``get`` tries each tier in order. A hit in the first tier is returned as
-      is (the reader verifies it anyway). A hit in a later tier is verified
-      with :func:`verify_entry` first: a sound entry is copied into every
-      faster tier and returned; a bad one counts as that tier's miss, is
-      removed from it, and the next tier is tried.
+    * ``get`` tries each tier in order and verifies each hit with
+      :func:`verify_entry`: a sound entry is copied into every faster tier
+      and returned; a damaged one counts as that tier's miss, is removed from
+      that tier only, and the next tier is tried; a sound entry this process
+      cannot check (another key, unsigned...) is left alone, with one warning
+      per cause, and the next tier is tried.
+    * ``quarantine(key)`` (called by a reader that could not use what ``get``
+      returned) acts on the tier that returned it and the faster tiers it was
+      copied into, never on slower tiers.
     * ``put`` writes to every tier. A tier that raises does not stop the
       others (one warning per cause).
     * ``delete`` removes from every tier, ``keys`` is the union, ``clear``
@@ -89,6 +99,8 @@ class TieredCache(WarnOnce):
             "tier_errors": 0,
         }
         self._tier_hits = [0] * len(caches)
+        #: key -> the tier its last ``get`` was served from (for ``quarantine``).
+        self._served: OrderedDict[str, int] = OrderedDict()
 
     def __repr__(self) -> str:
         return "TieredCache(" + ", ".join(repr(t) for t in self.tiers) + ")"
@@ -106,16 +118,28 @@ class TieredCache(WarnOnce):
             "going on without it",
         )
 
-    def _remove_bad(self, i: int, key: str) -> None:
+    def _remove_bad(self, i: int, key: str, *, force: bool = False) -> None:
         tier = self.tiers[i]
         quarantine = getattr(tier, "quarantine", None)
         try:
-            if quarantine is not None:
-                quarantine(key)
-            else:
+            if quarantine is None:
                 tier.delete(key)
+            elif force:
+                try:
+                    quarantine(key, force=True)
+                except TypeError:  # a tier whose quarantine takes no ``force``
+                    quarantine(key)
+            else:
+                quarantine(key)
         except Exception as e:  # removal is best effort
             self._tier_failed(i, "removing a bad entry", e)
+
+    def _remember(self, key: str, tier: int) -> None:
+        with self._state_lock:
+            self._served[key] = tier
+            self._served.move_to_end(key)
+            while len(self._served) > _SERVED_MAX:
+                self._served.popitem(last=False)
 
     # -- protocol ------------------------------------------------------------
 
@@ -133,25 +157,32 @@ class TieredCache(WarnOnce):
             if blob is None:
                 continue
             blob = bytes(blob)
-            if i > 0:
-                try:
-                    verify_entry(key, blob)
-                except EntryError as e:
-                    self._count("refused")
+            try:
+                verify_entry(key, blob)
+            except EntryError as e:
+                self._count("refused")
+                if e.removable:
                     self._warn_once(
-                        f"refused:{i}",
+                        f"refused:{i}:{e.cause}",
                         f"refused entry {key[:16]} from tier {i} ({tier!r}): {e}; "
-                        "not promoted, removed from that tier",
+                        "removed from that tier, trying the next",
                     )
                     self._remove_bad(i, key)
-                    continue
-                for j in range(i):
-                    try:
-                        self.tiers[j].put(key, blob)
-                    except Exception as e:
-                        self._tier_failed(j, "put", e)
-                    else:
-                        self._count("promotions")
+                else:
+                    self._warn_once(
+                        f"unusable:{e.cause}",
+                        f"entry {key[:16]} from tier {i} ({tier!r}) cannot be used by this "
+                        f"process ({e}); a miss here, left alone",
+                    )
+                continue
+            for j in range(i):
+                try:
+                    self.tiers[j].put(key, blob)
+                except Exception as e:
+                    self._tier_failed(j, "put", e)
+                else:
+                    self._count("promotions")
+            self._remember(key, i)
             with self._state_lock:
                 self._counters["hits"] += 1
                 self._tier_hits[i] += 1
@@ -225,8 +256,14 @@ class TieredCache(WarnOnce):
 
     # -- extras --------------------------------------------------------------
 
-    def quarantine(self, key: str) -> None:
-        """Removes a bad entry from every tier (each tier's ``quarantine`` when it has one)."""
+    def quarantine(self, key: str, *, force: bool = False) -> None:
+        """Removes a bad entry: from the tier that last served ``key`` and the faster
+        tiers it was copied into; from every tier if it was not served here. Each
+        tier's own ``quarantine`` is used where it has one (and decides, unless
+        ``force``, to leave alone a sound entry this process cannot check)."""
         check_key(key)
-        for i in range(len(self.tiers)):
-            self._remove_bad(i, key)
+        with self._state_lock:
+            source = self._served.pop(key, None)
+        last = len(self.tiers) - 1 if source is None else source
+        for i in range(last + 1):
+            self._remove_bad(i, key, force=force)

@@ -1,0 +1,97 @@
+"""The trust policy shared by every backend: when bytes from a store may become
+code in this process.
+
+* With ``$JAXAOT_CACHE_HMAC_KEY`` set, every entry is signed and a reader accepts
+  only entries signed with that key, so the store itself need not be trusted:
+  anyone may be able to write to it.
+* Without a key, an entry is only checksummed, so the store must be writable by
+  this user alone. Local stores (a cache directory, a ``file://`` path) check
+  that on the root, on each shard directory and on each entry file before it is
+  read: owned by this user (or root) and not group- or world-writable. Remote
+  stores (Redis, object stores) cannot be checked; the first one made in a
+  process without a key logs one loud warning.
+* An empty or blank key is a configuration error (a secret that did not reach
+  the job), never a silent "signing off".
+
+This module does not import JAX.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+
+__all__ = [
+    "HMAC_ENV",
+    "hmac_secret",
+    "signing",
+    "untrusted_writer",
+    "warn_unsigned_remote",
+]
+
+logger = logging.getLogger("jaxaot")
+
+HMAC_ENV = "JAXAOT_CACHE_HMAC_KEY"
+
+_remote_warned: set[str] = set()
+_remote_lock = threading.Lock()
+
+
+def hmac_secret() -> bytes | None:
+    """The signing key from ``$JAXAOT_CACHE_HMAC_KEY``, or ``None`` when it is unset.
+
+    Raises:
+      ValueError: the variable is set but empty or only whitespace.
+    """
+    raw = os.environ.get(HMAC_ENV)
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise ValueError(
+            f"${HMAC_ENV} is set but empty: the signing secret did not reach this process. "
+            f"Set it to the secret shared by every process of the cache, or unset it to use "
+            "plain checksums (then only caches that this user alone can write are read)"
+        )
+    return raw.encode("utf-8")
+
+
+def signing() -> bool:
+    """Whether entries are signed (``$JAXAOT_CACHE_HMAC_KEY`` is set). Raises like
+    :func:`hmac_secret` for an empty key."""
+    return hmac_secret() is not None
+
+
+def untrusted_writer(st: os.stat_result) -> str | None:
+    """Why someone other than this user could have written the file or directory
+    whose ``lstat``/``fstat`` is ``st``, or ``None`` if only this user (or root) could."""
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:  # no POSIX ownership (Windows): nothing to check
+        return None
+    uid = getuid()
+    if st.st_uid not in (uid, 0):
+        return f"owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def warn_unsigned_remote(kind: str, url: str) -> None:
+    """Once per process and store: a loud warning that entries of a remote store are
+    not signed, so whoever can write to the store can run code here."""
+    if signing():
+        return
+    with _remote_lock:
+        first = url not in _remote_warned
+        _remote_warned.add(url)
+    if first:
+        logger.warning(
+            "jaxaot %s cache %s: $%s is not set, so entries are only checksummed: anyone "
+            "who can write to this store can run code in this process through a planted "
+            "entry. Set the same secret in $%s in every process that shares the store.",
+            kind,
+            url,
+            HMAC_ENV,
+            HMAC_ENV,
+        )
