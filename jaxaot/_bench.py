@@ -63,7 +63,7 @@ def _model(layers: int) -> tuple[Any, Any, Callable[..., Any]]:
     import jax
     import jax.numpy as jnp
 
-    from . import _model
+    from .cli import _model
 
     blocks = _model.init_blocks(jax.random.key(0), layers, WIDTH)
     x = jax.random.normal(jax.random.key(1), (BATCH, SEQ, WIDTH), jnp.float32)
@@ -130,7 +130,7 @@ def worker(
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     blocks, x, make_step = _model(layers)
-    from . import _model as model_lib
+    from .cli import _model as model_lib
 
     if contender in ("jit_cold", "pcc_cold", "pcc_warm", "jit_components_cold"):
         if contender == "jit_components_cold":

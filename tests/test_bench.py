@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jaxaot import _bench
-from jaxaot._cli import main
+from jaxaot.cli import main
 
 
 def test_bench_all_on_a_tiny_model(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxaot._cli import main
+from jaxaot.cli import main
 
 
 def test_demo_cold_then_warm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
