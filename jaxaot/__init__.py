@@ -1,32 +1,93 @@
-"""jaxaot: reusable, cached, compiled building blocks for JAX programs."""
+"""jaxaot: reusable, cached, compiled building blocks for JAX programs.
 
-from ._bundle import BundleError as BundleError
-from ._bundle import export_bundle as export_bundle
-from ._bundle import import_bundle as import_bundle
-from ._caches import Cache as Cache
-from ._caches import DirectoryCache as DirectoryCache
-from ._caches import FsspecCache as FsspecCache
-from ._caches import MemoryCache as MemoryCache
-from ._caches import RedisCache as RedisCache
-from ._caches import TieredCache as TieredCache
-from ._caches import UnsafeCacheDirError as UnsafeCacheDirError
-from ._component import Component as Component
-from ._component import component as component
-from ._component import wait_for_writes as wait_for_writes
-from ._config import default_cache_dir as default_cache_dir
-from ._config import get_cache as get_cache
-from ._config import set_cache as set_cache
-from ._config import using_cache as using_cache
-from ._host import HostCopy as HostCopy
-from ._host import to_host_async as to_host_async
-from ._key import ClosureError as ClosureError
-from ._key import ComponentKey as ComponentKey
-from ._regional import RegionalFunction as RegionalFunction
-from ._regional import jit as jit
-from ._stats import CacheInfo as CacheInfo
-from ._stats import stats as stats
+The public names load on first use (PEP 562), so ``import jaxaot`` and the
+command line's ``jaxaot --version`` do not import JAX; ``jaxaot.component``
+(or any other name) imports what it needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+#: Public name -> the private module that defines it. A new public name is one
+#: more line here (and in ``__all__``).
+_NAMES = {
+    "BundleError": "._bundle",
+    "export_bundle": "._bundle",
+    "import_bundle": "._bundle",
+    "Cache": "._caches",
+    "DirectoryCache": "._caches",
+    "FsspecCache": "._caches",
+    "MemoryCache": "._caches",
+    "RedisCache": "._caches",
+    "TieredCache": "._caches",
+    "UnsafeCacheDirError": "._caches",
+    "Component": "._component",
+    "component": "._component",
+    "wait_for_writes": "._component",
+    "default_cache_dir": "._config",
+    "get_cache": "._config",
+    "set_cache": "._config",
+    "using_cache": "._config",
+    "HostCopy": "._host",
+    "to_host_async": "._host",
+    "ClosureError": "._key",
+    "ComponentKey": "._key",
+    "RegionalFunction": "._regional",
+    "jit": "._regional",
+    "CacheInfo": "._stats",
+    "stats": "._stats",
+}
+
+if TYPE_CHECKING:
+    from ._bundle import BundleError as BundleError
+    from ._bundle import export_bundle as export_bundle
+    from ._bundle import import_bundle as import_bundle
+    from ._caches import Cache as Cache
+    from ._caches import DirectoryCache as DirectoryCache
+    from ._caches import FsspecCache as FsspecCache
+    from ._caches import MemoryCache as MemoryCache
+    from ._caches import RedisCache as RedisCache
+    from ._caches import TieredCache as TieredCache
+    from ._caches import UnsafeCacheDirError as UnsafeCacheDirError
+    from ._component import Component as Component
+    from ._component import component as component
+    from ._component import wait_for_writes as wait_for_writes
+    from ._config import default_cache_dir as default_cache_dir
+    from ._config import get_cache as get_cache
+    from ._config import set_cache as set_cache
+    from ._config import using_cache as using_cache
+    from ._host import HostCopy as HostCopy
+    from ._host import to_host_async as to_host_async
+    from ._key import ClosureError as ClosureError
+    from ._key import ComponentKey as ComponentKey
+    from ._regional import RegionalFunction as RegionalFunction
+    from ._regional import jit as jit
+    from ._stats import CacheInfo as CacheInfo
+    from ._stats import stats as stats
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    if name.startswith("_") and not name.startswith("__"):  # jaxaot._stats and friends
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_NAMES))
+
 
 __all__ = [
     "BundleError",

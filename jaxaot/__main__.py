@@ -1,6 +1,6 @@
-"""``python -m jaxaot``: the jaxaot command line (see :mod:`jaxaot._cli`)."""
+"""``python -m jaxaot``: the jaxaot command line (see :mod:`jaxaot.cli`)."""
 
-from ._cli import main
+from .cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

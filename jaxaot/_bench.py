@@ -63,7 +63,7 @@ def _model(layers: int) -> tuple[Any, Any, Callable[..., Any]]:
     import jax
     import jax.numpy as jnp
 
-    from . import _model
+    from .cli import _model
 
     blocks = _model.init_blocks(jax.random.key(0), layers, WIDTH)
     x = jax.random.normal(jax.random.key(1), (BATCH, SEQ, WIDTH), jnp.float32)
@@ -130,7 +130,7 @@ def worker(
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     blocks, x, make_step = _model(layers)
-    from . import _model as model_lib
+    from .cli import _model as model_lib
 
     if contender in ("jit_cold", "pcc_cold", "pcc_warm", "jit_components_cold"):
         if contender == "jit_components_cold":
@@ -321,35 +321,85 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+#: What each contender's "compile" phase is: a real compile, one call that
+#: traces, lowers and compiles (``Component.precompile`` on a cold cache), or a
+#: load of a stored executable.
+STAGE_OF_COMPILE = {
+    "jaxaot_cold": "trace+lower+compile",
+    "jaxaot_warm": "load",
+    "pcc_warm": "load",
+    "limit": "load",
+}
+STAGE_COLORS = {
+    "trace": "#4c72b0",
+    "lower": "#55a868",
+    "compile": "#c44e52",
+    "trace+lower+compile": "#dd8452",
+    "load": "#937860",
+    "first run": "#8172b2",
+}
+
+
+def figure_note(date: str | None = None) -> str:
+    """The date, JAX version, backend and machine a figure's numbers come from."""
+    import jax
+
+    day = date or datetime.date.today().isoformat()
+    return f"{day}, jax {jax.__version__}, backend {jax.default_backend()}, {machine()}"
+
+
+def plot(rows: list[dict[str, Any]], path: Path, note: str | None = None) -> None:
+    """Stacked bars of each contender's stages, one panel per depth, one seconds scale."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     depths = sorted({r["layers"] for r in rows})
-    names = list(CONTENDERS)
-    fig, axes = plt.subplots(1, len(depths), figsize=(6 * len(depths), 4.8), squeeze=False)
-    colors = {"trace": "#4c72b0", "lower": "#55a868", "compile": "#c44e52", "first_run": "#8172b2"}
+    names = [n for n in CONTENDERS if any(r["contender"] == n for r in rows)]
+    fig, axes = plt.subplots(
+        1, len(depths), figsize=(6 * len(depths), 5.2), squeeze=False, sharex=True
+    )
+    labelled: set[str] = set()
     for ax, depth in zip(axes[0], depths, strict=True):
         sub = {r["contender"]: r for r in rows if r["layers"] == depth}
-        bottoms = [0.0] * len(names)
-        for phase in PHASES:
-            vals = [float(sub[n][phase] or 0.0) for n in names]
-            ax.barh(
-                range(len(names)),
-                vals,
-                left=bottoms,
-                color=colors[phase],
-                label=phase.replace("_", " "),
-            )
-            bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
+        for y, name in enumerate(names):
+            left = 0.0
+            for phase in PHASES:
+                value = float((sub.get(name) or {}).get(phase) or 0.0)
+                if value <= 0:
+                    continue
+                stage = STAGE_OF_COMPILE.get(name, "compile") if phase == "compile" else phase
+                stage = stage.replace("_", " ")
+                ax.barh(
+                    y,
+                    value,
+                    left=left,
+                    color=STAGE_COLORS[stage],
+                    label=None if stage in labelled else stage,
+                )
+                labelled.add(stage)
+                left += value
         ax.set_yticks(range(len(names)), [CONTENDERS[n][0] for n in names], fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel("seconds to first result")
+        ax.set_xlabel("seconds to first result (same scale in every panel)")
         ax.set_title(f"train step, {depth} layers")
-    axes[0][0].legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
+        ax.grid(True, axis="x", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    order = [s for s in STAGE_COLORS if s in labels]
+    fig.legend(
+        [handles[labels.index(s)] for s in order],
+        order,
+        loc="lower right",
+        fontsize=8,
+        ncol=len(order),
+    )
+    fig.suptitle(f"Warm start: time to first result by stage ({note or figure_note()})", fontsize=9)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -419,25 +469,31 @@ def regional_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def regional_plot(rows: list[dict[str, Any]], path: Path) -> None:
+def regional_plot(rows: list[dict[str, Any]], path: Path, note: str | None = None) -> None:
+    """Time to first result against depth, one line per contender, ticks at the depths run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for name, (label, _) in REGIONAL.items():
         pts = sorted((r["layers"], r["first_result"]) for r in rows if r["contender"] == name)
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    depths = sorted({r["layers"] for r in rows})
     ax.set_xscale("log", base=2)
+    ax.set_xticks(depths, [str(d) for d in depths])
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_yscale("log")
     ax.set_xlabel("layers")
     ax.set_ylabel("seconds to first result (log)")
     ax.set_title("Train step: time to first result against depth")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.text(0.01, 0.01, note or figure_note(), fontsize=7, color="#555555")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

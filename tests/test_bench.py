@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from jaxaot import _bench
-from jaxaot._cli import main
+from jaxaot.cli import main
 
 
 def test_bench_all_on_a_tiny_model(
@@ -29,3 +31,95 @@ def test_bench_all_on_a_tiny_model(
     regional = json.loads((out / "regional.json").read_text())
     assert {r["contender"] for r in regional} == set(_bench.REGIONAL)
     assert all(r["first_result"] > 0 for r in regional)
+
+
+@pytest.mark.parametrize(
+    "suite, blocked",
+    [("warm-start", "flatbuffers"), ("regional", "equinox"), ("all", "matplotlib")],
+)
+def test_bench_without_the_extra_is_one_line(
+    suite: str,
+    blocked: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Checked before any contender runs: exit status 2, one line naming the extra."""
+    monkeypatch.setitem(sys.modules, blocked, None)
+    ran: list[str] = []
+    monkeypatch.setattr(_bench, "run_contenders", lambda *a, **k: ran.append("ran") or [])
+    code = main(["bench", suite, "--layers", "2", "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and ran == []
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jaxaot: error: "), err
+    assert blocked in lines[0] and 'pip install ".[bench]"' in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_bench_regional_shape_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--width, --batch, --seq and --inference reach the benchmark as args.width, ..."""
+    seen: list[argparse.Namespace] = []
+
+    def fake_run(args: argparse.Namespace, log: object) -> str:
+        seen.append(args)
+        return "ok"
+
+    monkeypatch.setattr(_bench, "run", fake_run)
+    argv = ["bench", "regional", "--width", "32", "--batch", "2", "--seq", "16", "--inference"]
+    assert main([*argv, "--out", "unused"]) == 0
+    (args,) = seen
+    assert (args.width, args.batch, args.seq, args.inference) == (32, 2, 16, True)
+    assert main(["bench", "regional", "--out", "unused"]) == 0
+    assert seen[1].inference is False
+    assert main(["bench", "regional", "--width", "wide"]) == 2
+
+
+def _captured(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Figures the plot functions make, kept open for inspection."""
+    import matplotlib.pyplot as plt
+
+    figures: list[object] = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
+    return figures
+
+
+def _row(contender: str, layers: int, **phases: float) -> dict[str, object]:
+    row: dict[str, object] = {"contender": contender, "layers": layers}
+    row.update({p: phases.get(p) for p in _bench.PHASES})
+    row["first_result"] = sum(v or 0.0 for v in phases.values())
+    return row
+
+
+def test_warm_start_plot_shares_one_scale_and_names_stages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figures = _captured(monkeypatch)
+    rows = [
+        _row(name, depth, trace=0.1 * depth, compile=0.5 * depth, first_run=0.2)
+        for depth in (4, 16)
+        for name in _bench.CONTENDERS
+    ]
+    _bench.plot(rows, tmp_path / "w.png", note="2026-01-01, test machine")
+    assert (tmp_path / "w.png").read_bytes()[:4] == b"\x89PNG"
+    (fig,) = figures
+    axes = fig.axes  # type: ignore[attr-defined]
+    assert len(axes) == 2 and axes[0].get_xlim() == axes[1].get_xlim()
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]  # type: ignore[attr-defined]
+    assert "trace+lower+compile" in legend and "load" in legend and "compile" in legend
+    assert "2026-01-01, test machine" in fig._suptitle.get_text()  # type: ignore[attr-defined]
+
+
+def test_regional_plot_ticks_at_the_depths_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figures = _captured(monkeypatch)
+    rows = [
+        _row(name, depth, trace=0.01 * depth) for depth in (4, 16, 48) for name in _bench.REGIONAL
+    ]
+    _bench.regional_plot(rows, tmp_path / "r.png", note="2026-01-01, test machine")
+    (fig,) = figures
+    (ax,) = fig.axes  # type: ignore[attr-defined]
+    assert list(ax.get_xticks()) == [4, 16, 48]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "16", "48"]
+    assert any("test machine" in t.get_text() for t in fig.texts)  # type: ignore[attr-defined]

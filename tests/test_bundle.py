@@ -19,7 +19,8 @@ import pytest
 from _helpers import make_blob
 
 import jaxaot
-from jaxaot import _bundle, _cli, _entry
+from jaxaot import _bundle, _entry
+from jaxaot import cli as _cli
 from jaxaot._bundle import BundleError, export_bundle, import_bundle
 
 COMPONENTS = textwrap.dedent(
@@ -60,7 +61,7 @@ POPULATE = "import json, comps; print(json.dumps(comps.run()))"
 WARM = textwrap.dedent(
     """
     import json, sys
-    from jaxaot import _cli
+    from jaxaot import cli as _cli
     status = _cli.main(["cache", "import", sys.argv[1]])
     import comps
     result = comps.run()
@@ -315,10 +316,11 @@ def test_cli_export_and_import(
         "--json",
     )
     assert code == 0 and json.loads(out)["names"] == ["block"]
-    code, out, _ = run(
+    code, out, err = run(
         capsys, "cache", "export", str(tmp_path / "x.jaxaot"), "--component", "nope", *src
     )
-    assert code == 1 and "no entries for component(s): nope" in out
+    assert code == 1 and "no entries for component(s): nope" in err
+    assert not (tmp_path / "x.jaxaot").exists()
 
     target = tmp_path / "new" / "cache"
     code, out, _ = run(capsys, "cache", "import", str(bundle), "--dir", str(target))

@@ -1,10 +1,11 @@
-"""The ``jaxaot`` command line: ``jaxaot cache ls|info|stats|verify|prune|clear``."""
+"""The ``jaxaot`` command line: ``jaxaot cache ...``, errors, help, widths, ``--version``."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,12 +18,19 @@ import jax.numpy as jnp
 import pytest
 
 import jaxaot
-from jaxaot import _cli, _entry
+from jaxaot import _entry, cli
+from jaxaot.cli import _output
+from jaxaot.cli import cache as cli_cache
 
 
 @jaxaot.component
 def affine(x, w):
     return x @ w + 1.0
+
+
+@jaxaot.component
+def many(*xs):
+    return sum(jnp.sum(x) for x in xs)
 
 
 @jaxaot.component
@@ -42,6 +50,15 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def wide_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache directory with one entry of a component with 60 arguments (made once)."""
+    root = tmp_path_factory.mktemp("cli") / "wide"
+    with jaxaot.using_cache(jaxaot.DirectoryCache(root)):
+        many(*[jnp.ones((i + 1, 7)) for i in range(60)])
+    return root
+
+
 @pytest.fixture
 def cache_dir(template: Path, tmp_path: Path) -> Path:
     """A private copy of the template cache."""
@@ -56,7 +73,7 @@ def headers(root: Path) -> dict[str, dict[str, Any]]:
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = _cli.main(list(argv))
+    code = cli.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -101,10 +118,10 @@ def test_template_has_the_expected_entries(cache_dir: Path) -> None:
 
 
 def test_ls_table(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "cache", "ls", "--dir", str(cache_dir))
+    code, out, err = run(capsys, "cache", "ls", "--wide", "--dir", str(cache_dir))
     assert code == 0 and err == ""
     lines = out.splitlines()
-    assert lines[0].split()[:3] == ["NAME", "TRANSFORM", "SIGNATURE"]
+    assert lines[0].split()[:4] == ["NAME", "TRANSFORM", "KIND", "SIGNATURE"]
     assert not any(ch in out for ch in "│┃━─\x1b")  # plain text when piped
     hs = headers(cache_dir)
     assert len(lines) == 1 + len(hs)
@@ -112,13 +129,72 @@ def test_ls_table(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for key, h in hs.items():
         (row,) = [line for line in lines if key[:12] in line]
         assert row.startswith(h["name"])
-        assert h["signature"] in row
-        assert _cli.human_bytes(cache.path_for(key).stat().st_size) in row
+        assert h["signature"] in row  # --wide: whole
+        assert _output.human_bytes(cache.path_for(key).stat().st_size) in row
         transform = dict(h["key"])["transform"]
-        assert f"  {_cli.short_transform(transform)}  " in row
-    vmap_rows = [line for line in lines if "  vmap  " in line]
+        assert f"  {cli_cache.short_transform(transform)}  " in row
+        kind = "executable" if "executable" in dict(h["sections"]) else "stablehlo"
+        assert f"  {kind}  " in row
+    vmap_rows = [line for line in lines if "  vmap(0,-)  " in line]
     assert vmap_rows and all("float32[5,2,3]" in r for r in vmap_rows)
     assert any("'b'" not in line and "float32[2,3]" in line for line in lines)
+
+
+def test_ls_piped_lines_are_bounded(wide_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A component with 60 arguments: its signature is cut when piped, whole with --wide."""
+    root = wide_dir
+    h = next(iter(headers(root).values()))
+    assert len(h["signature"]) > 500
+    code, out, _ = run(capsys, "cache", "ls", "--dir", str(root))
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) <= 170, out
+    assert "…" in out and h["signature"] not in out
+    code, out, _ = run(capsys, "cache", "ls", "--wide", "--dir", str(root))
+    assert code == 0 and h["signature"] in out
+    rows = run_json(capsys, "cache", "ls", "--dir", str(root))
+    assert {r["signature"] for r in rows} == {h["signature"]}
+
+
+def test_ls_fits_the_terminal(
+    wide_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = wide_dir
+    monkeypatch.setattr(_output, "is_terminal", lambda stream: True)
+    monkeypatch.setenv("COLUMNS", "150")
+    code, out, _ = run(capsys, "cache", "ls", "--dir", str(root))
+    assert code == 0 and "many" in out and "float32[1,7]" in out
+    body = [line for line in out.splitlines() if "│" in line]
+    assert len(body) == len(headers(root)), out  # one row per entry: no wrapping
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    assert max(len(line) for line in plain.splitlines()) <= 150, plain
+
+
+def test_distinct_entries_have_distinct_labels() -> None:
+    forward = [["linearize", [True, False], "forward"]]
+    linear = [["linearize", [True, False], "linear"]]
+    back = [*linear, ["transpose", [False, True]]]
+    labels = [cli_cache.short_transform(t) for t in (forward, linear, back, [], None)]
+    assert labels == [
+        "linearize:forward",
+        "linearize:linear",
+        "linearize:linear+transpose",
+        "-",
+        "-",
+    ]
+    assert cli_cache.short_transform([["vmap", [0, None], 5]]) == "vmap(0,-)"
+    assert cli_cache.short_transform([["vmap", [None, 1], 5]]) == "vmap(-,1)"
+
+
+def test_ls_labels_every_entry_of_a_gradient_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "grad"
+    with jaxaot.using_cache(jaxaot.DirectoryCache(root)):
+        x, w = jnp.ones((2, 3)), jnp.ones((3, 4))
+        jax.grad(lambda w: affine(x, w).sum())(w)
+    rows = run_json(capsys, "cache", "ls", "--dir", str(root))
+    labels = [(r["name"], r["transform"], r["kind"], r["signature"]) for r in rows]
+    assert len(labels) == len(set(labels)) >= 3, labels
 
 
 def test_ls_json_fields(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -142,8 +218,9 @@ def test_ls_json_fields(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> 
         flops = h["extra"].get("cost_analysis", {}).get("flops")
         assert r["flops"] == flops
         t = dict(h["key"])["transform"]
-        assert r["transform"] == ("-" if not t else "+".join(step[0] for step in t))
-    assert any(r["transform"] == "vmap" for r in rows)
+        assert r["transform"] == cli_cache.short_transform(t)
+        assert r["kind"] == ("executable" if r["executable"] else "stablehlo")
+    assert any(r["transform"] == "vmap(0,-)" for r in rows)
 
 
 def test_ls_sorting(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -200,7 +277,7 @@ def test_ls_lists_bad_entries(cache_dir: Path, capsys: pytest.CaptureFixture[str
 def test_ls_rich_table_on_a_terminal(
     cache_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_cli, "_is_terminal", lambda stream: True)
+    monkeypatch.setattr(_output, "is_terminal", lambda stream: True)
     monkeypatch.setenv("COLUMNS", "200")
     code, out, _ = run(capsys, "cache", "ls", "--dir", str(cache_dir))
     assert code == 0
@@ -232,10 +309,8 @@ def test_info_by_prefix(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "params['w']" in out and "float32[2,3]" in out  # argument names with avals
     assert "result['y']" in out  # result paths
     assert "host callbacks" in out and "created" in out and "jaxlib" in out
-    for line in ("versions:", "key parts:", "sections:", "arguments:", "results:", "extra:"):
+    for line in ("versions:", "key parts:", "sections:", "arguments (3):", "results (2):"):
         assert line in out.splitlines()
-    if h["extra"].get("cost_analysis"):
-        assert "cost_analysis.flops" in out
 
 
 def test_info_json(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -245,12 +320,52 @@ def test_info_json(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     h = hs[key]
     assert data["digest"] == key
     assert data["key_parts"] == dict(h["key"])
-    assert data["transform"] == "vmap"
+    assert data["transform"] == "vmap(0,-)"
     assert data["arg_names"] == h["arg_names"] and data["result_paths"] == h["result_paths"]
     assert data["in_avals"] == h["in_avals"] and data["out_avals"] == h["out_avals"]
     assert data["versions"] == {"jax": h["jax"], "jaxlib": h["jaxlib"]}
     assert data["extra"] == h["extra"] and data["host_callbacks"] is False
     assert data["path"] == str(jaxaot.DirectoryCache(cache_dir).path_for(key))
+
+
+def test_info_shows_the_cost_figures_people_read(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An executable entry's cost analysis: flops, transcendentals, bytes accessed and
+    optimal seconds; the per-operand figures only under --json."""
+    hs = headers(cache_dir)
+    key, h = next((k, h) for k, h in hs.items() if h["extra"].get("cost_analysis"))
+    cost = h["extra"]["cost_analysis"]
+    code, out, _ = run(capsys, "cache", "info", key[:12], "--dir", str(cache_dir))
+    assert code == 0
+    lines = out.splitlines()
+    start = lines.index("cost analysis (XLA's estimate):")
+    block = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("  "):
+            break
+        block.append(line.strip())
+    shown = [line.split("  ")[0] for line in block]
+    expected = [n for n in ("flops", "transcendentals", "bytes accessed") if n in cost]
+    assert shown[: len(expected)] == expected
+    assert block[0].split() == ["flops", _output.human_count(cost["flops"])]
+    assert "executable_in_tree" not in out  # an internal detail: --json only
+    raw = [k for k in cost if k not in ("flops", "transcendentals", "bytes accessed")]
+    assert raw and not any(k in out for k in raw)  # no raw 'bytes accessed0{}' keys
+    assert len(lines) < 60, out
+    data = run_json(capsys, "cache", "info", key[:12], "--dir", str(cache_dir))
+    assert data["extra"]["cost_analysis"] == cost
+
+
+def test_info_cuts_long_values(wide_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = wide_dir
+    key = next(iter(headers(root)))
+    code, out, _ = run(capsys, "cache", "info", key[:8], "--dir", str(root))
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) <= 160, out
+    assert "arguments (60):" in out and "more" in out and "--json" in out
+    data = run_json(capsys, "cache", "info", key[:8], "--dir", str(root))
+    assert len(data["in_avals"]) == 60
 
 
 def test_info_ambiguous_unknown_and_invalid_keys(
@@ -319,6 +434,18 @@ def test_stats_cap_from_env(
 ) -> None:
     monkeypatch.setenv("JAXAOT_CACHE_MAX_BYTES", "123456")
     assert run_json(capsys, "cache", "stats", "--dir", str(cache_dir))["max_bytes"] == 123456
+
+
+def test_stats_leaves_out_this_process_counters(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = run_json(capsys, "cache", "stats", "--dir", str(cache_dir))
+    assert not {"hits", "misses", "puts", "evictions"} & set(data)
+    assert data["temp_files"] == 0  # what the store itself reports stays
+    code, out, _ = run(capsys, "cache", "stats", "--dir", str(cache_dir))
+    assert code == 0 and "backend stats" not in out
+    names = [line[:14].strip() for line in out.splitlines()]
+    assert "hits" not in names and "misses" not in names and "temp files" in names
 
 
 # -- verify ----------------------------------------------------------------------
@@ -410,7 +537,7 @@ def test_prune_by_size(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> N
     )
     assert code == 0
     removed = sum(sizes[k] for k in keys[2:])
-    assert f"removed {len(keys) - 2} entries ({_cli.human_bytes(removed)})" in out
+    assert f"removed {len(keys) - 2} entries ({_output.human_bytes(removed)})" in out
     assert sorted(cache.keys()) == keys[:2]
     assert all(k[:12] in out for k in keys[2:])
 
@@ -444,23 +571,28 @@ def test_prune_needs_a_limit(cache_dir: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_parse_sizes_and_durations() -> None:
-    assert _cli.parse_size("1234") == 1234
-    assert _cli.parse_size("500M") == 500 * 2**20
-    assert _cli.parse_size("2G") == _cli.parse_size("2GiB") == _cli.parse_size("2 gb") == 2 << 30
-    assert _cli.parse_size("1.5k") == 1536
-    assert _cli.parse_duration("30s") == 30
-    assert _cli.parse_duration("15m") == 900
-    assert _cli.parse_duration("12h") == 12 * 3600
-    assert _cli.parse_duration("7d") == 7 * 86400
-    assert _cli.parse_duration("2w") == 14 * 86400
-    assert _cli.parse_duration("90") == 90
-    assert _cli.human_bytes(880) == "880 B"
-    assert _cli.human_bytes(1536) == "1.5 KiB"
-    assert _cli.human_bytes(3 << 30) == "3.0 GiB"
+    assert _output.parse_size("1234") == 1234
+    assert _output.parse_size("500M") == 500 * 2**20
+    assert (
+        _output.parse_size("2G")
+        == _output.parse_size("2GiB")
+        == _output.parse_size("2 gb")
+        == 2 << 30
+    )
+    assert _output.parse_size("1.5k") == 1536
+    assert _output.parse_duration("30s") == 30
+    assert _output.parse_duration("15m") == 900
+    assert _output.parse_duration("12h") == 12 * 3600
+    assert _output.parse_duration("7d") == 7 * 86400
+    assert _output.parse_duration("2w") == 14 * 86400
+    assert _output.parse_duration("90") == 90
+    assert _output.human_bytes(880) == "880 B"
+    assert _output.human_bytes(1536) == "1.5 KiB"
+    assert _output.human_bytes(3 << 30) == "3.0 GiB"
     now = 1_000_000.0
-    assert _cli.human_time(now - 30, now) == "30s ago"
-    assert _cli.human_time(now - 7200, now) == "2h ago"
-    assert _cli.human_time(now - 3 * 86400, now) == "3d ago"
+    assert _output.human_time(now - 30, now) == "30s ago"
+    assert _output.human_time(now - 7200, now) == "2h ago"
+    assert _output.human_time(now - 3 * 86400, now) == "3d ago"
 
 
 # -- clear -----------------------------------------------------------------------
@@ -563,15 +695,96 @@ def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
         assert_one_line_error(err)
 
 
+@pytest.mark.parametrize(
+    "argv, prog",
+    [
+        (["cache", "ls", "--bogus"], "jaxaot cache ls"),
+        (["cache", "info", "abcd", "extra"], "jaxaot cache info"),
+        (["cache", "ls", "--sort", "bogus"], "jaxaot cache ls"),
+        (["demo", "--bogus"], "jaxaot demo"),
+        (["cache"], "jaxaot cache"),
+        (["--bogus"], "jaxaot"),
+    ],
+)
+def test_errors_point_to_the_subcommand_help(
+    argv: list[str], prog: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert_one_line_error(err, f"'{prog} --help'")
+
+
+@pytest.mark.parametrize("steps", ["0", "-3", "two"])
+def test_demo_refuses_a_bad_step_count(steps: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "demo", "--steps", steps)
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "--steps", steps)
+
+
+def test_missing_store_directory_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"file://{tmp_path}/nonexistent"
+    for sub in ("ls", "stats", "verify"):
+        code, out, err = run(capsys, "cache", sub, "--url", url)
+        assert code == 1 and out == ""
+        assert_one_line_error(err, "no such directory", str(tmp_path / "nonexistent"))
+    assert not (tmp_path / "nonexistent").exists()
+
+
+def test_unknown_cache_choice_names_urls(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JAXAOT_CACHE", "bogus")
+    code, _, err = run(capsys, "cache", "ls")
+    assert code == 1
+    assert_one_line_error(err, "'bogus'", "redis://", "file://")
+
+
+def test_export_of_an_unknown_component_writes_nothing(
+    cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = tmp_path / "out.jxb"
+    code, out, err = run(
+        capsys, "cache", "export", str(bundle), "--component", "nosuch", "--dir", str(cache_dir)
+    )
+    assert code == 1 and out == ""
+    assert_one_line_error(err, "nosuch", "nothing written", "affine")
+    assert not bundle.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+    code, out, _ = run(
+        capsys, "cache", "export", str(bundle), "--component", "affine", "--dir", str(cache_dir)
+    )
+    assert code == 0 and bundle.exists() and "components: affine" in out
+
+
 def test_help(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--help")
-    assert code == 0 and "cache" in out
+    assert code == 0 and "cache" in out and "demo" in out and "bench" in out
+    assert "'jaxaot COMMAND --help'" in out
     code, out, _ = run(capsys, "cache", "--help")
     assert code == 0
-    for sub in ("ls", "info", "stats", "verify", "prune", "clear"):
+    for sub in ("ls", "info", "stats", "verify", "prune", "clear", "export", "import"):
         assert sub in out
     code, out, _ = run(capsys, "cache", "verify", "--help")
     assert code == 0 and "--fix" in out and "Exit status" in out
+    code, out, _ = run(capsys, "demo", "--help")
+    assert code == 0 and "--dir PATH, --cache-dir PATH" in out
+
+
+def test_version_does_not_import_jax(subprocess_env: dict[str, str]) -> None:
+    code = (
+        "import sys; from jaxaot.cli import main; rc = main(['--version']); "
+        "heavy = [m for m in ('jax', 'numpy', 'rich') if m in sys.modules]; "
+        "print('heavy:', ','.join(heavy)); sys.exit(rc)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.splitlines()
+    assert first.startswith("jaxaot ") and first.split()[1][0].isdigit()
+    assert second.strip() == "heavy:"
 
 
 def test_protocol_only_backend(fresh_cache: jaxaot.MemoryCache) -> None:
@@ -580,8 +793,8 @@ def test_protocol_only_backend(fresh_cache: jaxaot.MemoryCache) -> None:
         affine(jnp.ones((4, 3)), jnp.ones((3, 2)))
     key = fresh_cache.keys()[0]
     fresh_cache.put("ab" * 16, b"garbage")
-    view = _cli.CacheView(fresh_cache, "memory")
-    records = {r.key: r for r in _cli.load_records(view)}
+    view = cli_cache.CacheView(fresh_cache, "memory")
+    records = {r.key: r for r in cli_cache.load_records(view)}
     assert records[key].name == "affine" and records[key].error is None
     assert records["ab" * 16].name == "<bad entry>"
     assert records[key].last_used is None and records[key].hits is not None

@@ -1,4 +1,4 @@
-"""``jaxaot demo``: a handful of steps, cold then warm."""
+"""``jaxaot demo``: a handful of steps, cold then warm; what it reports, and its errors."""
 
 from __future__ import annotations
 
@@ -9,43 +9,156 @@ from pathlib import Path
 
 import pytest
 
-from jaxaot._cli import main
+from jaxaot import _config
+from jaxaot.cli import demo as cli_demo
+from jaxaot.cli import main
+
+TINY = ["--layers", "1", "--width", "32", "--seq", "16", "--batch", "4"]
+
+
+def fields(out: str) -> dict[str, str]:
+    """``name  value`` rows of the summary (the first of each name)."""
+    rows: dict[str, str] = {}
+    for line in out.splitlines()[1:]:
+        name, _, value = line.strip().partition("  ")
+        rows.setdefault(name, value.strip())
+    return rows
+
+
+def counts(text: str) -> dict[str, int]:
+    """``{"hits": 3, "misses": 0, ...}`` from ``3 hits, 0 misses, ...``."""
+    found = {}
+    for part in text.split("(")[0].split(","):
+        number, _, name = part.strip().partition(" ")
+        found[name] = int(number)
+    return found
 
 
 def test_demo_cold_then_warm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["demo", "--steps", "4", "--layers", "1", "--width", "32", "--seq", "16", "--batch", "4"]
-    args += ["--cache-dir", str(tmp_path / "c"), "--quiet"]
+    args = ["demo", "--steps", "4", *TINY, "--dir", str(tmp_path / "c"), "--quiet"]
     assert main(args) == 0
-    cold = capsys.readouterr().out
-    assert "cold start: traced and compiled" in cold
-    assert "time to first step" in cold and "steady step time" in cold
-    assert str(tmp_path / "c") in cold
+    cold = fields(capsys.readouterr().out)
+    assert cold["train step"] == "cold start: traced and compiled"
+    assert cold["cache location"] == str(tmp_path / "c")
+    first = counts(cold["persistent cache"])
+    # A fresh directory: every look-up that reached it missed, and each entry was written.
+    assert first["hits"] == 0 and first["misses"] > 0 and first["written"] == first["misses"]
+    assert counts(cold["this process"])["compiles"] >= 1
+    assert (
+        "since the process start" in cold["time to first step"]
+        or "since the command start" in (cold["time to first step"])
+    )
+
     assert main(args) == 0
-    warm = capsys.readouterr().out
-    assert "warm start: loaded from the cache" in warm
-    assert "0 traces, 0 compiles" in warm
-    loss_line = [line for line in warm.splitlines() if line.strip().startswith("loss")]
-    assert loss_line and "→" in loss_line[0]
+    warm = fields(capsys.readouterr().out)
+    assert warm["train step"] == "warm start: loaded from the cache"
+    assert counts(warm["this process"]) == {"traces": 0, "lowerings": 0, "compiles": 0}
+    second = counts(warm["persistent cache"])
+    assert second["hits"] > 0 and second["misses"] == 0 and second["written"] == 0
+    assert "→" in warm["loss"] and warm["loss"] == cold["loss"]
+    assert warm["steady step time"].endswith("(wall time per finished step, second half)")
 
 
-def test_demo_cold_flag_ignores_the_cache(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    args = ["demo", "--steps", "3", "--layers", "1", "--width", "32", "--seq", "16", "--batch", "4"]
-    assert main([*args, "--cache-dir", str(tmp_path / "c"), "--quiet"]) == 0
+def test_demo_cold_flag_uses_no_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--cold after a warm run: no hits of any kind are reported, and nothing is read."""
+    assert main(["demo", "--steps", "3", *TINY, "--cache-dir", str(tmp_path / "c"), "--quiet"]) == 0
     capsys.readouterr()
-    assert main([*args, "--cold", "--quiet"]) == 0
-    out = capsys.readouterr().out
-    assert "cold start" in out and "none (--cold)" in out
+    assert main(["demo", "--steps", "3", *TINY, "--cold", "--quiet"]) == 0
+    out = fields(capsys.readouterr().out)
+    assert out["cache location"] == "none (--cold)"
+    assert out["persistent cache"].startswith("none")
+    assert "hits" not in out["persistent cache"]
+    assert out["train step"] == "cold start: traced and compiled"
 
 
-def test_demo_console_script(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    exe = Path(sys.executable).with_name("jaxaot")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "jaxaot"]
-    args = ["demo", "--steps", "3", "--layers", "1", "--width", "32", "--seq", "16", "--batch", "4"]
+def test_demo_one_step_has_no_steady_time(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--steps", "1", *TINY, "--cold", "--quiet"]) == 0
+    out = fields(capsys.readouterr().out)
+    assert out["steady step time"] == "- (needs --steps 2 or more)"
+    assert out["loss"].endswith("over 1 steps")
+
+
+def test_demo_without_the_redis_package_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "redis", None)
+    monkeypatch.setenv("JAXAOT_CACHE", "redis://127.0.0.1:1/0")
+    monkeypatch.setattr(_config, "_default", _config._UNSET)
+    code = main(["demo", "--steps", "2", *TINY, "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jaxaot: error: JAXAOT_CACHE=redis://"), err
+    assert "jaxaot[redis]" in lines[0]
+
+
+def test_describe_names_the_tiers(tmp_path: Path) -> None:
+    import jaxaot
+
+    local = jaxaot.DirectoryCache(tmp_path / "local")
+    tiered = jaxaot.TieredCache(jaxaot.MemoryCache(), local)
+    assert cli_demo.describe(tiered) == f"tiers: memory (this process only) → {tmp_path}/local"
+    assert cli_demo.describe(cli_demo.Counted(local)) == str(tmp_path / "local")
+    assert cli_demo.describe(None) == "none"
+
+
+def test_process_start_is_before_now() -> None:
+    import time
+
+    start = cli_demo.process_start()
+    if sys.platform.startswith("linux"):
+        assert start is not None
+    if start is not None:
+        assert start < time.perf_counter()
+
+
+def _demo(env: dict[str, str], *args: str) -> dict[str, list[str]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxaot", "demo", *TINY, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows: dict[str, list[str]] = {}
+    for line in proc.stdout.splitlines()[1:]:
+        name, _, value = line.strip().partition("  ")
+        rows.setdefault(name, []).append(value.strip())
+    return rows
+
+
+def test_demo_in_a_fresh_process(subprocess_env: dict[str, str]) -> None:
     env = dict(subprocess_env)
-    for _ in range(2):
-        proc = subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "warm start" in proc.stdout
+    _demo(env, "--steps", "3")
+    out = _demo(env, "--steps", "3")
+    assert out["train step"] == ["warm start: loaded from the cache"]
+    assert out["cache location"] == [env["JAXAOT_CACHE_DIR"]]
+    assert "since the process start" in out["time to first step"][0]
     assert os.path.isdir(env["JAXAOT_CACHE_DIR"])
+
+
+def test_demo_over_a_shared_store_reports_each_tier(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """The README's "Sharing a cache" flow: a fresh local tier each time, so the second
+    run's hits come from the shared store."""
+    pytest.importorskip("fsspec")
+    store = f"file://{tmp_path}/shared"
+    env = dict(subprocess_env, JAXAOT_CACHE=store, JAXAOT_CACHE_DIR=str(tmp_path / "local1"))
+    first = _demo(env, "--steps", "2")
+    assert first["cache location"] == [f"tiers: {tmp_path}/local1 → {store}"]
+    assert counts(first["persistent cache"][0])["hits"] == 0
+    assert len(first["tier"]) == 2
+    for row in first["tier"]:
+        assert counts(row.rpartition(": ")[2]) == {
+            "hits": 0,
+            "written": counts(row.rpartition(": ")[2])["written"],
+        }
+        assert counts(row.rpartition(": ")[2])["written"] > 0
+    env["JAXAOT_CACHE_DIR"] = str(tmp_path / "local2")
+    second = _demo(env, "--steps", "2")
+    assert second["train step"] == ["warm start: loaded from the cache"]
+    local, shared = second["tier"]
+    assert local.startswith(f"{tmp_path}/local2: 0 hits")
+    assert shared.startswith(f"{store}: ") and not shared.startswith(f"{store}: 0 hits")

@@ -18,7 +18,7 @@ import pytest
 from _helpers import make_blob
 
 import jaxaot
-from jaxaot import _cli
+from jaxaot import cli as _cli
 from jaxaot._caches._fsspec import FsspecCache
 from jaxaot._caches._tiered import TieredCache
 

@@ -32,7 +32,8 @@ import redis
 from _helpers import make_blob
 
 import jaxaot
-from jaxaot import _cli, _entry
+from jaxaot import _entry
+from jaxaot import cli as _cli
 from jaxaot._caches._redis import RedisCache
 from jaxaot._caches._tiered import TieredCache, verify_entry
 

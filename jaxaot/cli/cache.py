@@ -1,8 +1,8 @@
-"""The ``jaxaot`` command line (also ``python -m jaxaot``).
+"""``jaxaot cache``: inspect and maintain a cache directory or shared store.
 
 Commands::
 
-  jaxaot cache ls      [--dir PATH] [--sort {name,size,hits,last-used}] [--json]
+  jaxaot cache ls      [--dir PATH] [--sort {name,size,hits,last-used}] [--wide] [--json]
   jaxaot cache info    KEY [--dir PATH] [--json]
   jaxaot cache stats   [--dir PATH] [--json]
   jaxaot cache verify  [--dir PATH] [--fix] [--json]
@@ -18,230 +18,45 @@ cache directory (``$JAXAOT_CACHE_DIR``, ``$XDG_CACHE_HOME/jaxaot`` or
 ``~/.cache/jaxaot``), also when ``$JAXAOT_CACHE`` names a remote store: a shared
 store is only touched when named with ``--url``.
 
-Structure: every command is a :class:`Command` (its arguments and a ``run``
-function), commands are grouped in :class:`Group` s, and :data:`COMMANDS` is the
-top-level registry that :func:`build_parser` turns into argparse subparsers.
-A new top-level command (``demo``, ``bench``) is one more entry there.
-
 Caches are read through the byte-level protocol (``keys``, ``get``, ``delete``,
 ``clear``, ``stats``) plus optional extras looked up with ``getattr``
 (``path_for``, ``access_time``, ``hit_count``, ``quarantine``), so any backend
-that implements the protocol can be inspected. ``rich`` is imported here only,
-and only when stdout is a terminal; piped output is plain text.
+that implements the protocol can be inspected.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, NoReturn
+from typing import Any
 
-PROG = "jaxaot"
+from ._output import (
+    CLIError,
+    Command,
+    Group,
+    Output,
+    clip,
+    entries_text,
+    human_bytes,
+    human_count,
+    human_time,
+    is_terminal,
+    iso_time,
+    parse_duration,
+    parse_size,
+    terminal_width,
+)
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-# ----------------------------------------------------------------------------
-# Errors and the argument parser.
-
-
-class CLIError(Exception):
-    """A failure reported as one line on stderr (``jaxaot: error: ...``)."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line and raise :class:`CLIError`."""
-
-    def error(self, message: str) -> NoReturn:
-        raise CLIError(f"{message} (see '{self.prog} --help')", 2)
-
-
-# ----------------------------------------------------------------------------
-# Output: a rich rendering on a terminal, plain aligned text otherwise.
-
-
-def _is_terminal(stream: IO[str]) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
-class Output:
-    """Writes tables, key/value blocks, lines and JSON to ``stream``.
-
-    On a terminal (and when ``rich`` is importable) tables are drawn by rich;
-    otherwise they are plain text, columns separated by two spaces, with no box
-    drawing and no colors.
-    """
-
-    def __init__(self, stream: IO[str] | None = None) -> None:
-        self.stream = stream if stream is not None else sys.stdout
-        self._console: Any = None
-        if _is_terminal(self.stream):
-            try:
-                from rich.console import Console
-            except ImportError:  # pragma: no cover - rich is a dependency
-                pass
-            else:
-                self._console = Console(file=self.stream, force_terminal=True, highlight=False)
-
-    @property
-    def rich(self) -> bool:
-        return self._console is not None
-
-    def line(self, text: str = "") -> None:
-        if self._console is not None:
-            self._console.print(text, markup=False, highlight=False, soft_wrap=True)
-        else:
-            print(text, file=self.stream)
-
-    def json(self, value: Any) -> None:
-        print(json.dumps(value, indent=2, sort_keys=False, default=str), file=self.stream)
-
-    def table(
-        self,
-        columns: Sequence[tuple[str, str]],
-        rows: Sequence[Sequence[str]],
-        *,
-        title: str | None = None,
-        caption: str | None = None,
-    ) -> None:
-        """``columns`` are ``(header, "left"|"right")``; ``title``/``caption`` only on a terminal."""
-        if self._console is not None:
-            from rich.table import Table
-            from rich.text import Text
-
-            table = Table(title=title, caption=caption, title_justify="left")
-            for header, justify in columns:
-                table.add_column(header, justify="right" if justify == "right" else "left")
-            for row in rows:
-                table.add_row(*[Text(cell) for cell in row])
-            self._console.print(table)
-            return
-        widths = [len(h) for h, _ in columns]
-        for row in rows:
-            widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-        for row in [[h for h, _ in columns], *rows]:
-            cells = [
-                c.rjust(w) if justify == "right" else c.ljust(w)
-                for c, w, (_, justify) in zip(row, widths, columns, strict=True)
-            ]
-            print("  ".join(cells).rstrip(), file=self.stream)
-
-    def fields(self, pairs: Sequence[tuple[str, str]], *, title: str | None = None) -> None:
-        """A block of ``name  value`` lines, names aligned, under an optional title."""
-        if self._console is not None:
-            from rich.table import Table
-            from rich.text import Text
-
-            if title:
-                self._console.print(Text(title, style="bold"))
-            grid = Table.grid(padding=(0, 2))
-            grid.add_column(style="cyan", no_wrap=True)
-            grid.add_column(overflow="fold")
-            for name, value in pairs:
-                grid.add_row(Text(name), Text(value))
-            self._console.print(grid)
-            return
-        indent = ""
-        if title:
-            print(f"{title}:", file=self.stream)
-            indent = "  "
-        width = max((len(n) for n, _ in pairs), default=0)
-        for name, value in pairs:
-            print(f"{indent}{name.ljust(width)}  {value}".rstrip(), file=self.stream)
-
-
-# ----------------------------------------------------------------------------
-# Parsing and formatting sizes, durations, times.
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)\s*$", re.IGNORECASE)
-_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from ``123``, ``500M``, ``2G``, ``1.5GiB``...; K/M/G/T/P are powers of 1024."""
-    m = _SIZE_RE.match(text)
-    if m is None:
-        raise argparse.ArgumentTypeError(
-            f"invalid size {text!r}: use bytes or a number with K, M, G or T (powers of 1024)"
-        )
-    return int(float(m.group(1)) * 1024 ** _SIZE_UNITS[m.group(2).lower()])
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from ``30s``, ``15m``, ``12h``, ``7d``, ``2w`` (a plain number is seconds)."""
-    m = _DURATION_RE.match(text)
-    if m is None:
-        raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: use a number with s, m, h, d or w (e.g. 7d)"
-        )
-    return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        value /= 1024
-        if value < 1024 or unit == "PiB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")
-
-
-def iso_time(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
-
-
-def human_time(ts: float | None, now: float | None = None) -> str:
-    """``42s ago``, ``3h ago``, ``5d ago``; a date for older or future times."""
-    if ts is None:
-        return "-"
-    now = time.time() if now is None else now
-    age = now - ts
-    if -60 < age < 60:
-        return "just now" if age < 1 else f"{int(age)}s ago"
-    if 0 < age < 3600:
-        return f"{int(age // 60)}m ago"
-    if 0 < age < 86400:
-        return f"{int(age // 3600)}h ago"
-    if 0 < age < 30 * 86400:
-        return f"{int(age // 86400)}d ago"
-    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
-
-
-def _human_count(value: float) -> str:
-    if not math.isfinite(value):
-        return str(value)
-    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f}{unit}"
-    return f"{value:g}"
-
-
-def _entries(n: int) -> str:
-    return "1 entry" if n == 1 else f"{n} entries"
-
 
 # ----------------------------------------------------------------------------
 # Cache access through the protocol, with optional backend extras.
@@ -376,22 +191,33 @@ class Record:
 
 
 def short_transform(transform: Any) -> str:
-    """``vmap``, ``jvp``, ``jvp+transpose`` (application order); ``-`` when untransformed."""
+    """The transformations in application order, e.g. ``vmap(0,-)``,
+    ``linearize:forward``, ``linearize:linear+transpose``; ``-`` when untransformed.
+
+    Each step names what tells its entries apart: a vmap's input axes (``-`` for
+    an unbatched input), and which half of a linearization an entry is.
+    """
     if not transform:
         return "-"
     names = []
     for t in transform if isinstance(transform, list | tuple) else [transform]:
-        if isinstance(t, list | tuple) and t:
-            names.append(str(t[0]))
-        else:
+        if not (isinstance(t, list | tuple) and t):
             names.append(str(t))
+            continue
+        name, params = str(t[0]), list(t[1:])
+        if name == "vmap" and params and isinstance(params[0], list | tuple):
+            axes = ",".join("-" if a is None else str(a) for a in params[0])
+            name = f"vmap({axes})"
+        elif name == "linearize" and len(params) >= 2 and isinstance(params[1], str):
+            name = f"linearize:{params[1]}"
+        names.append(name)
     return "+".join(names)
 
 
 def check_entry(key: str, blob: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
     """``_entry.verify`` plus: the entry's own key digest names this cache key."""
-    from . import _entry
-    from ._key import ComponentKey
+    from .. import _entry
+    from .._key import ComponentKey
 
     header, sections = _entry.verify(blob)
     try:
@@ -405,7 +231,7 @@ def check_entry(key: str, blob: bytes) -> tuple[dict[str, Any], dict[str, bytes]
 
 def _other_format(blob: bytes) -> int | None:
     """The format version of an entry of another version, else ``None``."""
-    from . import _entry
+    from .. import _entry
 
     if len(blob) < _entry._PREFIX.size or not blob.startswith(_entry.MAGIC):
         return None
@@ -415,7 +241,7 @@ def _other_format(blob: bytes) -> int | None:
 
 def load_record(view: CacheView, key: str, *, with_header: bool = True) -> Record | None:
     """The record for ``key``, or ``None`` if the entry vanished meanwhile."""
-    from . import _entry
+    from .. import _entry
 
     try:
         blob = view.read(key) if with_header else None
@@ -441,10 +267,17 @@ def load_records(view: CacheView) -> list[Record]:
     return [r for r in (load_record(view, k) for k in view.keys()) if r is not None]
 
 
-def open_url(url: str) -> CacheView:
-    """The shared store at ``url`` (Redis or any fsspec URL); a Redis server must answer."""
-    from ._config import remote_cache_from_url
+def open_url(url: str, *, create: bool = False) -> CacheView:
+    """The shared store at ``url`` (Redis or any fsspec URL); a Redis server must answer,
+    and a ``file://`` directory must exist (as for ``--dir``) unless ``create``."""
+    from .._config import remote_cache_from_url, url_scheme
 
+    if url_scheme(url) == "file":
+        path = url[len("file://") :] or "/"
+        if not os.path.lexists(path) and not create:
+            raise CLIError(f"no such directory: {path} (from {url})")
+        if os.path.lexists(path) and not os.path.isdir(path):
+            raise CLIError(f"not a directory: {path} (from {url})")
     try:
         cache = remote_cache_from_url(url)
     except (ImportError, ValueError) as e:
@@ -462,11 +295,11 @@ def open_url(url: str) -> CacheView:
 def open_cache(args: argparse.Namespace, *, create: bool = False) -> CacheView:
     """The cache a command works on: ``--url URL``, ``--dir PATH``, else the default
     cache directory. With ``create``, a missing directory is created (``import``)."""
-    from ._caches import DirectoryCache, UnsafeCacheDirError
-    from ._config import default_cache_dir, default_max_bytes, url_scheme
+    from .._caches import DirectoryCache, UnsafeCacheDirError
+    from .._config import default_cache_dir, default_max_bytes, url_scheme
 
     if getattr(args, "url", None) is not None:
-        return open_url(args.url)
+        return open_url(args.url, create=create)
     try:
         max_bytes = default_max_bytes()
     except ValueError as e:
@@ -489,7 +322,10 @@ def open_cache(args: argparse.Namespace, *, create: bool = False) -> CacheView:
                 "no persistent cache (use --dir PATH to inspect a cache directory)"
             )
         if choice not in ("dir", "directory", "disk", ""):
-            raise CLIError(f"JAXAOT_CACHE must be 'dir', 'memory' or 'off', got {choice!r}")
+            raise CLIError(
+                "JAXAOT_CACHE must be 'dir', 'memory', 'off' or a store URL (redis://, "
+                f"rediss://, gs://, s3://, file://, memory://), got {raw!r}"
+            )
         path = default_cache_dir()
         if not os.path.lexists(path) and not create:
             raise CLIError(f"no such directory: {path} (the default cache; nothing cached yet)")
@@ -525,30 +361,6 @@ def resolve_key(view: CacheView, prefix: str) -> str:
 # Commands.
 
 
-@dataclass(frozen=True)
-class Command:
-    """One subcommand: ``configure`` adds its arguments, ``run`` does the work and
-    returns the exit status."""
-
-    name: str
-    help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace, Output], int]
-    description: str = ""
-    epilog: str = ""
-    uses_cache: bool = True
-
-
-@dataclass(frozen=True)
-class Group:
-    """A command with subcommands (``jaxaot cache ...``)."""
-
-    name: str
-    help: str
-    commands: tuple[Command, ...]
-    description: str = ""
-
-
 # -- ls ------------------------------------------------------------------------
 
 _SORTS: dict[str, Callable[[Record], Any]] = {
@@ -566,7 +378,20 @@ def _ls_configure(p: argparse.ArgumentParser) -> None:
         default="last-used",
         help="order: name (A-Z), size, hits (largest first) or last-used (newest first; default)",
     )
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="full signatures and names (otherwise cut to fit the terminal, or to "
+        f"{_LS_LIMITS[3]} characters when piped)",
+    )
     p.add_argument("--json", action="store_true", help="a JSON list of entries, for scripts")
+
+
+def _kind(r: Record) -> str:
+    """What an entry holds: a compiled ``executable`` or lowered ``stablehlo``."""
+    if r.executable:
+        return "executable"
+    return "stablehlo" if "stablehlo" in r.sections else "-"
 
 
 def _record_json(r: Record) -> dict[str, Any]:
@@ -577,6 +402,7 @@ def _record_json(r: Record) -> dict[str, Any]:
         "ok": r.error is None,
         "error": r.error,
         "transform": r.transform if r.header is not None else None,
+        "kind": _kind(r) if r.header is not None else None,
         "signature": h.get("signature"),
         "platforms": h.get("platforms"),
         "size": r.size,
@@ -588,6 +414,23 @@ def _record_json(r: Record) -> dict[str, Any]:
         "flops": r.flops,
         "sections": r.sections,
     }
+
+
+_LS_COLUMNS = [
+    ("NAME", "left"),
+    ("TRANSFORM", "left"),
+    ("KIND", "left"),
+    ("SIGNATURE", "left"),
+    ("PLATFORMS", "left"),
+    ("SIZE", "right"),
+    ("HITS", "right"),
+    ("LAST USED", "left"),
+    ("FLOPS", "right"),
+    ("DIGEST", "left"),
+]
+#: Widest NAME, TRANSFORM and SIGNATURE cells without --wide (a piped line stays
+#: under about 170 characters; a terminal cuts the signature further to fit).
+_LS_LIMITS = {0: 24, 1: 32, 3: 48}
 
 
 def _cmd_ls(args: argparse.Namespace, out: Output) -> int:
@@ -604,8 +447,8 @@ def _cmd_ls(args: argparse.Namespace, out: Output) -> int:
     for r in records:
         if r.header is None:
             rows.append(
-                [r.name, "-", r.error or "", "-", human_bytes(r.size), _opt(r.hits)]
-                + [human_time(r.last_used, now), "-", "-", r.key[:12]]
+                [r.name, "-", "-", r.error or "", "-", human_bytes(r.size), _opt(r.hits)]
+                + [human_time(r.last_used, now), "-", r.key[:12]]
             )
             continue
         flops = r.flops
@@ -613,34 +456,35 @@ def _cmd_ls(args: argparse.Namespace, out: Output) -> int:
             [
                 r.name,
                 r.transform,
+                _kind(r),
                 str(r.header.get("signature", "?")),
                 ",".join(str(p) for p in r.header.get("platforms") or []) or "-",
                 human_bytes(r.size),
                 _opt(r.hits),
                 human_time(r.when, now),
-                "yes" if r.executable else "no",
-                _human_count(flops) if flops is not None else "-",
+                human_count(flops) if flops is not None else "-",
                 r.key[:12],
             ]
         )
-    columns = [
-        ("NAME", "left"),
-        ("TRANSFORM", "left"),
-        ("SIGNATURE", "left"),
-        ("PLATFORMS", "left"),
-        ("SIZE", "right"),
-        ("HITS", "right"),
-        ("LAST USED", "left"),
-        ("EXECUTABLE", "left"),
-        ("FLOPS", "right"),
-        ("DIGEST", "left"),
-    ]
+    limits: dict[int, int] | None = None
+    if args.wide:  # every cell in full, longer than the terminal if need be
+        out = Output(out.stream, plain=True)
+    else:
+        limits = dict(_LS_LIMITS)
+        if out.rich:  # the signature takes what the other columns leave of the terminal
+            others = sum(
+                max(len(h), *(len(clip(row[i], limits.get(i))) for row in rows))
+                for i, (h, _) in enumerate(_LS_COLUMNS)
+                if i != 3
+            )
+            limits[3] = max(12, terminal_width() - others - 3 * len(_LS_COLUMNS) - 1)
     total = sum(r.size for r in records)
     out.table(
-        columns,
+        _LS_COLUMNS,
         rows,
         title=f"jaxaot cache {view.location}",
-        caption=f"{_entries(len(records))}, {human_bytes(total)}",
+        caption=f"{entries_text(len(records))}, {human_bytes(total)}",
+        limits=limits,
     )
     return 0
 
@@ -737,10 +581,10 @@ def _cmd_info(args: argparse.Namespace, out: Output) -> int:
     overview += [
         ("created", _when_text(record.created)),
         ("transform", record.transform),
-        ("signature", str(h.get("signature", "?"))),
+        ("kind", _kind(record)),
+        ("signature", clip(str(h.get("signature", "?")), _INFO_WIDTH)),
         ("platforms", ", ".join(str(p) for p in h.get("platforms") or []) or "-"),
         ("host callbacks", "yes" if h.get("host_callbacks") else "no"),
-        ("executable", "yes" if record.executable else "no"),
     ]
     out.fields(overview, title="entry")
     out.fields(
@@ -754,26 +598,60 @@ def _cmd_info(args: argparse.Namespace, out: Output) -> int:
     parts: list[tuple[str, str]] = []
     for name, value in record.parts.items():
         parts += _flatten(name, value)
-    out.fields(parts, title="key parts")
+    out.fields([(n, clip(v, _INFO_WIDTH)) for n, v in parts], title="key parts")
     out.fields(
         [(n, f"{human_bytes(s)} ({s} bytes)") for n, s in record.sections.items()]
         or [("(none)", "")],
         title="sections",
     )
-    out.fields(
-        _labelled(h.get("arg_names") or [], h.get("in_avals") or [], "input") or [("(none)", "")],
-        title="arguments",
-    )
-    out.fields(
-        _labelled(h.get("result_paths") or [], h.get("out_avals") or [], "output")
-        or [("(none)", "")],
-        title="results",
-    )
+    for title, names, avals, default in (
+        ("arguments", h.get("arg_names") or [], h.get("in_avals") or [], "input"),
+        ("results", h.get("result_paths") or [], h.get("out_avals") or [], "output"),
+    ):
+        rows = _labelled(names, avals, default)
+        if len(rows) > _INFO_ROWS:
+            more = len(rows) - _INFO_ROWS + 1
+            rows = [*rows[: _INFO_ROWS - 1], (f"… {more} more", "(--json lists them all)")]
+        out.fields(rows or [("(none)", "")], title=f"{title} ({len(names) or len(avals)})")
+    extra = dict(h.get("extra") or {})
+    cost = extra.pop("cost_analysis", None)
+    extra.pop("executable_in_tree", None)  # the executable's calling convention: --json
+    if isinstance(cost, list) and cost and isinstance(cost[0], dict):
+        cost = cost[0]
+    if isinstance(cost, dict) and cost:
+        out.fields(_cost_rows(cost), title="cost analysis (XLA's estimate)")
     extra_rows: list[tuple[str, str]] = []
-    for name, value in (h.get("extra") or {}).items():
-        extra_rows += _flatten(str(name), value)
-    out.fields(extra_rows or [("(none)", "")], title="extra")
+    for name, value in extra.items():
+        extra_rows += [(n, clip(v, _INFO_WIDTH)) for n, v in _flatten(str(name), value)]
+    if extra_rows:
+        out.fields(extra_rows, title="extra")
     return 0
+
+
+#: Widest value ``cache info`` prints (``--json`` has them whole), and the most
+#: argument or result rows.
+_INFO_WIDTH = 100
+_INFO_ROWS = 12
+
+#: The cost-analysis figures people read, in this order, and how to show them.
+_COSTS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("flops", "flops", human_count),
+    ("transcendentals", "transcendentals", human_count),
+    ("bytes accessed", "bytes accessed", lambda v: human_bytes(int(v))),
+    ("optimal_seconds", "optimal seconds", lambda v: f"{v:.3g} s"),
+)
+
+
+def _cost_rows(cost: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for key, label, fmt in _COSTS:
+        value = cost.get(key)
+        if isinstance(value, int | float) and math.isfinite(value):
+            rows.append((label, fmt(float(value))))
+    others = len([k for k in cost if k not in {c[0] for c in _COSTS}])
+    if others:
+        rows.append(("…", f"{others} more figures (per operand and output): --json"))
+    return rows
 
 
 def _when_text(ts: float | None) -> str:
@@ -789,9 +667,30 @@ def _stats_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
 
 
+#: A backend instance's counters of its own calls: always 0 in a fresh CLI
+#: process, so ``stats`` leaves them out (``recorded hits`` is the persistent count).
+_PROCESS_COUNTERS = frozenset(
+    {
+        "hits",
+        "misses",
+        "puts",
+        "evictions",
+        "errors",
+        "skipped_offline",
+        "promotions",
+        "refused",
+        "tier_errors",
+        "tier_hits",
+        "writes",
+        "write_errors",
+        "corrupt",
+    }
+)
+
+
 def _cmd_stats(args: argparse.Namespace, out: Output) -> int:
     view = open_cache(args)
-    stats = dict(view.cache.stats())
+    stats = {k: v for k, v in view.cache.stats().items() if k not in _PROCESS_COUNTERS}
     stats.setdefault("path", view.location)
     recorded = None
     if getattr(view.cache, "hit_count", None) is not None:
@@ -811,12 +710,10 @@ def _cmd_stats(args: argparse.Namespace, out: Output) -> int:
         used = f", {100.0 * total / cap:.1f}% used" if total is not None and cap else ""
         rows.append(("cap", f"{human_bytes(cap)} ({cap} bytes{used})"))
     rows.append(("recorded hits", _opt(recorded)))
-    out.fields(rows)
     shown = {"path", "backend", "entries", "bytes", "max_bytes", "recorded_hits"}
-    more = [(n.replace("_", " "), _value_text(v)) for n, v in stats.items() if n not in shown]
-    if more:
-        # Whatever else the backend reports; a DirectoryCache's counters count this process.
-        out.fields(more, title="backend stats")
+    # Whatever else the backend reports about the store itself (temp files, TTL, ...).
+    rows += [(n.replace("_", " "), _value_text(v)) for n, v in stats.items() if n not in shown]
+    out.fields(rows)
     return 0
 
 
@@ -833,7 +730,7 @@ def _verify_configure(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace, out: Output) -> int:
-    from ._entry import HMAC_ENV
+    from .._entry import HMAC_ENV
 
     view = open_cache(args)
     records = load_records(view)
@@ -866,7 +763,7 @@ def _cmd_verify(args: argparse.Namespace, out: Output) -> int:
         )
         return status
     check = f"signatures (${HMAC_ENV})" if signed else "checksums"
-    out.line(f"checked {_entries(len(records))} in {view.location} ({check})")
+    out.line(f"checked {entries_text(len(records))} in {view.location} ({check})")
     if bad:
         rows = []
         for r in bad:
@@ -951,8 +848,8 @@ def _cmd_prune(args: argparse.Namespace, out: Output) -> int:
     gone = {r.key for r in removed}
     left = [r for r in records if r.key not in gone]
     out.line(
-        f"{verb} {_entries(len(removed))} ({human_bytes(sum(r.size for r in removed))}) "
-        f"from {view.location}; {_entries(len(left))} "
+        f"{verb} {entries_text(len(removed))} ({human_bytes(sum(r.size for r in removed))}) "
+        f"from {view.location}; {entries_text(len(left))} "
         f"({human_bytes(sum(r.size for r in left))}) left"
     )
     return 0
@@ -969,12 +866,12 @@ def _cmd_clear(args: argparse.Namespace, out: Output) -> int:
     view = open_cache(args)
     stats = view.cache.stats()
     n, size = int(stats.get("entries") or 0), int(stats.get("bytes") or 0)
-    what = f"{_entries(n)} ({human_bytes(size)})"
+    what = f"{entries_text(n)} ({human_bytes(size)})"
     if n == 0:
         out.line(f"no entries in {view.location}")
         return 0
     if not args.yes:
-        if not _is_terminal(sys.stdin):
+        if not is_terminal(sys.stdin):
             raise CLIError(
                 f"not clearing {what} from {view.location}: stdin is not a terminal to "
                 "confirm on; pass --yes"
@@ -1008,28 +905,53 @@ def _export_configure(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_export(args: argparse.Namespace, out: Output) -> int:
-    from ._bundle import export_bundle
+    from .._bundle import export_bundle
 
     view = open_cache(args)
-    report = export_bundle(args.bundle, cache=view.cache, components=args.component)
+    target = os.path.abspath(os.path.expanduser(args.bundle))
+    # Written next to the target and moved into place only when every --component
+    # matched: a failed export leaves no file (and never half a bundle).
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=os.path.dirname(target)
+    )
+    os.close(fd)
+    try:
+        report = export_bundle(tmp, cache=view.cache, components=args.component)
+        if not report["unmatched"]:
+            os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    report["path"] = target
     report["source"] = view.location
-    status = 1 if report["unmatched"] else 0
+    if report["unmatched"]:
+        report["written"] = False
+        held = sorted({r.name for r in load_records(view) if r.header is not None})
+        if args.json:
+            out.json(report)
+            return 1
+        raise CLIError(
+            "no entries for component(s): "
+            + ", ".join(report["unmatched"])
+            + f" (in {view.location}, whose components are "
+            + (", ".join(held) or "none")
+            + f"); nothing written to {target}"
+        )
+    report["written"] = True
     if args.json:
         out.json(report)
-        return status
+        return 0
     names = ", ".join(report["names"]) or "-"
     out.line(
-        f"exported {_entries(report['entries'])} ({human_bytes(report['bytes'])}) from "
+        f"exported {entries_text(report['entries'])} ({human_bytes(report['bytes'])}) from "
         f"{view.location} to {report['path']} (components: {names})"
     )
     if report["bad"]:
         out.line(
-            f"left out {_entries(len(report['bad']))} that failed verification: "
+            f"left out {entries_text(len(report['bad']))} that failed verification: "
             + ", ".join(k[:12] for k in report["bad"])
         )
-    if report["unmatched"]:
-        out.line("no entries for component(s): " + ", ".join(report["unmatched"]))
-    return status
+    return 0
 
 
 def _import_configure(p: argparse.ArgumentParser) -> None:
@@ -1038,7 +960,7 @@ def _import_configure(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_import(args: argparse.Namespace, out: Output) -> int:
-    from ._bundle import BundleError, import_bundle
+    from .._bundle import BundleError, import_bundle
 
     if not os.path.isfile(args.bundle):
         raise CLIError(f"no such bundle file: {args.bundle}")
@@ -1066,7 +988,7 @@ def _cmd_import(args: argparse.Namespace, out: Output) -> int:
 
 
 # ----------------------------------------------------------------------------
-# The registry and main.
+# The group.
 
 _DIR_HELP = (
     "the cache directory (default: $JAXAOT_CACHE_DIR, $XDG_CACHE_HOME/jaxaot or ~/.cache/jaxaot)"
@@ -1076,6 +998,14 @@ _URL_HELP = (
     "gs://bucket/path, s3://bucket/path, file:///path or another fsspec URL "
     "(needs jaxaot[redis] or jaxaot[fsspec]); not with --dir"
 )
+
+
+def add_location_arguments(p: argparse.ArgumentParser) -> None:
+    """``--dir PATH`` or ``--url URL``, not both: every ``cache`` command takes them."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--dir", metavar="PATH", default=None, help=_DIR_HELP)
+    where.add_argument("--url", metavar="URL", default=None, help=_URL_HELP)
+
 
 CACHE = Group(
     "cache",
@@ -1126,7 +1056,8 @@ CACHE = Group(
             description="Write the cache's sound entries (all, or those of the named "
             "components) into one bundle file, to import on another machine.",
             epilog="Bad entries are left out and reported. Exit status: 0 ok; 1 when a "
-            "--component NAME matched no entry, or the bundle cannot be written.",
+            "--component NAME matched no entry (then no file is written), or the bundle "
+            "cannot be written.",
         ),
         Command(
             "import",
@@ -1142,152 +1073,3 @@ CACHE = Group(
         ),
     ),
 )
-
-
-#: The top-level commands, in help order. Add ``demo``/``bench`` here.
-def _demo_configure(parser: argparse.ArgumentParser) -> None:
-    from ._demo import add_arguments
-
-    add_arguments(parser)
-
-
-def _cmd_demo(args: argparse.Namespace, out: Output) -> int:
-    from ._demo import run, summary_rows
-
-    if args.cache_dir is not None:
-        path = os.path.abspath(os.path.expanduser(args.cache_dir))
-        args.cache_dir = path
-    try:
-        result = run(args)
-    except Exception as e:  # an unusable cache directory, bad sizes, ...
-        from ._caches import UnsafeCacheDirError
-
-        if isinstance(e, UnsafeCacheDirError | ValueError):
-            raise CLIError(str(e)) from None
-        raise
-    out.fields(summary_rows(result), title="jaxaot demo")
-    return 0
-
-
-DEMO = Command(
-    "demo",
-    "train a small transformer whose block and train step are components",
-    _demo_configure,
-    _cmd_demo,
-    description="Train a small transformer language model (components for the block and the "
-    "train step, optax, generated data) and report time to first step, step time, loss and "
-    "cache use. Run it twice to see the warm start.",
-    uses_cache=False,
-)
-
-
-def _bench_configure(parser: argparse.ArgumentParser) -> None:
-    from ._bench import add_arguments
-
-    add_arguments(parser)
-
-
-def _cmd_bench(args: argparse.Namespace, out: Output) -> int:
-    from ._bench import run
-
-    try:
-        text = run(args, lambda message: print(message, file=sys.stderr))
-    except ImportError as e:
-        raise CLIError(f"{e} (pip install 'jaxaot[bench]')") from None
-    out.line(text)
-    out.line(f"tables, JSON and plots written to {os.path.abspath(args.out)}")
-    return 0
-
-
-BENCH = Command(
-    "bench",
-    "benchmark warm starts and regional compilation against JAX's own caches",
-    _bench_configure,
-    _cmd_bench,
-    description="Run the warm-start benchmark (jax.jit, JAX's persistent cache, jax.export, "
-    "jaxaot, the physical limit) and/or the regional-compilation depth sweep (jax.jit, scan, "
-    "Equinox noinline, jaxaot.jit), each contender in a fresh process; write Markdown tables, "
-    "JSON and PNG plots.",
-    uses_cache=False,
-)
-
-COMMANDS: list[Command | Group] = [DEMO, BENCH, CACHE]
-
-
-def _add_command(sub: Any, cmd: Command) -> None:
-    p = sub.add_parser(
-        cmd.name,
-        help=cmd.help,
-        description=cmd.description or cmd.help[:1].upper() + cmd.help[1:] + ".",
-        epilog=cmd.epilog or None,
-    )
-    if cmd.uses_cache:
-        where = p.add_mutually_exclusive_group()
-        where.add_argument("--dir", metavar="PATH", default=None, help=_DIR_HELP)
-        where.add_argument("--url", metavar="URL", default=None, help=_URL_HELP)
-    cmd.configure(p)
-    p.set_defaults(_run=cmd.run)
-
-
-def _missing(parser: argparse.ArgumentParser, names: Sequence[str]) -> Callable[..., int]:
-    def run(args: argparse.Namespace, out: Output) -> int:
-        raise CLIError(
-            f"'{parser.prog}' needs a command ({', '.join(names)}); see '{parser.prog} --help'", 2
-        )
-
-    return run
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=PROG,
-        description="jaxaot: reusable, cached, compiled building blocks for JAX programs.",
-    )
-    from . import __version__
-
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    top = parser.add_subparsers(title="commands", metavar="COMMAND")
-    parser.set_defaults(_run=_missing(parser, [c.name for c in COMMANDS]))
-    for item in COMMANDS:
-        if isinstance(item, Command):
-            _add_command(top, item)
-            continue
-        gp = top.add_parser(item.name, help=item.help, description=item.description or None)
-        gsub = gp.add_subparsers(title="commands", metavar="COMMAND")
-        gp.set_defaults(_run=_missing(gp, [c.name for c in item.commands]))
-        for cmd in item.commands:
-            _add_command(gsub, cmd)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Runs the command line; returns the exit status."""
-    try:
-        parser = build_parser()
-        try:
-            args = parser.parse_args(argv)
-        except SystemExit as e:  # --help and --version
-            return e.code if isinstance(e.code, int) else 0
-        return int(args._run(args, Output()))
-    except CLIError as e:
-        _error(str(e))
-        return e.code
-    except KeyboardInterrupt:
-        _error("interrupted")
-        return 130
-    except BrokenPipeError:
-        # The reader went away (`jaxaot cache ls | head`): stop quietly.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass
-        return 1
-    except OSError as e:
-        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-        _error(f"{e.strerror or e}{where}")
-        return 1
-
-
-def _error(message: str) -> None:
-    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
