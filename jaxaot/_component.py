@@ -849,7 +849,7 @@ class Component(Generic[P, R]):
             call, _ = self._root_call(args, kwargs, allow_sds=True)
             return self._jitted.trace(*args, **kwargs).lower().compile(), call.entry
 
-        return self._store.executable(sig, key, compile, self._code_extra), sig
+        return self._store.executable(sig, key, compile, self._code_extra, in_tree), sig
 
     def _call_executable(self, call: Call) -> Any:
         """An executable running one entry on its own (for ``jaxaot.jit``):

@@ -448,6 +448,10 @@ def stable_text(value: Any, depth: int = 0) -> str:
             f"partial({stable_text(value.func, depth + 1)},{stable_text(tuple(value.args), depth + 1)},"
             f"{stable_text(dict(value.keywords), depth + 1)})"
         )
+    wrapped: Any = getattr(value, "fun", None) or getattr(value, "__wrapped__", None)
+    if wrapped is not None and wrapped is not value and callable(wrapped):
+        # custom_jvp / custom_vjp objects, jax.jit-wrapped functions: by what they wrap.
+        return f"<{_qualified(type(value))} of {stable_text(wrapped, depth + 1)}>"
     return f"{_qualified(type(value))}:{strip_addresses(repr(value))}"
 
 

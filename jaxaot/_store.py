@@ -138,6 +138,7 @@ class Store:
         key: Callable[[], ComponentKey],
         compile: Callable[[], tuple[Any, Entry | None]],
         extra: Callable[[], dict[str, Any]] | None = None,
+        in_tree: Any = None,
     ) -> Any:
         """The top-level executable for ``sig``: from this process, else loaded from
         the cache under ``key()`` (no trace, lowering or compile), else
@@ -152,7 +153,7 @@ class Store:
                 return exe
             exe_key = key()
             cache = get_cache()
-            loaded = load_executable_entry(cache, exe_key) if cache is not None else None
+            loaded = load_executable_entry(cache, exe_key, in_tree) if cache is not None else None
             if loaded is not None:
                 exe, record = loaded
                 costs = record.extra.get("cost_analysis")
@@ -341,9 +342,11 @@ def wait_for_writes() -> None:
         future.result()
 
 
-def load_executable(cache: Cache, key: ComponentKey) -> tuple[Any, dict[str, float] | None] | None:
+def load_executable(
+    cache: Cache, key: ComponentKey, in_tree: Any = None
+) -> tuple[Any, dict[str, float] | None] | None:
     """The executable stored under ``key`` and its cost analysis, or ``None``."""
-    loaded = load_executable_entry(cache, key)
+    loaded = load_executable_entry(cache, key, in_tree)
     if loaded is None:
         return None
     exe, entry = loaded
@@ -351,9 +354,12 @@ def load_executable(cache: Cache, key: ComponentKey) -> tuple[Any, dict[str, flo
     return exe, dict(costs) if isinstance(costs, dict) else None
 
 
-def load_executable_entry(cache: Cache, key: ComponentKey) -> tuple[Any, Entry] | None:
+def load_executable_entry(
+    cache: Cache, key: ComponentKey, in_tree: Any = None
+) -> tuple[Any, Entry] | None:
     """The executable stored under ``key`` and its entry, or ``None`` (a damaged or
-    unloadable entry is dropped with a warning: a miss, never a crash)."""
+    unloadable entry is dropped with a warning: a miss, never a crash). ``in_tree``
+    is the calling convention's input tree, for entries that could not store it."""
     pending = _pending.get(key.digest)
     if pending is not None:
         pending.result()
@@ -363,7 +369,11 @@ def load_executable_entry(cache: Cache, key: ComponentKey) -> tuple[Any, Entry] 
     try:
         if entry.executable is None:
             raise EntryError("entry has no executable section")
-        in_tree = _entry.tree_from_json(entry.extra["executable_in_tree"])
+        stored = entry.extra.get("executable_in_tree")
+        if stored is not None:
+            in_tree = _entry.tree_from_json(stored)
+        if in_tree is None:
+            raise EntryError("entry has no input tree")
         exe = deserialize_executable(entry.executable, in_tree, entry.out_tree)
     except Exception as e:  # damaged, foreign or unloadable: a miss, never a crash
         _stats.bump("corrupt_entries")
@@ -376,6 +386,15 @@ def load_executable_entry(cache: Cache, key: ComponentKey) -> tuple[Any, Entry] 
         discard(cache, key.digest)
         return None
     return exe, entry
+
+
+def _in_tree_json(in_tree: Any) -> dict[str, Any]:
+    # A tree whose node data is not JSON (an Equinox static field holding a
+    # function) is not stored: the loading call gives its own, equal by the key.
+    try:
+        return {"executable_in_tree": _entry.tree_to_json(in_tree)}
+    except NotPersistable:
+        return {}
 
 
 def executable_entry(
@@ -397,11 +416,7 @@ def executable_entry(
             arg_names=root.arg_names,
             result_paths=root.result_paths,
             executable=payload,
-            extra={
-                **(extra or {}),
-                "cost_analysis": costs,
-                "executable_in_tree": _entry.tree_to_json(in_tree),
-            },
+            extra={**(extra or {}), "cost_analysis": costs, **_in_tree_json(in_tree)},
         )
     except Exception as e:
         logger.debug("jaxaot: not caching the executable of %s: %s", root.name, e)
