@@ -16,42 +16,64 @@ tracing and lowering the body. Made entries are written to the active cache.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import inspect
 import logging
-import os
 import threading
-import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from . import _distributed, _entry, _stats
-from ._caches import Cache
-from ._config import explain_misses, get_cache
-from ._entry import Entry, EntryError, NotPersistable
+from . import _entry, _stats
+from ._entry import Entry
 from ._jaxcompat import (
     ShapedArray,
     Tracer,
+    axis_data_parts,
     batch_jaxpr,
     cpp_dispatcher,
     default_platform,
-    deserialize_executable,
     fastpath_miss,
     has_host_callbacks,
     is_ordered_effect,
     jaxpr_as_fun,
     module_to_bytecode,
     partial_eval_jaxpr,
-    serialize_executable,
+    trace_context,
+    trace_context_parts,
     trace_state_clean,
 )
-from ._key import ClosureError, ComponentKey, aval_str, function_fingerprint, stable_repr
+from ._key import (
+    ClosureError,
+    ComponentKey,
+    aval_str,
+    closed_tracer,
+    code_digest,
+    refuse_closed_arrays,
+    same_values,
+    seen_values,
+    stable_repr,
+    tree_text,
+)
 from ._optimize import fuse_dot_transposes, prune_residuals
-from ._rules import bind
+from ._program import program_parts, uses_primitive
+from ._rules import bind, naming
+from ._store import (
+    Store,
+    executable_parts,
+    load_executable,
+    store_executable,
+    wait_for_writes,
+)
+
+# Names other modules of jaxaot use (``_regional``, ``_bundle``).
+_executable_parts = executable_parts
+_load_executable = load_executable
+_store_executable = store_executable
+__all__ = ["Call", "Component", "component", "wait_for_writes"]
 
 logger = logging.getLogger("jaxaot")
 
@@ -77,16 +99,20 @@ def _sds(aval: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
-def _jax_config_parts() -> tuple[tuple[str, str], ...]:
-    cfg = jax.config
-    names = (
-        "jax_default_matmul_precision",
-        "jax_numpy_rank_promotion",
-        "jax_numpy_dtype_promotion",
-        "jax_default_prng_impl",
-        "jax_threefry_partitionable",
+def _jax_config_parts() -> tuple[tuple[str, Any], ...]:
+    """Everything ``jax.jit``'s own caches key on (its trace context), option by
+    option, and the PRNG implementation."""
+    return (
+        *trace_context_parts(),
+        ("jax_default_prng_impl", str(getattr(jax.config, "jax_default_prng_impl", None))),
     )
-    return tuple((n, str(getattr(cfg, n, None))) for n in names)
+
+
+def is_differentiable(dtype: Any) -> bool:
+    """Whether JAX differentiates values of ``dtype``: every inexact dtype, the
+    bfloat16, float16, float8 and complex types included (JAX's own predicate;
+    NumPy's does not know the ml_dtypes types)."""
+    return bool(jnp.issubdtype(dtype, jnp.inexact))
 
 
 # How jaxaot derives the entries of transformations (a key part, so entries
@@ -94,7 +120,9 @@ def _jax_config_parts() -> tuple[tuple[str, str], ...]:
 #   1: first version.
 #   2: transposed entries compute transpose(dot_general(a, b)) as dot_general(b, a).
 #   3: residuals that are elementwise arithmetic of other residuals are recomputed.
-DERIVE_VERSION = 3
+#   4: derived keys hold each parent's input types and the vmap axis's name and
+#      spmd_axis_name; every dtype JAX differentiates gets tangents.
+DERIVE_VERSION = 4
 
 
 def _base_parts(platform: str) -> dict[str, Any]:
@@ -177,7 +205,7 @@ class Call:
             entry.out_tree, entry.extra = base.out_tree, dict(base.extra)
             return entry
 
-        return self.component._get_entry(key, build)
+        return self.component._store.entry(key, build)
 
     def _derive(
         self,
@@ -189,9 +217,11 @@ class Call:
         """A call of a transformation of this computation. ``make_fn`` returns the
         transformed flat function and facts to keep in the entry's ``extra``."""
         in_avals = [_aval_of(a) for a in args]
+        # The whole lineage: each transformation with the input types of the
+        # computation it transforms, so no two signatures share a derived entry.
         key = self.key.replace(
             args=_avals_text(in_avals),
-            transform=(*self.key.parts["transform"], transform),
+            transform=(*self.key.parts["transform"], (*transform, self.key.parts["args"])),
         )
         name = self.entry.name
         component = self.component
@@ -209,7 +239,7 @@ class Call:
                 entry.arg_names = tuple(arg_names)
             return entry
 
-        entry = component._get_entry(key, build)
+        entry = component._store.entry(key, build)
         return Call(component, key, entry, trace)
 
     def vmap(self, axis_data: Any, in_axes: tuple[int | None, ...], args: Sequence[Any]) -> Call:
@@ -221,7 +251,7 @@ class Call:
             batched, out_axes = batch_jaxpr(parent.jaxpr(), axis_data, in_axes)
             return jaxpr_as_fun(batched), {"out_axes": list(out_axes)}
 
-        transform = ("vmap", in_axes, int(axis_data.size))
+        transform = ("vmap", in_axes, axis_data_parts(axis_data))
         return self._derive(transform, args, make_fn, self.entry.arg_names)
 
     def jvp(self, mask: tuple[bool, ...], args: Sequence[Any]) -> Call:
@@ -242,9 +272,7 @@ class Call:
                 ]
                 _, out_t = jax.jvp(lambda *p: tuple(pf(*p)), tuple(primals), tuple(tangents))
                 return tuple(
-                    t
-                    for t, a in zip(out_t, out_avals, strict=True)
-                    if np.issubdtype(a.dtype, np.inexact)
+                    t for t, a in zip(out_t, out_avals, strict=True) if is_differentiable(a.dtype)
                 )
 
             return tangent_fn, {}
@@ -266,7 +294,7 @@ class Call:
         in_avals = self.entry.in_avals
         out_avals = self.entry.out_avals
         n = len(in_avals)
-        diff = [bool(np.issubdtype(a.dtype, np.inexact)) for a in out_avals]
+        diff = [is_differentiable(a.dtype) for a in out_avals]
 
         def jvp_fn(*xs: Any) -> tuple[Any, ...]:
             primals, live = xs[:n], iter(xs[n:])
@@ -398,11 +426,10 @@ class Component(Generic[P, R]):
         self._donate_argnums = _as_tuple(donate_argnums, "donate_argnums", self.name)
         self._counters = _stats.Counters(parent=_stats.PROCESS)
         self._lock = threading.RLock()
-        self._entries: dict[ComponentKey, Entry] = {}
-        self._compiled: dict[Any, Any] = {}
-        self._costs: dict[Any, dict[str, float] | None] = {}
-        self._region_exes: dict[ComponentKey, Any] = {}
-        self._region_locks = _stats.KeyedLocks()
+        self._code = code_digest(fun) if key is not None else ""
+        self._store = Store(self.name, self._counters, check=self._check_code)
+        # signature -> (root key, the Traced it was found from, for default keys)
+        self._keys: dict[tuple[Any, ...], tuple[ComponentKey, Any, tuple[Any, ...]]] = {}
         self._annotation = f"jaxaot:{self.name}"
         simple = not self._static_argnums and not self._static_argnames and not callable(key)
         self._dispatch = cpp_dispatcher(self.name, self._dispatch_miss) if simple else None
@@ -413,18 +440,22 @@ class Component(Generic[P, R]):
             return fun(*args, **kwargs)
 
         self._counted = counted
+        self._jitted = self._make_jitted()
+        _stats.bump("components")
+
+    def _make_jitted(self) -> Any:
+        fun = self.__wrapped__
 
         @functools.wraps(fun)
         def staged(*args: Any, **kwargs: Any) -> Any:
             return self._call_traced(args, kwargs)
 
-        self._jitted = jax.jit(
+        return jax.jit(
             staged,
             static_argnums=self._static_argnums,
             static_argnames=self._static_argnames,
             donate_argnums=self._donate_argnums,
         )
-        _stats.bump("components")
 
     def __repr__(self) -> str:
         return f"<jaxaot.component {self.name}>"
@@ -550,7 +581,7 @@ class Component(Generic[P, R]):
         if key is None:
             module = getattr(self.__wrapped__, "__module__", "") or ""
             qualname = getattr(self.__wrapped__, "__qualname__", self.name)
-            return f"fn:{module}.{qualname}:{function_fingerprint(self.__wrapped__, self.name)}"
+            return f"fn:{module}.{qualname}"
         if callable(key):
             value = key(*args, **kwargs)
             text = stable_repr(value)
@@ -562,78 +593,102 @@ class Component(Generic[P, R]):
             return "key:" + text
         return "key:" + str(stable_repr(key))
 
-    def _root_key(
+    def _signature_of(
         self,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         in_tree: Any,
         avals: Sequence[Any],
         statics: tuple[tuple[str, str], ...],
-    ) -> ComponentKey:
+    ) -> tuple[Any, ...]:
+        """What tells calls apart in this process: what ``jax.jit``'s own caches key
+        on (the tree, the types, static values and the trace context)."""
+        sig: tuple[Any, ...] = (in_tree, tuple(avals), statics, trace_context())
+        if callable(self._key):
+            sig = (*sig, self._identity(args, kwargs))
+        return sig
+
+    def _resolve(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], allow_sds: bool
+    ) -> tuple[ComponentKey, Any, list[Any], tuple[Any, ...]]:
+        """The root key of a call, the ``Traced`` its key was found from (default
+        keys) or ``None`` (explicit keys), the flat inputs and the signature.
+
+        A default key is found by tracing the body (once per signature in this
+        process); an explicit key without tracing."""
+        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        leaves, in_tree = self._flatten(dyn_args, dyn_kwargs, allow_sds)
+        avals = [_aval_of(x) for x in leaves]
+        sig = self._signature_of(args, kwargs, in_tree, avals, statics)
+        known = self._keys.get(sig)
+        if known is None or not same_values(known[2], self.__wrapped__):
+            with self._lock:
+                known = self._keys.get(sig)
+                if known is None or not same_values(known[2], self.__wrapped__):
+                    # New, or the function now sees other objects by name (a
+                    # rebound global): trace again, as a new jax.jit would.
+                    seen = seen_values(self.__wrapped__)
+                    key, traced = self._make_key(args, kwargs, in_tree, avals, statics)
+                    known = (key, traced, seen)
+                    self._keys[sig] = known
+        return known[0], known[1], leaves, sig
+
+    def _make_key(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        in_tree: Any,
+        avals: Sequence[Any],
+        statics: tuple[tuple[str, str], ...],
+    ) -> tuple[ComponentKey, Any]:
         parts = _base_parts(default_platform())
+        parts["component"] = self._identity(args, kwargs)
+        traced = None
+        if self._key is None:
+            traced = self._trace_root(args, kwargs)
+            if len(traced.jaxpr.in_avals) != len(avals):
+                # JAX passed a value the function closes over as an extra input:
+                # a tracer of a transformation outside the component.
+                where = closed_tracer(self.__wrapped__) or "a closed-over value"
+                raise ClosureError(
+                    f"jaxaot.component {self.name!r}: the function closes over a traced "
+                    f"value ({where}) of a transformation outside the component. Its value "
+                    "is not known when the component is made; pass it as an argument instead."
+                )
+            parts.update(program_parts(traced.jaxpr, self.name))
+            parts["out_tree"] = tree_text(jax.tree_util.tree_structure(traced.out_info))
+        else:
+            refuse_closed_arrays(self.__wrapped__, self.name)
         parts.update(
-            component=self._identity(args, kwargs),
-            in_tree=str(in_tree),
+            in_tree=tree_text(in_tree),
             static=statics,
             args=_avals_text(avals),
             transform=(),
         )
-        return ComponentKey(parts)
+        return ComponentKey(parts), traced
 
     def cache_key(self, *args: Any, **kwargs: Any) -> ComponentKey:
-        """The key of the entry this call would use (arrays or ShapeDtypeStructs)."""
-        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
-        leaves, in_tree = self._flatten(dyn_args, dyn_kwargs, allow_sds=True)
-        return self._root_key(args, kwargs, in_tree, [_aval_of(x) for x in leaves], statics)
+        """The key of the entry this call would use (arrays or ShapeDtypeStructs).
 
-    def _get_entry(self, key: ComponentKey, build: Callable[[], Entry]) -> Entry:
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._counters.add("hits")
-            return entry
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._counters.add("hits")
-                return entry
-            cache = get_cache()
-            entry = _read(cache, key) if cache is not None else None
-            if entry is not None:
-                self._counters.add("hits")
-                logger.debug("jaxaot: %s hit %s", self.name, key.digest[:16])
-                hit = entry
-                _distributed.publish_hit(key.digest, lambda: _entry.encode(hit))
-            else:
-                self._counters.add("misses")
-                self._explain_miss(key)
-                entry = _distributed.share(key.digest, build, _entry.encode, _decoder(key))
-                if cache is not None:
-                    _write(cache, entry)
-            self._entries[key] = entry
-            return entry
+        With a default key this traces the body (once per signature)."""
+        key, _, _, _ = self._resolve(args, kwargs, allow_sds=True)
+        return key
 
-    def _explain_miss(self, key: ComponentKey) -> None:
-        if not explain_misses():
-            logger.debug("jaxaot: %s miss %s", self.name, key.digest[:16])
+    def _check_code(self, entry: Entry) -> None:
+        """An explicit-key entry read from a cache: warn (once) if other code made it."""
+        made_by = entry.extra.get("code")
+        if made_by is None or made_by == self._code:
             return
-        known = list(self._entries)
-        if not known:
-            logger.warning(
-                "jaxaot: component %r missed the cache (key %s); it holds no other entry "
-                "for this component in this process",
-                self.name,
-                key.digest[:16],
-            )
-            return
-        closest = min(known, key=lambda k: len(key.explain(k)))
-        logger.warning(
-            "jaxaot: component %r missed the cache (key %s); the closest entry it holds "
-            "(%s) differs in: %s",
-            self.name,
-            key.digest[:16],
-            closest.digest[:16],
-            "; ".join(key.explain(closest)),
+        _stats.warn_once(
+            f"code:{self.name}:{id(self)}",
+            f"jaxaot: component {self.name!r} (key {self._key!r:.60}) was served an entry "
+            "made by code that differs from the code running now. An explicit key is a "
+            "promise that the computation is the same; change the key when the "
+            "computation changes.",
         )
+
+    def _code_extra(self) -> dict[str, Any]:
+        return {"code": self._code} if self._key is not None else {}
 
     def _build_entry(self, key: ComponentKey, trace: Callable[[], Any], name: str) -> Entry:
         traced = trace()
@@ -647,7 +702,8 @@ class Component(Generic[P, R]):
                 )
         callbacks = has_host_callbacks(closed)
         stablehlo = None
-        if not callbacks:
+        local = callbacks or _needs_context(closed)
+        if not local:
             platform = key.parts["platforms"][0]
             lowered = traced.lower(lowering_platforms=(platform,))
             self._counters.add("lowerings")
@@ -668,7 +724,10 @@ class Component(Generic[P, R]):
             arg_names=arg_names,
             result_paths=result_paths,
             stablehlo=stablehlo,
-            host_callbacks=callbacks,
+            # Entries that cannot be lowered on their own (collectives over an
+            # outer vmap axis, custom_vjp linear parts) stay in this process, like
+            # those with host callbacks; they are only ever transformed.
+            host_callbacks=local,
             jaxpr=closed,
             effects=frozenset(closed.effects),
         )
@@ -702,25 +761,33 @@ class Component(Generic[P, R]):
             static_argnames=self._static_argnames,
             keep_unused=True,
         )
-        return jitted.trace(*sds_args, **sds_kwargs)
+        try:
+            return jitted.trace(*sds_args, **sds_kwargs)
+        except ClosureError:
+            raise
+        except (NameError, AssertionError) as e:  # e.g. a collective over an unbound axis
+            raise naming(e, self.name) from e
 
     def _root_call(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], allow_sds: bool
     ) -> tuple[Call, list[Any]]:
-        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
-        leaves, in_tree = self._flatten(dyn_args, dyn_kwargs, allow_sds)
-        avals = [_aval_of(x) for x in leaves]
-        try:
-            key = self._root_key(args, kwargs, in_tree, avals, statics)
-        except ClosureError:
-            raise
-        sds_args = args
-        sds_kwargs = kwargs
+        key, traced, leaves, _ = self._resolve(args, kwargs, allow_sds)
 
         def trace() -> Any:
-            return self._trace_root(sds_args, sds_kwargs)
+            return self._trace_root(args, kwargs)
 
-        entry = self._get_entry(key, lambda: self._build_entry(key, trace, self.name))
+        made = trace if traced is None else (lambda: traced)
+        extra = self._code_extra()
+
+        def build() -> Entry:
+            entry = self._build_entry(key, made, self.name)
+            entry.extra.update(extra)
+            return entry
+
+        entry = self._store.entry(key, build)
+        if traced is not None and entry.jaxpr is None:
+            # Loaded from a cache: this process traced the same program to find the key.
+            entry.jaxpr = traced.jaxpr
         return Call(self, key, entry, trace), leaves
 
     def _call_traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -765,82 +832,34 @@ class Component(Generic[P, R]):
     ) -> tuple[Any, Any]:
         """The executable for a top-level call's signature, and its signature.
 
-        Looked up in this process, then as a cache entry (deserialized, no
-        trace, lowering or compile), and only then compiled (and stored)."""
-        sig: tuple[Any, ...] = (in_tree, tuple(_aval_of(x) for x in leaves), statics)
-        if callable(self._key):
-            sig = (*sig, self._identity(args, kwargs))
-        exe = self._compiled.get(sig)
+        Looked up in this process (by everything ``jax.jit`` keys on, the
+        configuration included), then as a cache entry (deserialized: no
+        lowering or compile; a default key traces the body to find the key),
+        and only then compiled (and stored)."""
+        sig = self._signature_of(args, kwargs, in_tree, [_aval_of(x) for x in leaves], statics)
+        exe = self._store.executables.get(sig)
         if exe is not None:
             return exe, sig
-        with self._lock:
-            exe = self._compiled.get(sig)
-            if exe is not None:
-                return exe, sig
-            root_key = self._root_key(args, kwargs, in_tree, [_aval_of(x) for x in leaves], statics)
-            exe_key = root_key.replace(executable=_executable_parts(self._donate_argnums))
-            cache = get_cache()
-            loaded = _load_executable(cache, exe_key) if cache is not None else None
-            if loaded is not None:
-                exe, costs = loaded
-                self._counters.add("hits")
-            else:
-                self._counters.add("misses")
 
-                start = time.perf_counter()
-                exe = self._jitted.trace(*args, **kwargs).lower().compile()
-                seconds = time.perf_counter() - start
-                self._counters.add("compiles")
-                costs = _cost_dict(exe)
-                root = self._entries.get(root_key)
-                # Executables are compiled by each process of a multi-process job
-                # (they are bound to that process's devices); lowered entries are shared.
-                if cache is not None and root is not None and not root.host_callbacks:
-                    if seconds >= _BACKGROUND_AFTER_SECONDS:
-                        # A big executable: serialize and write it while the first
-                        # step runs, off the path to the first result.
-                        _store_in_background(cache, exe_key, root, exe, costs)
-                    else:
-                        _store_executable(cache, exe_key, root, exe, costs)
-            self._costs[sig] = costs
-            self._compiled[sig] = exe
-            return exe, sig
+        def key() -> ComponentKey:
+            root_key, _, _, _ = self._resolve(args, kwargs, allow_sds=True)
+            return root_key.replace(executable=executable_parts(self._donate_argnums))
+
+        def compile() -> tuple[Any, Entry]:
+            call, _ = self._root_call(args, kwargs, allow_sds=True)
+            return self._jitted.trace(*args, **kwargs).lower().compile(), call.entry
+
+        return self._store.executable(sig, key, compile, self._code_extra, in_tree), sig
 
     def _call_executable(self, call: Call) -> Any:
         """An executable running one entry on its own (for ``jaxaot.jit``):
         from this process, else loaded from the cache, else compiled and stored."""
-        exe = self._region_exes.get(call.key)
-        if exe is not None:
-            return exe
-        # One lock per entry, so that jaxaot.jit compiles different entries of one
-        # component (its forward and its backward) at the same time.
-        with self._region_locks(call.key):
-            exe = self._region_exes.get(call.key)
-            if exe is not None:
-                return exe
-            # Not the top-level executable of the same entry: that one takes the
-            # call's pytrees, this one flat arrays.
-            parts = (*_executable_parts(()), ("calling_convention", "flat"))
-            exe_key = call.key.replace(executable=parts)
-            cache = get_cache()
-            loaded = _load_executable(cache, exe_key) if cache is not None else None
-            if loaded is not None:
-                exe = loaded[0]
-                self._counters.add("hits")
-            else:
-                self._counters.add("misses")
-                sds = [_sds(a) for a in call.entry.in_avals]
-                exe = (
-                    jax.jit(lambda *a: bind(call, a), keep_unused=True)
-                    .trace(*sds)
-                    .lower()
-                    .compile()
-                )
-                self._counters.add("compiles")
-                if cache is not None and not call.entry.host_callbacks:
-                    _store_executable(cache, exe_key, call.entry, exe, _cost_dict(exe))
-            self._region_exes[call.key] = exe
-            return exe
+
+        def compile() -> Any:
+            sds = [_sds(a) for a in call.entry.in_avals]
+            return jax.jit(lambda *a: bind(call, a), keep_unused=True).trace(*sds).lower().compile()
+
+        return self._store.region_executable(call.key, call.entry, compile)
 
     def precompile(self, *args: Any, **kwargs: Any) -> Any:
         """Loads (from the cache) or compiles the top-level executable for this
@@ -861,7 +880,7 @@ class Component(Generic[P, R]):
         dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
         leaves, in_tree = self._flatten(dyn_args, dyn_kwargs, allow_sds=True)
         _, sig = self._executable(args, kwargs, in_tree, leaves, statics)
-        costs = self._costs.get(sig)
+        costs = self._store.costs.get(sig)
         return dict(costs) if costs is not None else None
 
     # -- stages and introspection ---------------------------------------------
@@ -884,202 +903,25 @@ class Component(Generic[P, R]):
         return self._counters.info()
 
     def clear_cache(self) -> None:
-        """Forgets this component's in-process entries and executables."""
+        """Forgets this component's in-process keys, entries and executables; later
+        calls find them in the cache again, or make (and write) them anew."""
         with self._lock:
-            self._entries.clear()
-            self._compiled.clear()
+            self._store.clear()
+            self._keys.clear()
             if self._dispatch is not None:  # a fresh dispatcher: it knows no executable
                 self._dispatch = cpp_dispatcher(self.name, self._dispatch_miss)
-            self._costs.clear()
-            self._region_exes.clear()
+            # A fresh jax.jit too: its own trace cache would otherwise skip the body
+            # that makes (and writes) the root entry.
+            self._jitted = self._make_jitted()
 
 
-def _read(cache: Cache, key: ComponentKey) -> Entry | None:
-    try:
-        blob = cache.get(key.digest)
-    except Exception as e:
-        _stats.bump("cache_errors")
-        _stats.warn_once(
-            f"get:{type(cache).__name__}:{type(e).__name__}",
-            f"jaxaot: reading from {cache!r} failed ({type(e).__name__}: {e}); computing locally",
-        )
-        return None
-    if blob is None:
-        return None
-    try:
-        return _entry.decode(blob, expected=key)
-    except EntryError as e:
-        _stats.bump("corrupt_entries")
-        logger.warning(
-            "jaxaot: dropped a bad cache entry %s from %r (%s); recomputing",
-            key.digest[:16],
-            cache,
-            e,
-        )
-        _discard(cache, key.digest)
-        return None
-
-
-def _executable_parts(donate_argnums: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
-    """Key parts that make a foreign or stale executable impossible to load."""
-    device = jax.devices()[0]
-    client = device.client
-    return (
-        ("backend", str(client.platform)),
-        ("platform_version", str(client.platform_version)),
-        ("device_kind", str(device.device_kind)),
-        ("device_count", jax.device_count()),
-        ("process_count", jax.process_count()),
-        ("donate_argnums", tuple(donate_argnums)),
-        ("xla_flags", os.environ.get("XLA_FLAGS", "")),
-        ("libtpu_init_args", os.environ.get("LIBTPU_INIT_ARGS", "")),
-    )
-
-
-def _cost_dict(compiled: Any) -> dict[str, float] | None:
-    try:
-        costs = compiled.cost_analysis()
-    except Exception:  # a backend without cost analysis
-        return None
-    if isinstance(costs, list | tuple):
-        costs = costs[0] if costs else None
-    if not costs:
-        return None
-    out: dict[str, float] = {}
-    for name, value in dict(costs).items():
-        try:
-            out[str(name)] = float(value)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-_BACKGROUND_AFTER_SECONDS = 0.25
-_writer: concurrent.futures.ThreadPoolExecutor | None = None
-_pending: dict[str, concurrent.futures.Future[None]] = {}
-_pending_lock = threading.Lock()
-
-
-def _store_in_background(
-    cache: Cache, key: ComponentKey, root: Entry, exe: Any, costs: dict[str, float] | None
-) -> None:
-    """Stores an executable entry from a worker thread. The interpreter waits for
-    the worker at exit; ``wait_for_writes`` and reads of the same key wait too."""
-    global _writer
-    with _pending_lock:
-        if _writer is None:
-            _writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxaot-writer")
-        future = _writer.submit(_store_executable, cache, key, root, exe, costs)
-        _pending[key.digest] = future
-
-    def done(_: Any) -> None:
-        with _pending_lock:
-            if _pending.get(key.digest) is future:
-                del _pending[key.digest]
-
-    future.add_done_callback(done)
-
-
-def wait_for_writes() -> None:
-    """Blocks until every entry being written in the background is written."""
-    with _pending_lock:
-        futures = list(_pending.values())
-    for future in futures:
-        future.result()
-
-
-def _load_executable(cache: Cache, key: ComponentKey) -> tuple[Any, dict[str, float] | None] | None:
-    pending = _pending.get(key.digest)
-    if pending is not None:
-        pending.result()
-    entry = _read(cache, key)
-    if entry is None:
-        return None
-    try:
-        if entry.executable is None:
-            raise EntryError("entry has no executable section")
-        in_tree = _entry.tree_from_json(entry.extra["executable_in_tree"])
-        exe = deserialize_executable(entry.executable, in_tree, entry.out_tree)
-    except Exception as e:  # damaged, foreign or unloadable: a miss, never a crash
-        _stats.bump("corrupt_entries")
-        logger.warning(
-            "jaxaot: could not load the cached executable %s (%s: %s); compiling instead",
-            key.digest[:16],
-            type(e).__name__,
-            e,
-        )
-        _discard(cache, key.digest)
-        return None
-    costs = entry.extra.get("cost_analysis")
-    return exe, dict(costs) if isinstance(costs, dict) else None
-
-
-def _executable_entry(
-    key: ComponentKey, root: Entry, exe: Any, costs: dict[str, float] | None
-) -> Entry | None:
-    """An entry holding ``exe`` serialized, or ``None`` if it cannot be serialized."""
-    try:
-        payload, in_tree, out_tree = serialize_executable(exe)
-        return Entry(
-            key=key,
-            name=root.name,
-            in_avals=root.in_avals,
-            out_avals=root.out_avals,
-            out_tree=out_tree,
-            arg_names=root.arg_names,
-            result_paths=root.result_paths,
-            executable=payload,
-            extra={"cost_analysis": costs, "executable_in_tree": _entry.tree_to_json(in_tree)},
-        )
-    except Exception as e:
-        logger.debug("jaxaot: not caching the executable of %s: %s", root.name, e)
-        return None
-
-
-def _store_executable(
-    cache: Cache, key: ComponentKey, root: Entry, exe: Any, costs: dict[str, float] | None
-) -> None:
-    entry = _executable_entry(key, root, exe, costs)
-    if entry is not None:
-        _write(cache, entry)
-
-
-def _decoder(key: ComponentKey) -> Callable[[bytes], Entry | None]:
-    def decode(blob: bytes) -> Entry | None:
-        try:
-            return _entry.decode(blob, expected=key)
-        except EntryError as e:
-            logger.warning("jaxaot: entry %s from another process is bad (%s)", key.digest[:16], e)
-            return None
-
-    return decode
-
-
-def _discard(cache: Cache, digest: str) -> None:
-    quarantine = getattr(cache, "quarantine", None)
-    try:
-        if quarantine is not None:
-            quarantine(digest)
-        else:
-            cache.delete(digest)
-    except Exception:  # removing a bad entry is best effort
-        logger.debug("jaxaot: could not remove bad entry %s", digest[:16], exc_info=True)
-
-
-def _write(cache: Cache, entry: Entry) -> None:
-    try:
-        blob = _entry.encode(entry)
-    except NotPersistable as e:
-        logger.debug("jaxaot: not caching %s (%s): %s", entry.name, entry.key.digest[:16], e)
-        return
-    try:
-        cache.put(entry.key.digest, blob)
-    except Exception as e:
-        _stats.bump("cache_errors")
-        _stats.warn_once(
-            f"put:{type(cache).__name__}:{type(e).__name__}",
-            f"jaxaot: writing to {cache!r} failed ({type(e).__name__}: {e}); continuing without it",
-        )
+def _needs_context(closed: Any) -> bool:
+    """Whether a jaxpr can only be lowered inside a context it does not have: it uses
+    a named axis bound outside it (``psum`` over an outer ``vmap`` axis), or a
+    ``custom_vjp`` linear part (only transposable)."""
+    if any(type(e).__name__ == "NamedAxisEffect" for e in closed.effects):
+        return True
+    return uses_primitive(closed, ("custom_lin",))
 
 
 def _as_tuple(value: int | Sequence[int], what: str, name: str) -> tuple[int, ...]:

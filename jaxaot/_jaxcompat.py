@@ -370,3 +370,71 @@ def fastpath_miss(
     if miss is None:
         return compiled(*args, **kwargs), None, False
     return miss(*args, **kwargs)  # type: ignore[no-any-return]
+
+
+# ----------------------------------------------------------------------------
+# Tracing context (issue 11): what jax.jit's own caches key on.
+
+
+def trace_context() -> Any:
+    """The configuration state ``jax.jit``'s caches key on (x64, matmul precision,
+    dtype and rank promotion, PRNG implementation, the axis environment, ...):
+    hashable, for in-process tables."""
+    from jax._src import config as _config
+
+    return _config.trace_context()
+
+
+def _context_part(value: Any) -> Any:
+    import enum
+
+    from ._key import strip_addresses
+
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, tuple | list):
+        return tuple(_context_part(v) for v in value)
+    sizes = getattr(value, "axis_sizes", None)
+    if sizes is not None:  # the axis environment: named axes in scope
+        return (
+            "axis_env",
+            tuple(sorted((str(k), int(v)) for k, v in dict(sizes).items())),
+            tuple(sorted(str(n) for n in getattr(value, "spmd_axis_names", ()) or ())),
+            tuple(sorted(str(n) for n in getattr(value, "explicit_mesh_axis_names", ()) or ())),
+        )
+    return strip_addresses(f"{type(value).__name__}:{value!r}")
+
+
+def trace_context_parts() -> tuple[tuple[str, Any], ...]:
+    """:func:`trace_context` as a key part, option by option (``(name, value)``
+    pairs): the same in every process."""
+    from jax._src import config as _config
+
+    names = getattr(_config, "trace_context_names", ())
+    names = tuple(names() if callable(names) else names)
+    values = tuple(trace_context())
+    return tuple(
+        (str(names[i]) if i < len(names) else f"context[{i}]", _context_part(v))
+        for i, v in enumerate(values)
+    )
+
+
+def axis_data_parts(axis_data: Any) -> tuple[Any, ...]:
+    """A vmap axis as a key part: its name (where it has one), size, ``spmd_axis_name``
+    and explicit mesh axis."""
+
+    def name(n: Any) -> Any:
+        if n is None or isinstance(n, str | int):
+            return n
+        if isinstance(n, tuple):
+            return tuple(name(x) for x in n)
+        return f"<{type(n).__name__}>"  # an unnamed axis
+
+    return (
+        name(getattr(axis_data, "name", None)),
+        int(axis_data.size),
+        name(getattr(axis_data, "spmd_name", None)),
+        name(getattr(axis_data, "explicit_mesh_axis", None)),
+    )

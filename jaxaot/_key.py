@@ -16,6 +16,7 @@ import dis
 import enum
 import hashlib
 import json
+import re
 import sys
 import sysconfig
 import types
@@ -72,11 +73,11 @@ class ComponentKey:
     def explain(self, other: ComponentKey) -> list[str]:
         """Human-readable lines naming every part that differs from ``other``."""
         mine, theirs = dict(self._items), dict(other._items)
-        lines = []
+        lines: list[str] = []
         for name in list(mine) + [n for n in theirs if n not in mine]:
             a, b = mine.get(name, "<absent>"), theirs.get(name, "<absent>")
             if a != b:
-                lines.append(f"{name}: {_short(a)} != {_short(b)}")
+                lines.extend(_explain_part(name, a, b))
         return lines
 
     def __eq__(self, other: object) -> bool:
@@ -101,6 +102,31 @@ class ComponentKey:
         ):
             raise ValueError("malformed key parts")
         return cls([(k, v) for k, v in data])
+
+
+def _is_named(value: Any) -> bool:
+    return isinstance(value, tuple) and all(
+        isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in value
+    )
+
+
+def _explain_part(name: str, a: Any, b: Any) -> list[str]:
+    """The differences of one part: option by option for named parts (``config``),
+    item by item for sequences of one length (``args``, ``consts``)."""
+    if _is_named(a) and _is_named(b) and a and b:
+        da, db = dict(a), dict(b)
+        return [
+            f"{name}.{k}: {_short(da.get(k, '<absent>'))} != {_short(db.get(k, '<absent>'))}"
+            for k in list(da) + [k for k in db if k not in da]
+            if da.get(k, "<absent>") != db.get(k, "<absent>")
+        ]
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and a:
+        return [
+            f"{name}[{i}]: {_short(x)} != {_short(y)}"
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            if x != y
+        ]
+    return [f"{name}: {_short(a)} != {_short(b)}"]
 
 
 def _short(value: Any, limit: int = 120) -> str:
@@ -381,3 +407,214 @@ def function_fingerprint(fun: Callable[..., Any], component: str) -> str:
     fp = _Fingerprinter(component)
     fp.function(fun, "the function")
     return fp.hash.hexdigest()
+
+
+# ----------------------------------------------------------------------------
+# Tree structures and other values as text that is the same in every process.
+
+_ADDRESS = re.compile(r"(?: at)? 0x[0-9a-fA-F]+")
+
+
+def strip_addresses(text: str) -> str:
+    """``text`` without memory addresses (``<function f at 0x7f...>`` -> ``<function f>``)."""
+    return _ADDRESS.sub("", text)
+
+
+def stable_text(value: Any, depth: int = 0) -> str:
+    """Text for any value that holds no memory address: ``stable_repr`` where it
+    has one; functions and types by module and qualified name; containers item
+    by item; other objects by type and ``repr``, addresses removed."""
+    text = stable_repr(value)
+    if text is not None:
+        return text
+    if depth > 20:
+        return f"<{_qualified(type(value))}>"
+    if isinstance(value, list | tuple):
+        inner = ",".join(stable_text(v, depth + 1) for v in value)
+        return f"{type(value).__name__}({inner})"
+    if isinstance(value, dict):
+        items = sorted(
+            (stable_text(k, depth + 1), stable_text(v, depth + 1)) for k, v in value.items()
+        )
+        return "{" + ",".join(f"{k}:{v}" for k, v in items) + "}"
+    if isinstance(value, frozenset | set):
+        return "set(" + ",".join(sorted(stable_text(v, depth + 1) for v in value)) + ")"
+    if isinstance(value, types.FunctionType | types.BuiltinFunctionType | type):
+        return f"<{_qualified(value)}>"
+    if isinstance(value, types.MethodType):
+        return f"<method {_qualified(value.__func__)} of {stable_text(value.__self__, depth + 1)}>"
+    if hasattr(value, "func") and hasattr(value, "args") and hasattr(value, "keywords"):
+        return (
+            f"partial({stable_text(value.func, depth + 1)},{stable_text(tuple(value.args), depth + 1)},"
+            f"{stable_text(dict(value.keywords), depth + 1)})"
+        )
+    wrapped: Any = getattr(value, "fun", None) or getattr(value, "__wrapped__", None)
+    if wrapped is not None and wrapped is not value and callable(wrapped):
+        # custom_jvp / custom_vjp objects, jax.jit-wrapped functions: by what they wrap.
+        return f"<{_qualified(type(value))} of {stable_text(wrapped, depth + 1)}>"
+    return f"{_qualified(type(value))}:{strip_addresses(repr(value))}"
+
+
+def tree_text(treedef: Any) -> str:
+    """A tree structure as text: node types by import path, node data by
+    :func:`stable_text` (so an Equinox static field holding a function, or a
+    Flax NNX graph definition, reads the same in every process)."""
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+        return "*"
+    if treedef.num_nodes == 1 and treedef.num_leaves == 0 and treedef == _NONE_TREE:
+        return "None"
+    node_type, aux = treedef.node_data()
+    children = ",".join(tree_text(c) for c in treedef.children())
+    name = _qualified(node_type)
+    if aux is None:
+        return f"{name}[{children}]"
+    return f"{name}<{stable_text(aux)}>[{children}]"
+
+
+def _none_tree() -> Any:
+    import jax
+
+    return jax.tree_util.tree_structure(None)
+
+
+_NONE_TREE = _none_tree()
+
+
+# ----------------------------------------------------------------------------
+# Explicit keys: the function's arrays, and a digest of its code.
+
+
+def _named_values(fun: Any) -> Iterable[tuple[str, Any]]:
+    """The values ``fun`` can see without an argument: closure cells, defaults and
+    the globals it names (through partials, bound methods and wrappers)."""
+    seen: set[int] = set()
+    stack: list[Any] = [fun]
+    while stack:
+        f = stack.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if isinstance(f, types.MethodType):
+            yield "self", f.__self__
+            stack.append(f.__func__)
+            continue
+        if hasattr(f, "func") and hasattr(f, "args") and hasattr(f, "keywords"):
+            for i, a in enumerate(f.args):
+                yield f"partial argument {i}", a
+            for k, v in f.keywords.items():
+                yield f"partial keyword {k!r}", v
+            stack.append(f.func)
+            continue
+        wrapped = getattr(f, "__wrapped__", None)
+        if wrapped is not None and wrapped is not f:
+            stack.append(wrapped)
+        code = getattr(f, "__code__", None)
+        if not isinstance(f, types.FunctionType) or code is None:
+            continue
+        for name, cell in zip(code.co_freevars, f.__closure__ or (), strict=False):
+            try:
+                yield f"free variable {name!r}", cell.cell_contents
+            except ValueError:
+                continue
+        for i, d in enumerate(f.__defaults__ or ()):
+            yield f"default argument {i}", d
+        for k, d in (f.__kwdefaults__ or {}).items():
+            yield f"default argument {k!r}", d
+        if _is_project_code(code):
+            _, global_names = _code_digest(code)
+            for name in global_names:
+                if name in f.__globals__:
+                    yield f"global {name!r}", f.__globals__[name]
+
+
+def refuse_closed_arrays(fun: Any, component: str) -> None:
+    """Raises :class:`ClosureError` if ``fun`` sees an array (or a tracer) through a
+    closure cell, a default or a global it names, directly or inside a pytree: an
+    explicit key would not cover its value."""
+    import jax
+
+    for where, value in _named_values(fun):
+        if (
+            isinstance(value, types.ModuleType | type)
+            or callable(value)
+            and not _is_pytree_node(value)
+        ):
+            continue
+        try:
+            leaves = jax.tree_util.tree_leaves_with_path(value)
+        except Exception:  # not a pytree we can walk
+            continue
+        for path, leaf in leaves:
+            if _is_array(leaf):
+                shape = tuple(getattr(leaf, "shape", ()))
+                kind = "a traced value" if _is_tracer(leaf) else "an array"
+                raise ClosureError(
+                    f"jaxaot.component {component!r}: the function closes over {kind} "
+                    f"({where}{jax.tree_util.keystr(path)}, shape {shape}, dtype "
+                    f"{getattr(leaf, 'dtype', '?')}). Its explicit key does not cover the "
+                    "array's value, so a cached result could belong to another array. Pass "
+                    "it to the component as an argument instead."
+                )
+
+
+def _is_pytree_node(value: Any) -> bool:
+    import jax
+
+    treedef: Any = jax.tree_util.tree_structure(value)
+    return bool(treedef.num_nodes > 1)
+
+
+def code_digest(fun: Any) -> str:
+    """A digest of the code of ``fun`` (through partials, methods and wrappers) and of
+    the project functions it names: to tell that an explicit-key entry was made by
+    other code."""
+    h = hashlib.sha256()
+    seen: set[int] = set()
+    stack: list[Any] = [fun]
+    while stack and len(seen) < 1000:
+        f = stack.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if isinstance(f, types.MethodType):
+            stack.append(f.__func__)
+            continue
+        inner = getattr(f, "func", None) or getattr(f, "__wrapped__", None)
+        if inner is not None and inner is not f:
+            stack.append(inner)
+        code = getattr(f, "__code__", None)
+        if not isinstance(f, types.FunctionType) or code is None or not _is_project_code(code):
+            continue
+        digest, global_names = _code_digest(code)
+        h.update(digest.encode())
+        for name in global_names:
+            value = f.__globals__.get(name)
+            if isinstance(value, types.FunctionType):
+                stack.append(value)
+    return h.hexdigest()[:32]
+
+
+def seen_values(fun: Any) -> tuple[Any, ...]:
+    """The objects ``fun`` sees by name now (closure cells, defaults, the globals
+    it names): a trace of ``fun`` made while :func:`same_values` holds saw the
+    same bindings (what a rebound global or a new closure changes)."""
+    return tuple(value for _, value in _named_values(fun))
+
+
+def same_values(before: tuple[Any, ...], fun: Any) -> bool:
+    now = seen_values(fun)
+    return len(now) == len(before) and all(a is b for a, b in zip(now, before, strict=True))
+
+
+def closed_tracer(fun: Any) -> str | None:
+    """Where ``fun`` sees a traced value by name (``free variable 'w'``), if it does."""
+    import jax
+
+    for where, value in _named_values(fun):
+        if _is_tracer(value):
+            return where
+        if isinstance(value, list | tuple | dict):
+            for path, leaf in jax.tree_util.tree_leaves_with_path(value):
+                if _is_tracer(leaf):
+                    return where + jax.tree_util.keystr(path)
+    return None

@@ -23,7 +23,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
+import jax.numpy as jnp
 
 from ._jaxcompat import (
     KNOWN_PLATFORMS,
@@ -62,6 +62,34 @@ def bind(call: Any, args: Sequence[Any]) -> list[Any]:
     return list(component_p.bind(*args, call=call))
 
 
+_RENAMEABLE = (
+    TypeError,
+    ValueError,
+    NameError,
+    AssertionError,
+    RuntimeError,
+    NotImplementedError,
+    ZeroDivisionError,
+)
+
+
+def naming(error: Exception, name: str) -> Exception:
+    """``error`` with the component's name in its message: a new exception of the
+    same type for the common built-in types, else ``error`` with a note."""
+    prefix = f"jaxaot.component {name!r}"
+    if str(error).startswith(prefix):
+        return error
+    if type(error) in _RENAMEABLE or (
+        isinstance(error, _RENAMEABLE) and type(error).__module__.startswith("jax")
+    ):
+        try:
+            return type(error)(f"{prefix}: {error}")
+        except Exception:  # an exception type that takes other arguments
+            pass
+    error.add_note(f"(in {prefix})")
+    return error
+
+
 def _impl(*args: Any, call: Any) -> Any:
     return apply_primitive(component_p, *args, call=call)
 
@@ -94,7 +122,10 @@ def _lower(ctx: Any, *args: Any, call: Any, platform: str | None = None) -> Sequ
     if entry.stablehlo is None:
         if entry.jaxpr is None:
             raise RuntimeError(f"jaxaot.component {call.name!r}: entry has no lowering")
-        return inline_jaxpr_lowering(ctx, entry.jaxpr, args)
+        try:
+            return inline_jaxpr_lowering(ctx, entry.jaxpr, args)
+        except Exception as e:
+            raise naming(e, call.name) from e
     name = "jaxaot_" + "".join(c if c.isalnum() else "_" for c in call.name)[:48]
     return call_module_function(ctx, ("jaxaot", entry.key), entry.stablehlo, name, args)
 
@@ -122,7 +153,7 @@ batching.fancy_primitive_batchers[component_p] = _batch
 
 
 def _is_differentiable(aval: Any) -> bool:
-    return bool(np.issubdtype(aval.dtype, np.inexact))
+    return bool(jnp.issubdtype(aval.dtype, jnp.inexact))
 
 
 def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call: Any) -> Any:

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import subprocess
+import sys
+import textwrap
 import threading
 from collections import namedtuple
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -233,11 +238,26 @@ def test_donate_argnums_at_top_level() -> None:
 # -- 9. nothing silently stale ------------------------------------------------------------
 
 
-def test_closed_over_array_is_refused() -> None:
+def test_closed_over_array_is_refused_with_an_explicit_key() -> None:
     w = jnp.ones((3, 2), jnp.float32)
-    comp = jaxaot.component(lambda x: x @ w)
-    with pytest.raises(ValueError, match=r"shape \(3, 2\), dtype float32.*as an argument"):
+    comp = jaxaot.component(lambda x: x @ w, key="closes-over-w")
+    with pytest.raises(
+        jaxaot.ClosureError, match=r"free variable 'w'.*shape \(3, 2\), dtype float32.*argument"
+    ):
         comp(jnp.ones((1, 3)))
+
+
+def test_closed_over_array_content_is_part_of_a_default_key() -> None:
+    def make(w: jax.Array) -> jaxaot.Component[..., Any]:
+        return jaxaot.component(lambda x: x @ w)
+
+    x = jnp.ones((1, 3))
+    a, b = jnp.ones((3, 2)), 2 * jnp.ones((3, 2))
+    np.testing.assert_allclose(make(a)(x), x @ a)
+    np.testing.assert_allclose(make(b)(x), x @ b)
+    np.testing.assert_allclose(jax.jit(lambda v: make(b)(v))(x), x @ b)
+    assert make(a).cache_key(x) != make(b).cache_key(x)
+    assert make(a).cache_key(x) == make(a + 0).cache_key(x)
 
 
 def test_closed_over_tracer_is_refused() -> None:
@@ -384,7 +404,7 @@ def test_explain_misses(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptu
     comp(jnp.ones(5))
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(
-        "'<lambda>'" in m and "args: ('float32[5]',) != ('float32[3]',)" in m for m in messages
+        "'<lambda>'" in m and "args[0]: 'float32[5]' != 'float32[3]'" in m for m in messages
     ), messages
 
 
@@ -459,3 +479,168 @@ def test_clear_cache_forgets_executables_of_a_dispatched_component() -> None:
     # still gives the right result.
     np.testing.assert_allclose(comp(x), np.sin(np.arange(3.0)) * 2, rtol=1e-6)
     assert comp.cache_info().hits > hits
+
+
+# -- configuration: one answer whichever way a component is called (issue 11) -------------
+
+
+def _config_cases() -> list[tuple[str, Callable[[], Any]]]:
+    return [
+        ("rank_promotion", lambda: jax.numpy_rank_promotion("raise")),
+        ("matmul_precision", lambda: jax.default_matmul_precision("highest")),
+        ("dtype_promotion", lambda: jax.numpy_dtype_promotion("strict")),
+    ]
+
+
+def test_rank_promotion_change_is_seen_at_top_level_and_under_jit() -> None:
+    comp = jaxaot.component(lambda x, y: x + y)
+    x, y = jnp.ones((2, 3)), jnp.ones(3)
+    np.testing.assert_allclose(comp(x, y), x + y)
+    with jax.numpy_rank_promotion("raise"):
+        with pytest.raises(ValueError, match="rank_promotion"):
+            comp(x, y)
+        with pytest.raises(ValueError, match="rank_promotion"):
+            jax.jit(comp)(x, y)
+    np.testing.assert_allclose(comp(x, y), x + y)
+
+
+def test_dtype_promotion_change_is_seen_at_top_level() -> None:
+    comp = jaxaot.component(lambda x, y: x + y)
+    x, y = jnp.ones(3, jnp.float32), jnp.ones(3, jnp.bfloat16)
+    assert comp(x, y).dtype == jnp.float32
+    with jax.numpy_dtype_promotion("strict"):
+        with pytest.raises(Exception, match="promot"):
+            comp(x, y)
+
+
+@pytest.mark.parametrize("name, make", _config_cases(), ids=[c[0] for c in _config_cases()])
+def test_config_is_part_of_the_key(name: str, make: Callable[[], Any]) -> None:
+    comp = jaxaot.component(lambda x: x @ x, key=f"config-{name}")
+    x = jnp.ones((4, 4))
+    before = comp.cache_key(x)
+    with make():
+        inside = comp.cache_key(x)
+    assert before != inside
+    assert any(name.split("_")[0] in line for line in inside.explain(before)), inside.explain(
+        before
+    )
+
+
+X64_SCRIPT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, jaxaot
+    jaxaot.set_cache(None)
+    comp = jaxaot.component(lambda x: x * 2)
+    before = comp(1.0).dtype
+    jit_before = jax.jit(comp)(1.0).dtype
+    jax.config.update("jax_enable_x64", True)
+    after = comp(1.0).dtype
+    jit_after = jax.jit(comp)(1.0).dtype
+    plain = jax.jit(lambda x: x * 2)(1.0).dtype
+    print(before, jit_before, after, jit_after, plain)
+    """
+)
+
+
+def test_x64_switched_mid_process(subprocess_env: dict[str, str], tmp_path: Path) -> None:
+    script = tmp_path / "x64.py"
+    script.write_text(X64_SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=subprocess_env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["float32", "float32", "float64", "float64", "float64"]
+
+
+def test_clear_cache_writes_entries_again(fresh_cache: jaxaot.MemoryCache) -> None:
+    comp = jaxaot.component(lambda x: jnp.cos(x) * 5, key="clear-then-write")
+    x = jnp.ones(3)
+    comp(x)
+    written = set(fresh_cache.keys())
+    assert written
+    fresh_cache.clear()
+    comp.clear_cache()
+    comp(x)
+    assert set(fresh_cache.keys()) == written  # root and executable entries written again
+    again = jaxaot.component(lambda x: jnp.cos(x) * 5, key="clear-then-write")
+    np.testing.assert_allclose(again(x), jnp.cos(x) * 5)
+    assert again.cache_info().compiles == 0
+
+
+class _Slotted:
+    __slots__ = ("scale",)
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+
+def test_closure_over_a_slots_object_has_no_address_in_the_key(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    script = tmp_path / "slots.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import jax.numpy as jnp, jaxaot
+            class S:
+                __slots__ = ("scale",)
+                def __init__(self, s): self.scale = s
+            s = S(3.0)
+            comp = jaxaot.component(lambda x: x * s.scale)
+            print(comp.cache_key(jnp.ones(3)).digest)
+            """
+        )
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            env=subprocess_env,
+            check=True,
+        ).stdout.strip()
+        for _ in range(2)
+    }
+    assert len(digests) == 1
+    s = _Slotted(2.0)
+    comp = jaxaot.component(lambda x: x * s.scale)
+    np.testing.assert_allclose(comp(jnp.ones(3)), 2.0)
+    assert "0x" not in repr(comp.cache_key(jnp.ones(3)).to_json())
+
+
+def test_explicit_key_served_to_other_code_warns_once(
+    fresh_cache: jaxaot.MemoryCache, caplog: pytest.LogCaptureFixture
+) -> None:
+    x = jnp.ones(3)
+    np.testing.assert_allclose(jaxaot.component(lambda x: x * 2, key="promise")(x), 2 * x)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    other = jaxaot.component(lambda x: x * 3, key="promise")
+    # The key is the user's promise: the first result is served, with a warning.
+    np.testing.assert_allclose(other(x), 2 * x)
+    np.testing.assert_allclose(jax.jit(other)(x), 2 * x)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "'<lambda>'" in warnings[0], warnings
+    caplog.clear()
+    same = jaxaot.component(lambda x: x * 2, key="promise")
+    same(x)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+_DEFAULT_W = jnp.ones(3)
+
+
+def test_explicit_key_refuses_arrays_in_globals_and_defaults() -> None:
+    def with_default(x: jax.Array, w: jax.Array = _DEFAULT_W) -> jax.Array:
+        return x * w
+
+    with pytest.raises(jaxaot.ClosureError, match=r"default argument 0.*shape \(3,\)"):
+        jaxaot.component(with_default, key="default-array")(jnp.ones(3))
+    with pytest.raises(jaxaot.ClosureError, match=r"global '_GLOBAL_PARAMS'\['w'\]"):
+        jaxaot.component(_reads_global_params, key="global-array")(jnp.ones(3))
+
+
+_GLOBAL_PARAMS = {"w": np.ones(3, np.float32)}
+
+
+def _reads_global_params(x: jax.Array) -> jax.Array:
+    return x * _GLOBAL_PARAMS["w"]

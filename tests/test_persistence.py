@@ -199,7 +199,11 @@ def test_read_only_cache(
     for i in range(3):  # misses compute, puts skipped
         comp = jaxaot.component(lambda v, i=i: v + i, key=f"ro-miss-{i}")
         np.testing.assert_allclose(comp(x), x + i)
-    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # One for the read-only cache; one because the raising body is other code
+    # than the one that made the entry under its explicit key.
+    assert len(warnings) == 2, warnings
+    assert sum("made by code that differs" in w for w in warnings) == 1
     assert len(dcache.keys()) == 1
 
 
@@ -295,3 +299,202 @@ def test_default_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     assert isinstance(cache, jaxaot.DirectoryCache)
     assert cache.stats()["path"] == str(tmp_path / "explicit") and cache.max_bytes == 12345
     assert oct(os.stat(tmp_path / "explicit").st_mode & 0o777) == "0o700"
+
+
+# -- default keys from the traced program (issue 11) --------------------------------------
+
+DEFAULT_KEY_RUN = textwrap.dedent(
+    """
+    import json, sys
+    import jax, jax.numpy as jnp, jaxaot
+
+    @jaxaot.component
+    def block(x, w):
+        return jnp.tanh(x @ w)
+
+    @jaxaot.component
+    def loss(params, x):
+        return jnp.mean(block(x, params["w"]) ** 2) + jnp.sum(params["b"])
+
+    x = jnp.arange(12.0).reshape(3, 4) / 10
+    w = jnp.ones((4, 2)) / 3
+    params = {"w": w, "b": jnp.ones(2)}
+    how = sys.argv[1]
+    if how == "top":
+        out = block(x, w)
+    elif how == "jit":
+        out = jax.jit(lambda x: block(x, w) * 2)(x)
+    elif how == "vmap":
+        out = jax.vmap(block, in_axes=(0, None))(x[:, None, :], w)
+    elif how == "grad":
+        out = jax.grad(loss)(params, x)["w"]
+    elif how == "jit_grad":
+        out = jax.jit(jax.grad(loss))(params, x)["w"]
+    else:
+        out = jaxaot.jit(jax.grad(loss))(params, x)["w"]
+    jaxaot.wait_for_writes()
+    info = [block.cache_info(), loss.cache_info()]
+    print(json.dumps({
+        "out": jnp.asarray(out).tolist(),
+        "traces": sum(i.traces for i in info),
+        "lowerings": sum(i.lowerings for i in info),
+        "compiles": sum(i.compiles for i in info),
+    }))
+    """
+)
+
+
+def _run_script(
+    script: Path, env: dict[str, str], *args: str, cwd: Path | None = None
+) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("how", ["top", "jit", "vmap", "grad", "jit_grad", "regional"])
+def test_default_key_warm_process_traces_but_never_lowers_or_compiles(
+    tmp_path: Path, subprocess_env: dict[str, str], how: str
+) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(DEFAULT_KEY_RUN)
+    cold = _run_script(script, subprocess_env, how)
+    assert cold["lowerings"] + cold["compiles"] >= 1
+    warm = _run_script(script, subprocess_env, how)
+    assert warm["out"] == cold["out"]
+    assert warm["traces"] >= 1  # the body is traced to find its key...
+    assert warm["lowerings"] == 0 and warm["compiles"] == 0, warm  # ...and nothing is remade
+
+
+# Each kind of edit a user makes between two runs: files before, files after, and
+# the values the component returns on jnp.ones(2) with each.
+_MAIN = textwrap.dedent(
+    """
+    import json, sys
+    import jax, jax.numpy as jnp, jaxaot
+    import helpers
+
+    {body}
+
+    comp = jaxaot.component(f)
+    x = jnp.ones(2)
+    top = comp(x)
+    jitted = jax.jit(comp)(x)
+    grad = jax.grad(lambda v: comp(v).sum())(x)
+    jaxaot.wait_for_writes()
+    print(json.dumps({{"top": top.tolist(), "jit": jitted.tolist(), "grad": grad.tolist()}}))
+    """
+)
+
+EDITS: dict[str, tuple[str, str, str, float, float]] = {
+    # name: (helpers v1, helpers v2, body of f, value v1, value v2)
+    "module_function": (
+        "def h(x):\n    return x * 2\n",
+        "def h(x):\n    return x * 3\n",
+        "def f(x):\n        return helpers.h(x)",
+        2.0,
+        3.0,
+    ),
+    "module_constant": (
+        "FACTOR = 2.0\n",
+        "FACTOR = 5.0\n",
+        "def f(x):\n        return x * helpers.FACTOR",
+        2.0,
+        5.0,
+    ),
+    "static_method": (
+        "class M:\n    @staticmethod\n    def s(x):\n        return x * 2\n",
+        "class M:\n    @staticmethod\n    def s(x):\n        return x * 4\n",
+        "def f(x):\n        return helpers.M.s(x)",
+        2.0,
+        4.0,
+    ),
+    "method_through_self": (
+        "class M:\n    def g(self, x):\n        return x * 2\n    def __call__(self, x):\n"
+        "        return self.g(x)\n",
+        "class M:\n    def g(self, x):\n        return x * 6\n    def __call__(self, x):\n"
+        "        return self.g(x)\n",
+        "f = helpers.M()",
+        2.0,
+        6.0,
+    ),
+    "class_attribute_through_self": (
+        "class M:\n    scale = 2.0\n    def __call__(self, x):\n        return x * self.scale\n",
+        "class M:\n    scale = 7.0\n    def __call__(self, x):\n        return x * self.scale\n",
+        "f = helpers.M()",
+        2.0,
+        7.0,
+    ),
+    "import_inside_body": (
+        "def h(x):\n    return x * 2\n",
+        "def h(x):\n    return x * 8\n",
+        "def f(x):\n        from helpers import h\n        return h(x)",
+        2.0,
+        8.0,
+    ),
+    "library_without_version": (
+        "import sys, os\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), "
+        "'site-packages'))\nfrom nolib import h\n",
+        "",  # the library itself is upgraded (see below)
+        "def f(x):\n        return helpers.h(x)",
+        2.0,
+        9.0,
+    ),
+    "custom_jvp_rule": (
+        "import jax, jax.numpy as jnp\n@jax.custom_jvp\ndef h(x):\n    return 2 * x\n"
+        "h.defjvp(lambda p, t: (h(p[0]), 2 * t[0]))\n",
+        "import jax, jax.numpy as jnp\n@jax.custom_jvp\ndef h(x):\n    return 2 * x\n"
+        "h.defjvp(lambda p, t: (h(p[0]), 10 * t[0]))\n",
+        "def f(x):\n        return helpers.h(x)",
+        2.0,
+        2.0,
+    ),
+    "big_closed_over_list": (
+        "TABLE = [1.0] * 20000\n",
+        "TABLE = [1.0] * 19999 + [3.0]\n",
+        "def f(x):\n        return x * 2 * helpers.TABLE[-1]",
+        2.0,
+        6.0,
+    ),
+    "deeply_nested_value": (
+        "CONFIG = {'a': {'b': {'c': {'d': {'e': {'f': {'g': {'h': 2.0}}}}}}}}\n",
+        "CONFIG = {'a': {'b': {'c': {'d': {'e': {'f': {'g': {'h': 4.0}}}}}}}}\n",
+        "def f(x):\n        c = helpers.CONFIG\n"
+        "        return x * c['a']['b']['c']['d']['e']['f']['g']['h']",
+        2.0,
+        4.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EDITS))
+def test_edit_then_rerun_gives_the_new_result(
+    tmp_path: Path, subprocess_env: dict[str, str], kind: str
+) -> None:
+    v1, v2, body, want1, want2 = EDITS[kind]
+    env = dict(subprocess_env)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env["PYTHONPATH"]
+    (tmp_path / "main.py").write_text(_MAIN.format(body=body))
+    lib = tmp_path / "site-packages" / "nolib"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("def h(x):\n    return x * 2\n")
+    (tmp_path / "helpers.py").write_text(v1)
+    first = _run_script(tmp_path / "main.py", env, cwd=tmp_path)
+    if kind == "library_without_version":
+        (lib / "__init__.py").write_text("def h(x):\n    return x * 9\n")
+    else:
+        (tmp_path / "helpers.py").write_text(v2)
+    second = _run_script(tmp_path / "main.py", env, cwd=tmp_path)
+    assert first["top"] == first["jit"] == [want1, want1]
+    assert second["top"] == second["jit"] == [want2, want2], (first, second)
+    if kind == "custom_jvp_rule":
+        assert first["grad"] == [2.0, 2.0] and second["grad"] == [10.0, 10.0]
+    else:
+        assert second["grad"] == [want2, want2]

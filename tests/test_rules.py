@@ -923,3 +923,270 @@ def test_ordered_effects_refused_with_name(fn: Callable[..., Any], where: str) -
     with pytest.raises(ValueError, match=fn.__name__) as info:
         run(arg)
     assert "ordered" in str(info.value)
+
+
+# -- every dtype JAX differentiates (issue 11) --------------------------------------------
+
+
+def _tanh_loss(w: jax.Array, x: jax.Array) -> jax.Array:
+    return jnp.tanh(x @ w).sum()
+
+
+@pytest.mark.parametrize(
+    "dtype", [jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.complex64]
+)
+@pytest.mark.parametrize("jit", [False, True])
+def test_low_precision_and_complex_gradients_match_plain(dtype: Any, jit: bool) -> None:
+    w = (jax.random.normal(jax.random.key(0), (4, 4)) * 0.5).astype(dtype)
+    x = jax.random.normal(jax.random.key(1), (3, 4)).astype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        loss = lambda w, x: jnp.abs(jnp.tanh(x @ w)).sum()  # noqa: E731
+    else:
+        loss = _tanh_loss
+    comp = jaxaot.component(loss)
+    grad = jax.grad(comp, argnums=(0, 1))
+    plain = jax.grad(loss, argnums=(0, 1))
+    if jit:
+        grad, plain = jax.jit(grad), jax.jit(plain)
+    got, want = grad(w, x), plain(w, x)
+    for g, p in zip(got, want, strict=True):
+        assert g.dtype == p.dtype
+        assert np.any(np.asarray(p.astype(jnp.complex64)) != 0)
+        np.testing.assert_allclose(
+            np.asarray(g.astype(jnp.complex64)), np.asarray(p.astype(jnp.complex64)), rtol=0.15
+        )
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_low_precision_jvp_and_vjp_match_plain(dtype: Any) -> None:
+    def f(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w)
+
+    comp = jaxaot.component(f)
+    w = jnp.full((4, 4), 0.25, dtype)
+    x = jnp.ones((2, 4), dtype)
+    t = jnp.ones_like(w)
+    _, got = jax.jvp(lambda w: comp(w, x), (w,), (t,))
+    _, want = jax.jvp(lambda w: f(w, x), (w,), (t,))
+    assert got.dtype == want.dtype == dtype and np.any(np.asarray(want) != 0)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2)
+    ct = jnp.ones((2, 4), dtype)
+    (gw,) = jax.vjp(lambda w: comp(w, x), w)[1](ct)
+    (pw,) = jax.vjp(lambda w: f(w, x), w)[1](ct)
+    np.testing.assert_allclose(np.asarray(gw, np.float32), np.asarray(pw, np.float32), rtol=2e-2)
+
+
+def test_bf16_transformer_block_has_no_zero_gradient_leaf() -> None:
+    from jaxaot import _model
+
+    params = jax.tree_util.tree_map(
+        lambda a: a.astype(jnp.bfloat16), _model.init_block(jax.random.key(0), 32)
+    )
+    x = jax.random.normal(jax.random.key(1), (2, 8, 32)).astype(jnp.bfloat16)
+    block = jaxaot.component(_model.block)
+    got = jax.grad(lambda p: jnp.mean(block(p, x).astype(jnp.float32) ** 2))(params)
+    want = jax.grad(lambda p: jnp.mean(_model.block(p, x).astype(jnp.float32) ** 2))(params)
+    for path, g in jax.tree_util.tree_leaves_with_path(got):
+        assert g.dtype == jnp.bfloat16
+        assert np.any(np.asarray(g, np.float32) != 0), jax.tree_util.keystr(path)
+    for g, p in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(p, np.float32), atol=0.1)
+
+
+def test_integer_inputs_get_float0_tangents() -> None:
+    def f(x: jax.Array, n: jax.Array) -> jax.Array:
+        return x * n.astype(x.dtype)
+
+    comp = jaxaot.component(f)
+    x, n = jnp.ones(3, jnp.bfloat16), jnp.arange(3)
+    got = jax.grad(
+        lambda x, n: comp(x, n).astype(jnp.float32).sum(), argnums=(0, 1), allow_int=True
+    )(x, n)
+    want = jax.grad(lambda x, n: f(x, n).astype(jnp.float32).sum(), argnums=(0, 1), allow_int=True)
+    want_g = want(x, n)
+    assert got[1].dtype == want_g[1].dtype == jax.dtypes.float0
+    np.testing.assert_array_equal(np.asarray(got[0], np.float32), [0, 1, 2])
+
+
+# -- derived entries carry the whole primal signature (issue 11) --------------------------
+
+
+def test_derived_entries_differ_per_primal_dtype() -> None:
+    comp = jaxaot.component(_tanh_loss)
+    x32 = jnp.ones((2, 4), jnp.float32)
+    for dtype in (jnp.float32, jnp.float16, jnp.bfloat16):
+        w = jnp.full((4, 4), 0.1, dtype)
+        g = jax.grad(comp)(w, x32.astype(dtype))
+        assert g.dtype == dtype
+        np.testing.assert_allclose(
+            np.asarray(g, np.float32),
+            np.asarray(jax.grad(_tanh_loss)(w, x32.astype(dtype)), np.float32),
+            rtol=2e-2,
+        )
+
+
+def test_derived_entries_differ_per_primal_shape() -> None:
+    def layer(x: jax.Array, b: jax.Array) -> jax.Array:
+        return jnp.tanh(x + b)
+
+    comp = jaxaot.component(layer)
+    x = jnp.ones((4, 8))
+    for b in (jnp.full((8,), 0.5), jnp.full((1, 8), 0.5), jnp.full((4, 8), 0.5)):
+        got = jax.grad(lambda b: comp(x, b).sum())(b)
+        want = jax.grad(lambda b: layer(x, b).sum())(b)
+        assert got.shape == b.shape
+        np.testing.assert_allclose(got, want, rtol=RTOL)
+
+
+def test_derived_keys_hold_the_parents_input_types() -> None:
+    comp = jaxaot.component(lambda x, b: jnp.tanh(x + b), key="derived-lineage")
+    x = jnp.ones((4, 8))
+    keys = []
+    for b in (jnp.ones(8), jnp.ones((1, 8))):
+        fwd, make_lin = comp.entry(x, b) and _root(comp, x, b).linearize((True, True), [x, b])
+        keys.append(fwd.key)
+        for t in fwd.key.parts["transform"]:
+            assert t[-1] == _root(comp, x, b).key.parts["args"]
+    assert keys[0] != keys[1]
+
+
+def _root(comp: Any, *args: Any) -> Any:
+    call, _ = comp._root_call(args, {}, allow_sds=True)
+    return call
+
+
+def test_vmap_entries_differ_per_axis_name() -> None:
+    comp = jaxaot.component(lambda x: jnp.sin(x) * 2, key="vmap-axis-names")
+    xs = jnp.ones((4, 3))
+    for name in (None, "batch", "other"):
+        np.testing.assert_allclose(jax.vmap(comp, axis_name=name)(xs), jnp.sin(xs) * 2)
+    vmapped = [k for k in comp._store.entries if k.parts["transform"]]
+    assert len(vmapped) == 3
+    names = {k.parts["transform"][0][2][0] for k in vmapped}
+    assert len(names) == 3 and {"batch", "other"} < names
+
+
+# -- bodies JAX can transform (issue 11): custom rules and collectives --------------------
+
+
+@jax.custom_vjp
+def _clip_gradient(x: jax.Array) -> jax.Array:
+    return x
+
+
+def _clip_fwd(x: jax.Array) -> tuple[jax.Array, None]:
+    return x, None
+
+
+def _clip_bwd(_: None, g: jax.Array) -> tuple[jax.Array]:
+    return (jnp.clip(g, -0.5, 0.5),)
+
+
+_clip_gradient.defvjp(_clip_fwd, _clip_bwd)
+
+
+@jax.custom_vjp
+def _straight_through(x: jax.Array) -> jax.Array:
+    return jnp.round(x)
+
+
+_straight_through.defvjp(lambda x: (jnp.round(x), None), lambda _, g: (g,))
+
+
+def _with_custom_vjp(w: jax.Array, x: jax.Array) -> jax.Array:
+    return jnp.sum(_clip_gradient(x @ w) ** 2) + jnp.sum(_straight_through(w))
+
+
+@pytest.mark.parametrize("how", ["grad", "jit_grad", "vmap_grad", "grad_jit", "regional"])
+def test_custom_vjp_inside_a_component(how: str) -> None:
+    comp = jaxaot.component(_with_custom_vjp)
+    w = jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)
+    x = jnp.linspace(0.0, 2.0, 8).reshape(2, 4)
+
+    def run(f: Callable[..., Any]) -> Any:
+        g = jax.grad(f, argnums=(0, 1))
+        if how == "grad":
+            return g(w, x)
+        if how == "jit_grad":
+            return jax.jit(g)(w, x)
+        if how == "vmap_grad":
+            return jax.vmap(g, in_axes=(None, 0))(w, jnp.stack([x, 2 * x]))
+        if how == "grad_jit":
+            return jax.grad(jax.jit(f), argnums=(0, 1))(w, x)
+        return jaxaot.jit(g)(w, x)
+
+    got, want = run(comp), run(_with_custom_vjp)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def test_custom_vjp_under_jvp_errors_naming_the_component() -> None:
+    comp = jaxaot.component(_with_custom_vjp)
+    w, x = jnp.ones((4, 3)), jnp.ones((2, 4))
+    with pytest.raises(Exception, match="_with_custom_vjp"):
+        jax.jvp(lambda w: comp(w, x), (w,), (w,))
+
+
+@jax.custom_jvp
+def _softclip(x: jax.Array) -> jax.Array:
+    return jnp.tanh(x)
+
+
+@_softclip.defjvp
+def _softclip_jvp(primals: Any, tangents: Any) -> Any:
+    (x,), (t,) = primals, tangents
+    return jnp.tanh(x), 0.5 * t
+
+
+@pytest.mark.parametrize("how", ["grad", "jvp", "vmap_jvp", "jit_grad", "regional"])
+def test_custom_jvp_inside_a_component(how: str) -> None:
+    def f(x: jax.Array) -> jax.Array:
+        return jnp.sum(_softclip(x) * x)
+
+    comp = jaxaot.component(f)
+    x = jnp.linspace(-1.0, 1.0, 5)
+
+    def run(g: Callable[..., Any]) -> Any:
+        if how == "grad":
+            return jax.grad(g)(x)
+        if how == "jvp":
+            return jax.jvp(g, (x,), (jnp.ones_like(x),))
+        if how == "vmap_jvp":
+            return jax.vmap(lambda t: jax.jvp(g, (x,), (t,))[1])(jnp.eye(5))
+        if how == "jit_grad":
+            return jax.jit(jax.grad(g))(x)
+        return jaxaot.jit(jax.grad(g))(x)
+
+    got, want = run(comp), run(f)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def _batch_norm(x: jax.Array) -> jax.Array:
+    mean = lax.pmean(x, "batch")
+    var = lax.pmean((x - mean) ** 2, "batch")
+    return (x - mean) / jnp.sqrt(var + 1e-5) + lax.axis_index("batch") + lax.psum(1.0, "batch")
+
+
+@pytest.mark.parametrize("how", ["vmap", "jit_vmap", "vmap_jit", "grad_vmap"])
+def test_collectives_over_an_outer_vmap_axis(how: str) -> None:
+    comp = jaxaot.component(_batch_norm)
+    xs = jnp.linspace(0.0, 1.0, 12).reshape(4, 3)
+
+    def run(f: Callable[..., Any]) -> Any:
+        v = jax.vmap(f, axis_name="batch")
+        if how == "vmap":
+            return v(xs)
+        if how == "jit_vmap":
+            return jax.jit(v)(xs)
+        if how == "vmap_jit":
+            return jax.vmap(jax.jit(f), axis_name="batch")(xs)
+        return jax.grad(lambda xs: jnp.sum(v(xs) ** 2))(xs)
+
+    np.testing.assert_allclose(run(comp), run(_batch_norm), rtol=1e-4, atol=1e-4)
+
+
+def test_collective_outside_its_axis_errors_naming_the_component() -> None:
+    comp = jaxaot.component(_batch_norm)
+    with pytest.raises(Exception, match="_batch_norm"):
+        comp(jnp.ones(3))
