@@ -92,7 +92,7 @@ class Plan:
         out_tree: Any,
         delete_after: Sequence[int],
         donated: Sequence[int],
-        start_whole: Callable[[], concurrent.futures.Future[Any] | None] | None,
+        start_whole: Callable[[], tuple[concurrent.futures.Future[Any], int] | None] | None,
     ) -> None:
         self.name = name
         self.n_inputs = n_inputs
@@ -112,6 +112,7 @@ class Plan:
         self._start_whole = start_whole
         self.mode: str | None = None if start_whole is not None else SPLIT
         self.whole: concurrent.futures.Future[Any] | None = None
+        self.whole_calls: int | None = None  # component calls the whole program binds
         self.calls = 0
         self.timings: dict[str, list[float]] = {SPLIT: [], WHOLE: []}
 
@@ -175,9 +176,12 @@ class Plan:
             whole = self.whole
             if whole is None and self.ready and self.calls >= 2 and self._start_whole is not None:
                 # The program has run: compile its whole-program form in the background.
-                whole = self.whole = self._start_whole()
-                if whole is None:
+                started = self._start_whole()
+                if started is None:
                     self.mode = SPLIT
+                else:
+                    whole, self.whole_calls = started
+                    self.whole = whole
         if whole is None or not whole.done():
             return self.run(leaves)
         error = whole.exception()

@@ -283,9 +283,9 @@ _SHARDING = operator.attrgetter("sharding")
 
 def _avals(leaves: Sequence[Any]) -> tuple[Any, ...]:
     """``jax.typeof`` of each leaf; for plain arrays, without its per-leaf cost."""
-    if set(map(type, leaves)) <= _ARRAY_TYPES and not set(
-        map(type, map(_SHARDING, leaves))
-    ) & {jax.sharding.NamedSharding}:
+    if set(map(type, leaves)) <= _ARRAY_TYPES and not set(map(type, map(_SHARDING, leaves))) & {
+        jax.sharding.NamedSharding
+    }:
         return tuple(map(_AVAL, leaves))  # what jax.typeof gives for these
     return tuple(jax.typeof(x) for x in leaves)
 
@@ -542,9 +542,10 @@ class RegionalFunction:
 
     def _start_whole(
         self, jaxpr: Any, donated: tuple[int, ...]
-    ) -> concurrent.futures.Future[Any] | None:
+    ) -> tuple[concurrent.futures.Future[Any], int]:
         """Starts loading or compiling the whole-program form of ``jaxpr`` (its
-        inputs, then its constants) on the background threads."""
+        inputs, then its constants) on the background threads; the job, and how
+        many component calls the whole program binds."""
         fn, calls = _whole.program(jaxpr)
         avals = tuple(v.aval for v in [*jaxpr.invars, *jaxpr.constvars])
         out_avals = tuple(v.aval for v in jaxpr.outvars)
@@ -565,7 +566,7 @@ class RegionalFunction:
         future = _submit_jobs({"whole": job})["whole"]
         with _POOL_LOCK:
             _BACKGROUND[:] = [f for f in _BACKGROUND if not f.done()] + [future]
-        return future
+        return future, calls
 
 
 _BACKGROUND: list[concurrent.futures.Future[Any]] = []

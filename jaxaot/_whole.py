@@ -104,7 +104,9 @@ def _same(vs: Sequence[Any]) -> bool:
     return all(v is first for v in vs)
 
 
-def _scan(run: _Run, read: Callable[[Any], Any], write: Callable[[Any, Any], None], used: set[Any]) -> None:
+def _scan(
+    run: _Run, read: Callable[[Any], Any], write: Callable[[Any, Any], None], used: set[Any]
+) -> None:
     first = run.eqns[0]
     n_in = len(first.invars)
     carried = dict(run.carry)  # input position -> output position
