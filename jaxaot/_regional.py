@@ -17,6 +17,10 @@ under ``lax.scan``, ``cond`` or ``while`` stays inside its glue (compiled the
 ordinary way), with one DEBUG line; when nothing can be split, or splitting
 fails, the program runs under plain ``jax.jit``. Either way the result is
 the one ``jax.jit`` would give.
+
+In the steady state, the split program competes with its whole-program form
+(one executable, repeated layers as a loop), compiled in the background once
+the program has run; the faster one runs (``_plan``, ``_whole``).
 """
 
 from __future__ import annotations
@@ -26,15 +30,15 @@ import contextvars
 import functools
 import hashlib
 import logging
+import operator
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 
-from . import _component, _entry, _stats
+from . import _component, _entry, _stats, _whole
 from ._config import get_cache
 from ._jaxcompat import (
     CALL_PRIMITIVES,
@@ -51,92 +55,12 @@ from ._jaxcompat import (
 )
 from ._key import ComponentKey, aval_str
 from ._optimize import evaluate
+from ._plan import Plan, PlanFailed, Step
 from ._rules import PREFETCH, component_p
 
 logger = logging.getLogger("jaxaot")
 
 _INLINE = CALL_PRIMITIVES
-
-
-class _PlanFailed(Exception):
-    """An executable of a plan could not be made; nothing was donated yet."""
-
-
-@dataclass
-class _Step:
-    """One executable in a split program: a component call or a glue program."""
-
-    kind: str  # "component" or "glue"
-    job: concurrent.futures.Future[Any]  # the executable, loaded or compiled in the background
-    invars: list[Any]
-    outvars: list[Any]
-    label: str
-    donates: bool
-
-    def executable(self) -> Any:
-        """The executable (taking and returning flat lists), waiting for it if need be."""
-        try:
-            return self.job.result()
-        except Exception as e:
-            raise _PlanFailed(f"{self.label}: {type(e).__name__}: {e}") from e
-
-
-class _Plan:
-    """A split program for one input signature.
-
-    Its executables are loaded or compiled on a few threads while the first call
-    already runs the steps whose executables are ready: the first layers' forward
-    pass runs while the backward executable compiles. Before the first step that
-    donates an input (and before donated inputs are deleted), the plan waits for
-    every executable, so a failure leaves the inputs intact for ``jax.jit``."""
-
-    def __init__(
-        self,
-        consts: dict[Any, Any],
-        invars: list[Any],
-        outvars: list[Any],
-        steps: list[_Step],
-        out_tree: Any,
-        delete_after: list[int],
-    ) -> None:
-        self.consts = consts
-        self.invars = invars
-        self.outvars = outvars
-        self.steps = steps
-        self.out_tree = out_tree
-        self.delete_after = delete_after
-        self.ready = False
-
-    def wait(self) -> None:
-        """Waits for every executable; raises ``_PlanFailed`` if one could not be made."""
-        if not self.ready:
-            for step in self.steps:
-                step.executable()
-            self.ready = True
-
-    def run(self, leaves: Sequence[Any]) -> Any:
-        env: dict[Any, Any] = dict(self.consts)
-        for v, x in zip(self.invars, leaves, strict=True):
-            env[v] = x
-        for step in self.steps:
-            if step.donates:
-                self.wait()
-            ins = [v.val if isinstance(v, Literal) else env[v] for v in step.invars]
-            outs = step.executable()(*ins)
-            for v, o in zip(step.outvars, outs, strict=True):
-                env[v] = o
-        out = [v.val if isinstance(v, Literal) else env[v] for v in self.outvars]
-        if self.delete_after:
-            self.wait()
-        for i in self.delete_after:
-            leaf = leaves[i]
-            if (
-                isinstance(leaf, jax.Array)
-                and not leaf.is_deleted()
-                and not any(leaf is o for o in out)
-            ):
-                leaf.delete()
-        return jax.tree_util.tree_unflatten(self.out_tree, out)
 
 
 def _contains_components(jaxpr: Any) -> bool:
@@ -170,31 +94,59 @@ def _contains_components_in_params(eqn: Any) -> bool:
     return any(_contains_components(j) for j in jaxprs_in_params(eqn.params))
 
 
-def _glue_key(text: str, avals: Sequence[Any], donate: tuple[int, ...]) -> ComponentKey:
+def _program_key(
+    kind: str, digest: str, avals: Sequence[Any], donate: tuple[int, ...]
+) -> ComponentKey:
     parts = _component._base_parts(_component.default_platform())
     parts.update(
-        component="glue:" + hashlib.sha256(text.encode()).hexdigest(),
+        component=f"{kind}:{digest}",
         in_tree="",
         static=(),
         args=tuple(aval_str(a.shape, a.dtype, a.weak_type) for a in avals),
-        transform=(("glue", donate),),
+        transform=((kind, donate),),
         executable=_component._executable_parts(donate),
     )
     return ComponentKey(parts)
 
 
-class _GlueCache:
-    """Compiled glue programs of this process, by structure; shared by all jaxaot.jit functions."""
+def _glue_key(text: str, avals: Sequence[Any], donate: tuple[int, ...]) -> ComponentKey:
+    return _program_key("glue", hashlib.sha256(text.encode()).hexdigest(), avals, donate)
 
-    def __init__(self) -> None:
+
+class _ProgramCache:
+    """Compiled programs of this process (glue programs, whole programs), by
+    content; shared by all jaxaot.jit functions and kept in the cache."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
         self._locks = _stats.KeyedLocks()
         self._exes: dict[tuple[str, tuple[Any, ...], tuple[int, ...]], Any] = {}
         self.counters = _stats.Counters(parent=_stats.PROCESS)
 
     def get(self, closed: Any, donate: tuple[int, ...]) -> Any:
-        text = str(closed)
-        avals = tuple(closed.in_avals)
-        memo_key = (text, avals, donate)
+        """The executable of a glue program (a closed jaxpr)."""
+        return self.program(
+            hashlib.sha256(str(closed).encode()).hexdigest(),
+            tuple(closed.in_avals),
+            tuple(closed.out_avals),
+            donate,
+            jaxpr_as_fun(closed),
+            lambda: _has_callbacks(closed),
+        )
+
+    def program(
+        self,
+        digest: str,
+        avals: tuple[Any, ...],
+        out_avals: tuple[Any, ...],
+        donate: tuple[int, ...],
+        fn: Callable[..., Any],
+        callbacks: Callable[[], bool],
+    ) -> Any:
+        """The executable of ``fn`` (flat arrays to a flat list) at ``avals``, whose
+        content ``digest`` names: from this process, else the cache, else compiled
+        (and stored unless it calls back into Python)."""
+        memo_key = (digest, avals, donate)
         exe = self._exes.get(memo_key)
         if exe is not None:
             self.counters.add("hits")
@@ -204,7 +156,7 @@ class _GlueCache:
             if exe is not None:
                 self.counters.add("hits")
                 return exe
-            key = _glue_key(text, avals, donate)
+            key = _program_key(self.kind, digest, avals, donate)
             cache = get_cache()
             loaded = _component._load_executable(cache, key) if cache is not None else None
             if loaded is not None:
@@ -212,7 +164,6 @@ class _GlueCache:
                 self.counters.add("hits")
             else:
                 self.counters.add("misses")
-                fn = jaxpr_as_fun(closed)
                 sds = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
                 exe = (
                     jax.jit(fn, keep_unused=True, donate_argnums=donate)
@@ -221,15 +172,15 @@ class _GlueCache:
                     .compile()
                 )
                 self.counters.add("compiles")
-                if cache is not None and not _has_callbacks(closed):
+                if cache is not None and not callbacks():
                     record = _entry.Entry(
                         key=key,
-                        name="glue",
+                        name=self.kind,
                         in_avals=avals,
-                        out_avals=tuple(closed.out_avals),
-                        out_tree=jax.tree_util.tree_structure([0] * len(closed.out_avals)),
+                        out_avals=out_avals,
+                        out_tree=jax.tree_util.tree_structure([0] * len(out_avals)),
                         arg_names=("",) * len(avals),
-                        result_paths=tuple(f"result[{i}]" for i in range(len(closed.out_avals))),
+                        result_paths=tuple(f"result[{i}]" for i in range(len(out_avals))),
                     )
                     _component._store_executable(cache, key, record, exe, None)
             self._exes[memo_key] = exe
@@ -242,7 +193,9 @@ def _has_callbacks(closed: Any) -> bool:
     return has_host_callbacks(closed)
 
 
-GLUE = _GlueCache()
+GLUE = _ProgramCache("glue")
+# Whole-program forms of split programs (see ``_whole``).
+WHOLE = _ProgramCache("whole program")
 
 
 def _split(
@@ -321,6 +274,22 @@ def _submit_jobs(
     return {k: pool.submit(contextvars.copy_context().run, job) for k, job in jobs.items()}
 
 
+_AVAL = operator.attrgetter("aval")
+_SHARDING = operator.attrgetter("sharding")
+
+
+def _avals(leaves: Sequence[Any]) -> tuple[Any, ...]:
+    """``jax.typeof`` of each leaf; for plain arrays, without its per-leaf cost."""
+    if set(map(type, leaves)) <= _ARRAY_TYPES and not set(map(type, map(_SHARDING, leaves))) & {
+        jax.sharding.NamedSharding
+    }:
+        return tuple(map(_AVAL, leaves))  # what jax.typeof gives for these
+    return tuple(jax.typeof(x) for x in leaves)
+
+
+_ARRAY_TYPES = {type(jax.numpy.zeros(()))}
+
+
 class RegionalFunction:
     """A function compiled region by region; see :func:`jit`."""
 
@@ -331,6 +300,7 @@ class RegionalFunction:
         static_argnums: int | Sequence[int] = (),
         static_argnames: str | Sequence[str] = (),
         donate_argnums: int | Sequence[int] = (),
+        whole_program: bool = True,
     ) -> None:
         self.__wrapped__ = fun
         self._static_argnums = (
@@ -342,13 +312,14 @@ class RegionalFunction:
         self._donate_argnums = (
             (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
         )
+        self._whole_program = bool(whole_program)
         self._jitted = jax.jit(
             fun,
             static_argnums=self._static_argnums,
             static_argnames=self._static_argnames,
             donate_argnums=self._donate_argnums,
         )
-        self._plans: dict[Any, _Plan | None] = {}
+        self._plans: dict[Any, Plan | None] = {}
         self._lock = threading.Lock()
         self.__name__ = getattr(fun, "__name__", "function")
         self.__doc__ = getattr(fun, "__doc__", None)
@@ -359,6 +330,9 @@ class RegionalFunction:
     def _dynamic(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[list[Any], Any, tuple[Any, ...], list[int]]:
+        if not self._static_argnums and not self._static_argnames and not self._donate_argnums:
+            leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+            return leaves, treedef, (), []
         n = len(args)
         static_pos = {i % n for i in self._static_argnums if -n <= i < n} if n else set()
         donate_pos = {i % n for i in self._donate_argnums if -n <= i < n} if n else set()
@@ -387,7 +361,7 @@ class RegionalFunction:
         leaves, treedef, statics, donated = self._dynamic(args, kwargs)
         if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
             return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
-        sig = (treedef, tuple(jax.typeof(x) for x in leaves), statics)
+        sig = (treedef, _avals(leaves), statics)
         plan = self._plans.get(sig, False)
         if plan is False:
             with self._lock:
@@ -398,10 +372,11 @@ class RegionalFunction:
         if plan is None:
             return self._jitted(*args, **kwargs)
         try:
-            return plan.run(leaves)  # type: ignore[union-attr]
-        except _PlanFailed as e:  # nothing donated yet: jax.jit gives the result
+            out = plan(leaves)  # type: ignore[operator]
+        except PlanFailed as e:  # nothing donated yet: jax.jit gives the result
             self._give_up(sig, e)
             return self._jitted(*args, **kwargs)
+        return jax.tree_util.tree_unflatten(plan.out_tree, out)  # type: ignore[union-attr]
 
     def _give_up(self, sig: Any, error: Exception) -> None:
         logger.debug("jaxaot.jit %s: not split (%s); using jax.jit", self.__name__, error)
@@ -412,7 +387,7 @@ class RegionalFunction:
         """Traces, splits and loads or compiles every executable for this signature,
         without running anything; returns when all are ready."""
         leaves, treedef, statics, donated = self._dynamic(args, kwargs)
-        sig = (treedef, tuple(jax.typeof(x) for x in leaves), statics)
+        sig = (treedef, _avals(leaves), statics)
         with self._lock:
             if sig not in self._plans:
                 self._plans[sig] = self._plan(args, kwargs, donated)
@@ -420,12 +395,12 @@ class RegionalFunction:
         if plan is not None:
             try:
                 plan.wait()
-            except _PlanFailed as e:
+            except PlanFailed as e:
                 self._give_up(sig, e)
 
     def _plan(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int]
-    ) -> _Plan | None:
+    ) -> Plan | None:
         try:
             return self._build_plan(args, kwargs, donated)
         except Exception as e:  # never a wrong result: fall back to jax.jit
@@ -439,7 +414,7 @@ class RegionalFunction:
 
     def _build_plan(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int]
-    ) -> _Plan | None:
+    ) -> Plan | None:
         # Executables that autodiff will surely need start compiling during the trace.
         early: dict[Any, concurrent.futures.Future[Any]] = {}
 
@@ -493,13 +468,50 @@ class RegionalFunction:
             if k not in jobs:  # autodiff ran under another transformation (vmap of grad)
                 f.cancel()
         futures.update(_submit_jobs({k: job for k, job in jobs.items() if k not in futures}))
+        # Slots: the inputs, then the constants and literals, then what steps compute.
+        slots: dict[Any, int] = {v: i for i, v in enumerate(jaxpr.invars)}
+        fixed: list[Any] = []
+        for v, c in zip(jaxpr.constvars, flat.consts, strict=True):
+            slots[v] = len(slots)
+            fixed.append(c)
+        literals: dict[int, int] = {}
+
+        def slot(v: Any) -> int:
+            if isinstance(v, Literal):
+                if id(v) not in literals:
+                    literals[id(v)] = len(jaxpr.invars) + len(fixed)
+                    fixed.append(v.val)
+                return literals[id(v)]
+            return slots[v]
+
+        for _, _, invars, _, _ in split:
+            for v in invars:
+                if isinstance(v, Literal):
+                    slot(v)
+        for v in jaxpr.outvars:
+            if isinstance(v, Literal):
+                slot(v)
+        n_fixed = len(jaxpr.invars) + len(fixed)
+        # Literals were added after the constants; renumber step outputs past them.
+        next_slot = n_fixed
+        for _, _, _, outvars, _ in split:
+            for v in outvars:
+                if not isinstance(v, DropVar) and v not in slots:
+                    slots[v] = next_slot
+                    next_slot += 1
         steps = [
-            _Step(kind, futures[job_key], invars, outvars, label, bool(donate))
+            Step(
+                kind,
+                futures[job_key],
+                tuple(slot(v) for v in invars),
+                tuple(slot(v) if not isinstance(v, DropVar) else next_slot for v in outvars),
+                label,
+                bool(donate),
+            )
             for (job_key, label), (kind, _, invars, outvars, donate) in zip(
                 step_jobs, split, strict=True
             )
         ]
-        consts = dict(zip(jaxpr.constvars, flat.consts, strict=True))
         delete_after = [i for i, v in enumerate(jaxpr.invars) if v in leftover]
         n_comp = sum(s.kind == "component" for s in steps)
         logger.debug(
@@ -508,9 +520,61 @@ class RegionalFunction:
             n_comp,
             len(steps) - n_comp,
         )
-        return _Plan(
-            consts, list(jaxpr.invars), list(jaxpr.outvars), steps, traced.out_tree, delete_after
+        start_whole = None
+        if self._whole_program and not jaxpr.effects:
+            start_whole = functools.partial(self._start_whole, jaxpr, tuple(donated))
+        return Plan(
+            name=self.__name__,
+            n_inputs=len(jaxpr.invars),
+            fixed=fixed,
+            n_consts=len(flat.consts),
+            n_slots=next_slot + 1,
+            steps=steps,
+            out_slots=[slot(v) for v in jaxpr.outvars],
+            out_tree=traced.out_tree,
+            delete_after=delete_after,
+            donated=donated,
+            start_whole=start_whole,
         )
+
+    def _start_whole(
+        self, jaxpr: Any, donated: tuple[int, ...]
+    ) -> tuple[concurrent.futures.Future[Any], int]:
+        """Starts loading or compiling the whole-program form of ``jaxpr`` (its
+        inputs, then its constants) on the background threads; the job, and how
+        many component calls the whole program binds."""
+        fn, calls = _whole.program(jaxpr)
+        avals = tuple(v.aval for v in [*jaxpr.invars, *jaxpr.constvars])
+        out_avals = tuple(v.aval for v in jaxpr.outvars)
+        logger.debug(
+            "jaxaot.jit %s: whole program with %d component calls in the background",
+            self.__name__,
+            calls,
+        )
+        job = functools.partial(
+            WHOLE.program,
+            _whole.digest(jaxpr),
+            avals,
+            out_avals,
+            donated,
+            fn,
+            lambda: _has_callbacks(ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars))),
+        )
+        future = _submit_jobs({"whole": job})["whole"]
+        with _POOL_LOCK:
+            _BACKGROUND[:] = [f for f in _BACKGROUND if not f.done()] + [future]
+        return future, calls
+
+
+_BACKGROUND: list[concurrent.futures.Future[Any]] = []
+
+
+def wait_for_background() -> None:
+    """Blocks until every whole-program executable being made in the background
+    is made (or failed)."""
+    with _POOL_LOCK:
+        pending = list(_BACKGROUND)
+    concurrent.futures.wait(pending)
 
 
 def jit(
@@ -519,12 +583,19 @@ def jit(
     static_argnums: int | Sequence[int] = (),
     static_argnames: str | Sequence[str] = (),
     donate_argnums: int | Sequence[int] = (),
+    whole_program: bool = True,
 ) -> Any:
     """Like ``jax.jit``, for programs that call components: each component is
     compiled once per signature (and per derived transformation) instead of
     once per call site, and the glue between component calls is compiled once
     per distinct glue program. Executables live in the cache, so a warm
     process neither traces component bodies nor compiles them.
+
+    With ``whole_program`` (the default), once the split program has run, a
+    whole-program form of it (one executable, in which repeated layers are a
+    loop over one compiled layer) is compiled in the background, kept in the
+    cache, and used from then on if it runs faster: small steps then cost what
+    one executable costs, not one executable per layer.
 
     Example::
 
@@ -540,6 +611,7 @@ def jit(
             static_argnums=static_argnums,
             static_argnames=static_argnames,
             donate_argnums=donate_argnums,
+            whole_program=whole_program,
         )
 
     return wrap if fun is None else wrap(fun)

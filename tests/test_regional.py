@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -19,9 +20,17 @@ import pytest
 from jax import lax
 
 import jaxaot
-from jaxaot import _model
+from jaxaot import _model, _plan, _regional, _whole
 
 WIDTH, SEQ, BATCH = 16, 8, 2
+
+
+@pytest.fixture(autouse=True)
+def _no_background_work_left() -> Iterator[None]:
+    """Whole-program compiles run in the background: none outlives its test (so
+    none counts in another test's compiles)."""
+    yield
+    _regional.wait_for_background()
 
 
 @pytest.fixture
@@ -101,6 +110,7 @@ def _compiles_for(layers: int, compiles: list[str]) -> int:
     with jaxaot.using_cache(jaxaot.MemoryCache()):
         block.clear_cache()
         jaxaot._regional.GLUE._exes.clear()
+        _regional.wait_for_background()
         before = len(compiles)
         jax.block_until_ready(jaxaot.jit(step)(blocks, state, x))
         return len(compiles) - before
@@ -256,10 +266,19 @@ WARM_MODULE = textwrap.dedent(
     def run():
         ps = [jnp.eye(4) * (0.1 * (i + 1)) for i in range(5)]
         x = jnp.ones((2, 4))
-        value, grads = jaxaot.jit(jax.value_and_grad(loss))(ps, x)
+        f = jaxaot.jit(jax.value_and_grad(loss))
+        value, grads = f(ps, x)
         info = block.cache_info()
+        (plan,) = f._plans.values()
+        f(ps, x)  # the program has run: its whole-program form is made in the background
+        plan.whole.result()
+        plan.mode = "whole"
+        whole_value, _ = f(ps, x)
+        whole = jaxaot._regional.WHOLE.counters.info()
         return {"value": float(value), "grads": [g.tolist() for g in grads], "traces": info.traces,
-                "compiles": info.compiles}
+                "compiles": info.compiles, "whole_value": float(whole_value),
+                "whole_compiles": whole.compiles, "whole_hits": whole.hits,
+                "all_compiles": block.cache_info().compiles}
     """
 )
 
@@ -281,6 +300,10 @@ def test_warm_process_compiles_no_component(tmp_path: Path, subprocess_env: dict
     # One forward and one backward entry, shared by all layers.
     assert cold["traces"] == 1 and cold["compiles"] == 2
     assert warm["traces"] == 0 and warm["compiles"] == 0
+    # The whole-program form: compiled once, then loaded; it compiles no component either.
+    assert cold["whole_compiles"] == 1 and warm["whole_compiles"] == 0 and warm["whole_hits"] == 1
+    assert warm["all_compiles"] == 0
+    np.testing.assert_allclose(warm["whole_value"], cold["value"], rtol=1e-6)
     np.testing.assert_allclose(warm["value"], cold["value"], rtol=1e-6)
     np.testing.assert_allclose(warm["grads"], cold["grads"], rtol=1e-6)
 
@@ -410,3 +433,164 @@ def test_a_component_used_at_top_level_and_in_jaxaot_jit_shares_one_cache(
         _close(jaxaot.jit(lambda p, x: comp(p, x) * 2)(p, x), 2 * want)
         comp.clear_cache()
         _close(comp(p, x), want)
+
+
+# -- the steady state: the whole-program form ------------------------------------
+
+
+def _settle(fn: Any, make_args: Any, limit: float = 300.0) -> Any:
+    """Calls ``fn`` (with fresh arguments each time) until it has chosen between its
+    split and whole-program forms; returns its plan."""
+    import time
+
+    deadline = time.monotonic() + limit
+    jax.block_until_ready(fn(*make_args()))
+    (plan,) = fn._plans.values()
+    while plan.pending():
+        assert time.monotonic() < deadline, "the steady state was never chosen"
+        if plan.whole is not None:
+            concurrent.futures.wait([plan.whole])
+        jax.block_until_ready(fn(*make_args()))
+    return plan
+
+
+def test_whole_program_gives_jax_jit_results_and_the_faster_form_is_kept() -> None:
+    step, optimizer = _train_step_factory(block)
+    plain, _ = _train_step_factory(_model.block)
+    blocks, x = _setup(4)
+    state = optimizer.init(blocks)
+    regional = jaxaot.jit(step)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        plan = _settle(regional, lambda: (blocks, state, x))
+    assert plan.whole is not None and plan.whole.exception() is None
+    split, whole = plan.timings[_plan.SPLIT][1:], plan.timings[_plan.WHOLE][1:]
+    assert len(split) >= _plan.SAMPLES and len(whole) >= _plan.SAMPLES
+    faster = _plan.WHOLE if np.median(whole) < np.median(split) else _plan.SPLIT
+    assert plan.mode == faster
+    want = jax.jit(plain)(blocks, state, x)
+    for mode in (_plan.WHOLE, _plan.SPLIT):
+        plan.mode = mode
+        a, b = regional(blocks, state, x), want
+        _close(a, b)
+        for _ in range(2):  # steps in a row stay in agreement
+            a = regional(a[0], a[1], x)
+            b = jax.jit(plain)(b[0], b[1], x)
+        _close(a, b, tol=1e-4)
+
+
+def _whole_calls_and_compiles(layers: int, compiles: list[str]) -> tuple[Any, int]:
+    grad = jaxaot.jit(jax.value_and_grad(lambda bs, x: _loss(bs, x, block)))
+    blocks, x = _setup(layers)
+    jax.block_until_ready(grad(blocks, x))
+    (plan,) = grad._plans.values()
+    before = len(compiles)
+    jax.block_until_ready(grad(blocks, x))  # the program has run: the whole program starts
+    assert plan.whole is not None
+    plan.whole.result()
+    compiled = len(compiles) - before
+    return plan.whole_calls, compiled
+
+
+def test_whole_program_compiles_one_layer_whatever_the_depth(compiles: list[str]) -> None:
+    """Repeated layers are one loop in the whole program: its size (the component
+    calls it binds) and its compile count do not grow with depth."""
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        shallow = _whole_calls_and_compiles(3, compiles)
+        deep = _whole_calls_and_compiles(12, compiles)
+    assert shallow == deep, (shallow, deep)
+    calls, compiled = deep
+    assert compiled == 1
+    assert 0 < calls <= 4  # the first layer (input not differentiated) and the loop, each way
+
+
+def test_whole_program_never_blocks_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    release = threading.Event()
+    program = _regional.WHOLE.program
+
+    def slow(*args: Any) -> Any:
+        assert release.wait(60)
+        return program(*args)
+
+    monkeypatch.setattr(_regional.WHOLE, "program", slow)
+    blocks, x = _setup(3)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: _loss(bs, x, block)))
+    want = jax.grad(lambda bs, x: _loss(bs, x, _model.block))(blocks, x)
+    for _ in range(4):  # the whole program is stuck compiling: the split program answers
+        _close(grad(blocks, x), want)
+    (plan,) = grad._plans.values()
+    assert plan.whole is not None and not plan.whole.done() and plan.pending()
+    release.set()
+    plan = _settle(grad, lambda: (blocks, x))
+    _close(grad(blocks, x), want)
+
+
+def test_a_failed_whole_program_leaves_the_split_program(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("no whole program today")
+
+    monkeypatch.setattr(_regional.WHOLE, "program", broken)
+    caplog.set_level("DEBUG", logger="jaxaot")
+    blocks, x = _setup(2)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: _loss(bs, x, block)))
+    plan = _settle(grad, lambda: (blocks, x))
+    assert plan.mode == _plan.SPLIT
+    assert any("no whole-program executable" in r.getMessage() for r in caplog.records)
+    _close(grad(blocks, x), jax.grad(lambda bs, x: _loss(bs, x, _model.block))(blocks, x))
+
+
+def test_whole_program_donates_like_jax_jit() -> None:
+    step, optimizer = _train_step_factory(block)
+    blocks, x = _setup(3)
+    state = optimizer.init(blocks)
+    expected = jax.jit(step)(blocks, state, x)
+    regional = jaxaot.jit(step, donate_argnums=(0, 1))
+
+    def fresh() -> tuple[Any, Any, jax.Array]:
+        copy = jax.tree_util.tree_map(jnp.copy, (blocks, state))
+        return copy[0], copy[1], x
+
+    plan = _settle(regional, fresh)
+    plan.mode = _plan.WHOLE
+    b, s, _ = fresh()
+    got = regional(b, s, x)
+    _close(got, expected)
+    assert all(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves((b, s)))
+    assert not x.is_deleted()
+
+
+def test_whole_program_off_on_request() -> None:
+    blocks, x = _setup(2)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: _loss(bs, x, block)), whole_program=False)
+    for _ in range(4):
+        grad(blocks, x)
+    (plan,) = grad._plans.values()
+    assert plan.whole is None and plan.mode == _plan.SPLIT
+
+
+def test_runs_of_one_entry_become_one_loop() -> None:
+    """Chained calls of one entry are a run; a call of another entry, or one that
+    reads an older member's output, ends it."""
+    a = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
+    b = jaxaot.component(lambda w, v: jnp.sin(v @ w))
+    w = jnp.eye(3) * 0.5
+
+    def f(v: jax.Array) -> jax.Array:
+        h1 = a(w, v)
+        h2 = a(w, h1)
+        h3 = a(w, h2)
+        h4 = b(w, h3)
+        return a(w, h4 + h1)  # reads h1: not chained to the run above
+
+    v = jnp.ones((2, 3))
+    jaxpr = jax.make_jaxpr(f)(v).jaxpr
+    items = _whole.runs(jaxpr.eqns)
+    kinds = [len(i.eqns) if isinstance(i, _whole._Run) else i.primitive.name for i in items]
+    assert kinds == [3, "jaxaot_component", "add", "jaxaot_component"], kinds
+    fn, calls = _whole.program(jaxpr)
+    assert calls == 3
+    consts = jax.make_jaxpr(f)(v).consts
+    _close(jax.jit(fn)(v, *consts)[0], f(v))

@@ -1,0 +1,231 @@
+"""The execution plan of a split program (``jaxaot.jit``), and its steady state.
+
+A plan runs its steps (component executables and glue programs) in order.
+Values live in a list of slots: each step reads its inputs and writes its
+outputs at slot indices worked out once, when the plan is made, so a call
+costs little more than the executables it runs.
+
+Once the split program has run, a whole-program form of it (one executable,
+repeated layers as a loop: see ``_whole``) is compiled in the background.
+When it is ready, the next calls run each form a few times, timed to
+completion, and the faster one runs every later call. No call waits for the
+whole program: until it is ready (or if it fails) the split program runs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import operator
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+logger = logging.getLogger("jaxaot")
+
+# Timed calls of each form before choosing (after one untimed warm-up call each).
+SAMPLES = 3
+
+SPLIT = "split"
+WHOLE = "whole"
+
+
+class PlanFailed(Exception):
+    """An executable of a plan could not be made; nothing was donated yet."""
+
+
+def _getter(slots: Sequence[int]) -> Callable[[list[Any]], Sequence[Any]]:
+    if len(slots) >= 2:
+        return operator.itemgetter(*slots)
+    if len(slots) == 1:
+        slot = slots[0]
+        return lambda env: (env[slot],)
+    return lambda env: ()
+
+
+@dataclass
+class Step:
+    """One executable in a split program: a component call or a glue program."""
+
+    kind: str  # "component" or "glue"
+    job: concurrent.futures.Future[Any]  # the executable, loaded or compiled in the background
+    ins: tuple[int, ...]  # slots of its inputs
+    outs: tuple[int, ...]  # slots of its outputs
+    label: str
+    donates: bool
+
+    def executable(self) -> Any:
+        """The executable (taking and returning flat lists), waiting for it if need be."""
+        try:
+            return self.job.result()
+        except Exception as e:
+            raise PlanFailed(f"{self.label}: {type(e).__name__}: {e}") from e
+
+
+class Plan:
+    """A split program for one input signature.
+
+    Slots ``0 .. n_inputs - 1`` hold the inputs, the next ones ``fixed`` (the
+    program's constants, then literals), the rest the steps' outputs.
+
+    Its executables are loaded or compiled on a few threads while the first call
+    already runs the steps whose executables are ready: the first layers' forward
+    pass runs while the backward executable compiles. Before the first step that
+    donates an input (and before donated inputs are deleted), the plan waits for
+    every executable, so a failure leaves the inputs intact for ``jax.jit``."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        n_inputs: int,
+        fixed: Sequence[Any],
+        n_consts: int,
+        n_slots: int,
+        steps: list[Step],
+        out_slots: Sequence[int],
+        out_tree: Any,
+        delete_after: Sequence[int],
+        donated: Sequence[int],
+        start_whole: Callable[[], tuple[concurrent.futures.Future[Any], int] | None] | None,
+    ) -> None:
+        self.name = name
+        self.n_inputs = n_inputs
+        self.fixed = list(fixed)
+        self.n_consts = n_consts  # the first ``n_consts`` of ``fixed`` are the program's constants
+        self.blank = [None] * (n_slots - n_inputs - len(self.fixed))
+        self.steps = steps
+        self.out_slots = tuple(out_slots)
+        self.out_tree = out_tree
+        self.delete_after = list(delete_after)
+        self.donated = list(donated)
+        self.ready = False
+        self._fast: list[tuple[Any, Callable[[list[Any]], Sequence[Any]], tuple[int, ...]]] = []
+        self._get_out = _getter(self.out_slots)
+        # The steady state: which form runs, and what was measured to choose it.
+        self._lock = threading.Lock()
+        self._start_whole = start_whole
+        self.mode: str | None = None if start_whole is not None else SPLIT
+        self.whole: concurrent.futures.Future[Any] | None = None
+        self.whole_calls: int | None = None  # component calls the whole program binds
+        self.calls = 0
+        self.timings: dict[str, list[float]] = {SPLIT: [], WHOLE: []}
+
+    # -- the split program ----------------------------------------------------
+
+    def wait(self) -> None:
+        """Waits for every executable; raises ``PlanFailed`` if one could not be made."""
+        if not self.ready:
+            fast = [(step.executable(), _getter(step.ins), step.outs) for step in self.steps]
+            self._fast = fast
+            self.ready = True
+
+    def _env(self, leaves: Sequence[Any]) -> list[Any]:
+        env = list(leaves)
+        env += self.fixed
+        env += self.blank
+        return env
+
+    def run(self, leaves: Sequence[Any]) -> list[Any]:
+        """Runs the split program; its flat outputs."""
+        env = self._env(leaves)
+        if self.ready:
+            for exe, get, outs in self._fast:
+                for slot, value in zip(outs, exe(*get(env)), strict=True):
+                    env[slot] = value
+        else:
+            for step in self.steps:
+                if step.donates:
+                    self.wait()
+                results = step.executable()(*[env[i] for i in step.ins])
+                for slot, value in zip(step.outs, results, strict=True):
+                    env[slot] = value
+            self.wait()  # every executable has run: from now on, the fast loop
+        out = list(self._get_out(env))
+        if self.delete_after:
+            self.wait()
+            _delete(leaves, self.delete_after, out)
+        return out
+
+    # -- the whole program and the choice -------------------------------------
+
+    def run_whole(self, exe: Any, leaves: Sequence[Any]) -> list[Any]:
+        """Runs the whole-program executable; its flat outputs."""
+        out = list(exe(*leaves, *self.fixed[: self.n_consts]))
+        if self.donated:
+            _delete(leaves, self.donated, out)
+        return out
+
+    def __call__(self, leaves: Sequence[Any]) -> list[Any]:
+        mode = self.mode
+        if mode is SPLIT:
+            return self.run(leaves)
+        if mode is WHOLE:
+            assert self.whole is not None
+            return self.run_whole(self.whole.result(), leaves)
+        return self._undecided(leaves)
+
+    def _undecided(self, leaves: Sequence[Any]) -> list[Any]:
+        with self._lock:
+            self.calls += 1
+            whole = self.whole
+            if whole is None and self.ready and self.calls >= 2 and self._start_whole is not None:
+                # The program has run: compile its whole-program form in the background.
+                started = self._start_whole()
+                if started is None:
+                    self.mode = SPLIT
+                else:
+                    whole, self.whole_calls = started
+                    self.whole = whole
+        if whole is None or not whole.done():
+            return self.run(leaves)
+        error = whole.exception()
+        if error is not None:
+            logger.debug(
+                "jaxaot.jit %s: no whole-program executable (%s: %s); running the split program",
+                self.name,
+                type(error).__name__,
+                error,
+            )
+            self.mode = SPLIT
+            return self.run(leaves)
+        with self._lock:
+            form = WHOLE if len(self.timings[WHOLE]) <= len(self.timings[SPLIT]) else SPLIT
+        jax.block_until_ready(leaves)
+        start = time.perf_counter()
+        out = self.run_whole(whole.result(), leaves) if form is WHOLE else self.run(leaves)
+        jax.block_until_ready(out)
+        seconds = time.perf_counter() - start
+        with self._lock:
+            self.timings[form].append(seconds)
+            split, whole_t = self.timings[SPLIT][1:], self.timings[WHOLE][1:]
+            if self.mode is None and len(split) >= SAMPLES and len(whole_t) >= SAMPLES:
+                faster = statistics.median(whole_t) < statistics.median(split)
+                self.mode = WHOLE if faster else SPLIT
+                logger.debug(
+                    "jaxaot.jit %s: whole program %.3g ms, split program %.3g ms a call; "
+                    "running the %s program",
+                    self.name,
+                    statistics.median(whole_t) * 1e3,
+                    statistics.median(split) * 1e3,
+                    self.mode,
+                )
+        return out
+
+    def pending(self) -> bool:
+        """Whether the steady state is still being chosen."""
+        return self.mode is None
+
+
+def _delete(leaves: Sequence[Any], positions: Sequence[int], out: Sequence[Any]) -> None:
+    """Deletes the donated inputs at ``positions`` that are not outputs."""
+    kept = {id(o) for o in out}
+    for i in positions:
+        leaf = leaves[i]
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted() and id(leaf) not in kept:
+            leaf.delete()
