@@ -1,6 +1,6 @@
 """Byte-level cache backends. Every backend implements :class:`Cache`."""
 
-from ._directory import DirectoryCache, UnsafeCacheDirError
+from ._directory import DirectoryCache, UnsafeCacheDirError, UntrustedEntryError
 from ._fsspec import FsspecCache
 from ._memory import MemoryCache
 from ._protocol import Cache, check_key
@@ -15,5 +15,6 @@ __all__ = [
     "RedisCache",
     "TieredCache",
     "UnsafeCacheDirError",
+    "UntrustedEntryError",
     "check_key",
 ]
