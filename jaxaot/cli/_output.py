@@ -89,14 +89,19 @@ class Output:
         title: str | None = None,
         caption: str | None = None,
         limits: dict[int, int] | None = None,
+        middle: Sequence[int] = (),
     ) -> None:
         """``columns`` are ``(header, "left"|"right")``; ``title``/``caption`` only on a terminal.
 
         ``limits`` maps a column's index to its widest cell: longer cells are cut
-        with an ellipsis (``--wide`` callers pass none). On a terminal the table
-        also fits the terminal's width: the limited columns give way first.
+        with an ellipsis (``--wide`` callers pass none), in the middle for the
+        columns in ``middle`` (where both ends tell rows apart). On a terminal
+        the table also fits the terminal's width: the limited columns give way first.
         """
         limits = limits or {}
+        rows = [
+            [clip(c, limits.get(i), middle=i in middle) for i, c in enumerate(row)] for row in rows
+        ]
         if self._console is not None:
             from rich.table import Table
             from rich.text import Text
@@ -116,7 +121,6 @@ class Output:
                 table.add_row(*[Text(cell) for cell in row])
             self._console.print(table)
             return
-        rows = [[clip(c, limits.get(i)) for i, c in enumerate(row)] for row in rows]
         widths = [len(h) for h, _ in columns]
         for row in rows:
             widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
@@ -229,10 +233,32 @@ def entries_text(n: int) -> str:
     return "1 entry" if n == 1 else f"{n} entries"
 
 
-def clip(text: str, limit: int | None) -> str:
-    """``text`` cut to ``limit`` characters, the last one an ellipsis; unchanged without a limit."""
+def clip(text: str, limit: int | None, *, middle: bool = False) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis at the end (or, with
+    ``middle``, between its start and its end); unchanged without a limit."""
     if limit is None or len(text) <= limit:
         return text
+    if middle:
+        # Whole items (split at ", ") from both ends, the middle ones left out.
+        items = text.split(", ")
+        left, right = items[:1], items[-1:]
+        rest = items[1:-1]
+
+        def joined() -> str:
+            return ", ".join([*left, "…", *right])
+
+        if len(items) >= 3 and len(joined()) <= limit:
+            while rest:
+                item = rest.pop(0) if len(left) <= len(right) else rest.pop()
+                side = left if len(left) <= len(right) else right
+                if side is left:
+                    left.append(item)
+                else:
+                    right.insert(0, item)
+                if len(joined()) > limit:
+                    side.remove(item)
+                    break
+            return joined()
     return text[: max(0, limit - 1)] + "…"
 
 

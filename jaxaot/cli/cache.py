@@ -485,6 +485,7 @@ def _cmd_ls(args: argparse.Namespace, out: Output) -> int:
         title=f"jaxaot cache {view.location}",
         caption=f"{entries_text(len(records))}, {human_bytes(total)}",
         limits=limits,
+        middle=(3,),  # signatures differ at either end: keep both
     )
     return 0
 
@@ -688,9 +689,15 @@ _PROCESS_COUNTERS = frozenset(
 )
 
 
+def _is_process_counter(name: str) -> bool:
+    return name in _PROCESS_COUNTERS or name.endswith(
+        ("_errors", "_timeouts", "_hits", "_misses", "_puts", "_failures")
+    )
+
+
 def _cmd_stats(args: argparse.Namespace, out: Output) -> int:
     view = open_cache(args)
-    stats = {k: v for k, v in view.cache.stats().items() if k not in _PROCESS_COUNTERS}
+    stats = {k: v for k, v in view.cache.stats().items() if not _is_process_counter(k)}
     stats.setdefault("path", view.location)
     recorded = None
     if getattr(view.cache, "hit_count", None) is not None:
