@@ -1,7 +1,7 @@
 """Cache keys: named parts, a stable digest, and explanations of differences.
 
 A :class:`ComponentKey` is the complete identity of one cache entry: which
-computation (a user key or a fingerprint of the function's code), on which
+computation (a user key, or the traced program: see ``_program``), on which
 inputs (tree structure, shapes, dtypes, weak types, static values), under
 which transformation (plain, vmap, JVP, transpose), lowered for which
 platforms, by which JAX. Equality compares every part, never a hash alone; the
@@ -11,7 +11,6 @@ byte caches and is identical across processes.
 
 from __future__ import annotations
 
-import builtins
 import dis
 import enum
 import hashlib
@@ -20,7 +19,7 @@ import re
 import sys
 import sysconfig
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -199,7 +198,7 @@ def parse_aval_str(text: str) -> tuple[tuple[int, ...], np.dtype, bool]:
 
 
 # ----------------------------------------------------------------------------
-# Function fingerprints.
+# What a function sees by name (for explicit keys and in-process tables).
 
 
 class ClosureError(ValueError):
@@ -255,134 +254,6 @@ def _code_digest(code: types.CodeType) -> tuple[str, tuple[str, ...]]:
     return result
 
 
-def _package_version(module_name: str | None) -> str:
-    if not module_name:
-        return ""
-    top = sys.modules.get(module_name.partition(".")[0])
-    return str(getattr(top, "__version__", ""))
-
-
-class _Fingerprinter:
-    def __init__(self, component: str) -> None:
-        self.component = component
-        self.hash = hashlib.sha256()
-        self.seen: set[int] = set()
-
-    def add(self, *items: str) -> None:
-        for item in items:
-            self.hash.update(item.encode("utf-8", "backslashreplace"))
-            self.hash.update(b"\0")
-
-    def refuse_array(self, where: str, value: Any) -> None:
-        shape = getattr(value, "shape", "?")
-        dtype = getattr(value, "dtype", "?")
-        kind = "a traced value" if _is_tracer(value) else "an array"
-        raise ClosureError(
-            f"jaxaot.component {self.component!r}: the function closes over {kind} "
-            f"({where}, shape {tuple(shape) if shape != '?' else shape}, dtype {dtype}). "
-            "Its value would not be part of the cache key, so a cached result could be "
-            "stale. Pass it to the component as an argument instead."
-        )
-
-    def function(self, fun: Any, where: str) -> None:
-        if id(fun) in self.seen:
-            self.add("seen", getattr(fun, "__qualname__", ""))
-            return
-        self.seen.add(id(fun))
-        if isinstance(fun, types.MethodType):
-            self.add("method")
-            self.value(fun.__self__, f"{where}.__self__")
-            self.function(fun.__func__, where)
-            return
-        if hasattr(fun, "func") and hasattr(fun, "args") and hasattr(fun, "keywords"):
-            # functools.partial and friends.
-            self.add("partial")
-            self.function(fun.func, where)
-            self.value(tuple(fun.args), f"{where} (partial args)")
-            self.value(dict(fun.keywords), f"{where} (partial keywords)")
-            return
-        wrapped = getattr(fun, "__wrapped__", None)
-        if wrapped is not None and wrapped is not fun:
-            self.add("wrapped", type(fun).__qualname__)
-            self.function(wrapped, where)
-            return
-        code = getattr(fun, "__code__", None)
-        if not isinstance(fun, types.FunctionType) or code is None:
-            if callable(fun) and not isinstance(fun, type):
-                call = type(fun).__call__
-                if isinstance(call, types.FunctionType):
-                    self.add("callable", type(fun).__module__, type(fun).__qualname__)
-                    self.value(fun, f"{where} (callable object)")
-                    self.function(call, where)
-                    return
-            self.add("opaque", _qualified(fun))
-            return
-        self.add("function", fun.__module__ or "", fun.__qualname__)
-        if _is_project_code(code):
-            digest, global_names = _code_digest(code)
-            self.add(digest)
-            for name in global_names:
-                if name in fun.__globals__:
-                    self.add("global", name)
-                    self.value(fun.__globals__[name], f"global {name!r}")
-                elif hasattr(builtins, name):
-                    self.add("builtin", name)
-        else:
-            # Library code is named by module, qualified name and package version;
-            # its closures still count (``optax.adam(1e-3)`` vs ``adam(1e-2)``).
-            self.add("library", _package_version(fun.__module__))
-        for name, cell in zip(code.co_freevars, fun.__closure__ or (), strict=False):
-            self.add("free", name)
-            try:
-                contents = cell.cell_contents
-            except ValueError:
-                self.add("<empty cell>")
-                continue
-            self.value(contents, f"free variable {name!r}")
-        if fun.__defaults__:
-            self.value(fun.__defaults__, "default arguments")
-        if fun.__kwdefaults__:
-            self.value(fun.__kwdefaults__, "default keyword arguments")
-
-    def value(self, value: Any, where: str, depth: int = 0) -> None:
-        if depth > 6:
-            self.add("deep", type(value).__qualname__)
-            return
-        if _is_array(value):
-            self.refuse_array(where, value)
-        stable = stable_repr(value)
-        if stable is not None:
-            self.add("v", stable)
-        elif isinstance(value, types.ModuleType):
-            self.add("module", value.__name__)
-        elif isinstance(value, types.FunctionType | types.MethodType) or (
-            hasattr(value, "__wrapped__") and callable(value)
-        ):
-            self.function(value, where)
-        elif isinstance(value, type):
-            self.add("type", _qualified(value))
-        elif isinstance(value, list | tuple | set | frozenset):
-            self.add(type(value).__qualname__, str(len(value)))
-            if len(value) <= 10_000:
-                for item in value:
-                    self.value(item, where, depth + 1)
-        elif isinstance(value, dict):
-            self.add("dict", str(len(value)))
-            if len(value) <= 10_000:
-                for k, v in value.items():
-                    self.add(repr(k))
-                    self.value(v, f"{where}[{k!r}]", depth + 1)
-        elif callable(value) and not hasattr(value, "__dict__"):
-            self.add("callable", _qualified(value))
-        else:
-            self.add("object", _qualified(type(value)))
-            attrs = getattr(value, "__dict__", None)
-            if isinstance(attrs, dict):
-                self.value(attrs, where, depth + 1)
-            else:
-                self.add(repr(value))
-
-
 def _qualified(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '') or ''}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
 
@@ -399,14 +270,6 @@ def _is_array(value: Any) -> bool:
     import jax
 
     return isinstance(value, jax.Array) or _is_tracer(value)
-
-
-def function_fingerprint(fun: Callable[..., Any], component: str) -> str:
-    """A digest of ``fun``'s code, the project functions it calls, and the values
-    it closes over. Raises :class:`ClosureError` for closed-over arrays."""
-    fp = _Fingerprinter(component)
-    fp.function(fun, "the function")
-    return fp.hash.hexdigest()
 
 
 # ----------------------------------------------------------------------------

@@ -9,7 +9,8 @@ reduces a closed jaxpr to key parts that are the same in every process:
   use (no names that vary between runs), input and output types (shapes,
   dtypes, weak types and whatever else the type prints), and parameters,
   nested jaxprs included; no source locations, no memory addresses;
-* ``consts``: each constant's type and a digest of its content, in order;
+* ``consts``: each constant's type and a digest of its content
+  (``f32[3]:<digest>``), in order;
 * ``rules``: for each ``custom_jvp``/``custom_vjp`` function the program
   calls, a digest of the jaxpr of its JVP (for ``custom_jvp``) or of its VJP,
   forward and backward (for ``custom_vjp``): the rules are traced, so a rule
@@ -120,7 +121,7 @@ class _Canonical:
     def __init__(self, component: str) -> None:
         self.component = component
         self.hash = hashlib.sha256()
-        self.consts: list[tuple[str, str]] = []
+        self.consts: list[str] = []
         self.rules: list[tuple[str, str]] = []
         self.depth = 0
 
@@ -145,8 +146,10 @@ class _Canonical:
             digest = self.const(c, f"constant {i}")
             digests.append(digest)
             if top:
-                self.consts.append((aval_text(jax.typeof(c)), digest))
-        self.emit("closed", *digests)
+                self.consts.append(f"{aval_text(jax.typeof(c))}:{digest}")
+        # The program's own constants are a part of their own (``consts``), so
+        # that an explanation can say which one changed; nested ones count here.
+        self.emit("closed", str(len(digests)), *([] if top else digests))
         self.jaxpr(closed.jaxpr)
 
     def jaxpr(self, jaxpr: Any) -> None:
@@ -200,7 +203,7 @@ class _Canonical:
             )
             self.rules.append((f"{eqn.primitive.name}:{name}", digest))
             self.rules.extend(inner.rules)
-            self.emit("rule", digest)
+            self.emit("rule", str(len(self.rules)))  # its digest is in ``rules``
         finally:
             self.depth -= 1
 

@@ -18,9 +18,14 @@ import jaxaot
 from jaxaot._key import (
     ClosureError,
     ComponentKey,
-    function_fingerprint,
+    code_digest,
     parse_aval_str,
+    refuse_closed_arrays,
+    same_values,
+    seen_values,
     stable_repr,
+    stable_text,
+    tree_text,
 )
 
 REQUIRED_PARTS = {
@@ -181,46 +186,74 @@ def test_editing_source_or_a_project_helper_changes_the_key(
     assert d3 not in (d1, d2)
 
 
-def test_fingerprint_follows_closures_defaults_and_partials() -> None:
+def test_explicit_keys_refuse_arrays_through_closures_defaults_and_partials() -> None:
     import functools
 
-    def make(c: float) -> Any:
-        return lambda x: x * c
-
-    assert function_fingerprint(make(1.0), "f") == function_fingerprint(make(1.0), "f")
-    assert function_fingerprint(make(1.0), "f") != function_fingerprint(make(2.0), "f")
-
-    def g(x: Any, k: int = 1) -> Any:
+    def g(x: Any, k: Any = 1) -> Any:
         return x * k
 
-    def h(x: Any, k: int = 2) -> Any:
-        return x * k
+    refuse_closed_arrays(functools.partial(g, k=3), "g")  # Python values are fine
+    with pytest.raises(ClosureError, match=r"partial keyword 'k'.*shape \(2,\)"):
+        refuse_closed_arrays(functools.partial(g, k=np.ones(2)), "g")
 
-    assert function_fingerprint(g, "g") != function_fingerprint(h, "g")
-    assert function_fingerprint(functools.partial(g, k=3), "g") != function_fingerprint(
-        functools.partial(g, k=4), "g"
-    )
-    with pytest.raises(ClosureError, match=r"shape \(2,\)"):
-        function_fingerprint(functools.partial(g, k=np.ones(2)), "g")
-
-
-def test_library_functions_are_identified_by_name() -> None:
-    fp1 = function_fingerprint(lambda x: jax.nn.gelu(x), "f")
-    fp2 = function_fingerprint(lambda x: jax.nn.relu(x), "f")
-    assert fp1 != fp2
-
-
-def test_arrays_in_containers_and_objects_are_refused() -> None:
     class Holder:
         def __init__(self) -> None:
             self.w = jnp.ones((4,), jnp.int32)
 
-    holder = Holder()
+        def __call__(self, x: Any) -> Any:
+            return x * self.w
+
     table = {"w": np.zeros((2, 2))}
-    with pytest.raises(ClosureError, match=r"int32"):
-        function_fingerprint(lambda x: x * holder.w, "f")
-    with pytest.raises(ClosureError, match=r"\(2, 2\)"):
-        function_fingerprint(lambda x: x * table["w"], "f")
+    with pytest.raises(ClosureError, match=r"free variable 'table'\['w'\].*\(2, 2\)"):
+        refuse_closed_arrays(lambda x: x * table["w"], "f")
+    # An object that is not a pytree is opaque here; a pytree's arrays are found.
+    refuse_closed_arrays(Holder().__call__, "f")
+    params = {"layers": [{"w": jnp.ones(3)}]}
+    with pytest.raises(ClosureError, match=r"\['layers'\]\[0\]\['w'\]"):
+        refuse_closed_arrays(lambda x: x * params["layers"][0]["w"], "f")
+
+
+def test_code_digest_follows_project_helpers() -> None:
+    def helper(x: Any) -> Any:
+        return x * 2
+
+    def other_helper(x: Any) -> Any:
+        return x * 3
+
+    assert code_digest(lambda x: x * 2) == code_digest(lambda x: x * 2)
+    assert code_digest(lambda x: x * 2) != code_digest(lambda x: x * 3)
+    assert code_digest(helper) != code_digest(other_helper)
+
+
+def test_stable_text_and_tree_text_hold_no_address() -> None:
+    class Thing:
+        pass
+
+    text = stable_text((jax.nn.relu, Thing(), {"b": 1, "a": [np.float32]}, jnp.sin))
+    assert "0x" not in text and "relu" in text and "sin" in text
+    assert stable_text({"b": 1, "a": 2}) == stable_text({"a": 2, "b": 1})
+    tree = jax.tree_util.tree_structure({"a": (1, None), "b": [2]})
+    assert tree_text(tree) == tree_text(jax.tree_util.tree_structure({"b": [0], "a": (0, None)}))
+    assert "0x" not in tree_text(tree)
+
+
+def test_seen_values_notice_a_rebound_global() -> None:
+    global _REBOUND
+    f = _reads_rebound
+    before = seen_values(f)
+    assert same_values(before, f)
+    _REBOUND = 3.0
+    try:
+        assert not same_values(before, f)
+    finally:
+        _REBOUND = 2.0
+
+
+_REBOUND = 2.0
+
+
+def _reads_rebound(x: Any) -> Any:
+    return x * _REBOUND
 
 
 def test_stable_repr() -> None:
@@ -238,23 +271,3 @@ def test_aval_text_round_trip() -> None:
     assert parse_aval_str("int8[]") == ((), np.dtype("int8"), False)
     with pytest.raises(ValueError):
         parse_aval_str("float32")
-
-
-def test_library_closures_are_part_of_the_fingerprint() -> None:
-    import optax
-
-    def make(opt: Any) -> Any:
-        def step(params: Any, grads: Any) -> Any:
-            return opt.update(grads, opt.init(params), params)
-
-        return step
-
-    assert function_fingerprint(make(optax.adam(1e-3)), "s") == function_fingerprint(
-        make(optax.adam(1e-3)), "s"
-    )
-    assert function_fingerprint(make(optax.adam(1e-3)), "s") != function_fingerprint(
-        make(optax.adam(1e-2)), "s"
-    )
-    assert function_fingerprint(make(optax.adam(1e-3)), "s") != function_fingerprint(
-        make(optax.sgd(1e-3)), "s"
-    )

@@ -1,0 +1,119 @@
+"""Tests for jaxaot._program: default keys from a canonical form of the traced program."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from jaxaot._program import content_digest, program_parts, strip_addresses
+
+
+def _parts(f: object, *args: object) -> dict[str, object]:
+    return program_parts(jax.make_jaxpr(f)(*args), "f")  # type: ignore[arg-type]
+
+
+def test_names_and_source_lines_do_not_matter() -> None:
+    def f(x: jax.Array) -> jax.Array:
+        hidden = jnp.sin(x)
+        return hidden * 2
+
+    # Another function, other local names, defined on other lines.
+    def g(value: jax.Array) -> jax.Array:
+        tmp = jnp.sin(value)
+
+        return tmp * 2
+
+    x = jnp.ones(3)
+    assert _parts(f, x) == _parts(g, x)
+    assert _parts(f, x) == _parts(f, x)
+
+
+def test_every_computation_change_changes_the_program() -> None:
+    x = jnp.ones(3)
+    base = _parts(lambda x: jnp.sin(x) * 2, x)
+    for other in (
+        lambda x: jnp.cos(x) * 2,
+        lambda x: jnp.sin(x) * 3,
+        lambda x: jnp.sin(x * 2),
+        lambda x: jnp.sin(x) * 2 + 0,
+    ):
+        assert _parts(other, x)["program"] != base["program"]
+    # Input types, weak types included, are in the program.
+    assert (
+        _parts(lambda x: x * 2, 1.0)["program"]
+        != _parts(lambda x: x * 2, jnp.float32(1))["program"]
+    )
+
+
+def test_constants_are_keyed_by_content_in_their_own_part() -> None:
+    def make(w: np.ndarray) -> object:
+        return lambda x: x @ jnp.asarray(w)
+
+    x = jnp.ones((2, 3))
+    a = _parts(make(np.ones((3, 2), np.float32)), x)
+    b = _parts(make(np.full((3, 2), 2.0, np.float32)), x)
+    c = _parts(make(np.ones((3, 2), np.float32)), x)
+    assert a == c
+    assert a["program"] == b["program"] and a["consts"] != b["consts"]
+
+
+def _custom_jvp_with(scale: float) -> object:
+    @jax.custom_jvp
+    def f(x: jax.Array) -> jax.Array:
+        return jnp.sin(x)
+
+    f.defjvp(lambda p, t: (f(p[0]), scale * jnp.cos(p[0]) * t[0]))
+    return f
+
+
+def _custom_vjp_with(scale: float) -> object:
+    @jax.custom_vjp
+    def f(x: jax.Array) -> jax.Array:
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), lambda x, g: (scale * jnp.cos(x) * g,))
+    return f
+
+
+@pytest.mark.parametrize("make", [_custom_jvp_with, _custom_vjp_with])
+def test_derivative_rules_are_part_of_the_key(make: object) -> None:
+    one, two, one_again = make(1.0), make(2.0), make(1.0)  # type: ignore[operator]
+    a, b, c = (_parts(f, 1.0) for f in (one, two, one_again))
+    assert a["program"] == b["program"]  # the primal computation is the same...
+    assert a["rules"] != b["rules"]  # ...its derivative is not
+    assert a == c
+
+
+@pytest.mark.parametrize("make", [_custom_jvp_with, _custom_vjp_with])
+def test_components_over_custom_rules_give_their_own_gradients(make: object) -> None:
+    one, two = make(1.0), make(2.0)  # type: ignore[operator]
+    x = jnp.float32(0.5)
+    g1 = jax.grad(jaxaot.component(lambda x: one(x)))(x)  # type: ignore[operator]
+    g2 = jax.grad(jaxaot.component(lambda x: two(x)))(x)  # type: ignore[operator]
+    np.testing.assert_allclose(g1, np.cos(0.5), rtol=1e-6)
+    np.testing.assert_allclose(g2, 2 * np.cos(0.5), rtol=1e-6)
+
+
+def test_content_digest_of_typed_keys_and_arrays() -> None:
+    assert content_digest(np.ones(3, np.float32)) == content_digest(jnp.ones(3))
+    assert content_digest(np.ones(3, np.float32)) != content_digest(np.ones(3, np.float64))
+    assert content_digest(jax.random.key(0)) != content_digest(jax.random.key(1))
+    assert content_digest(jax.random.key(0)) == content_digest(jax.random.key(0))
+
+
+def test_strip_addresses() -> None:
+    assert strip_addresses("<function f at 0x7f00deadbeef>") == "<function f>"
+    assert strip_addresses("<object object at 0xABCDEF12>") == "<object object>"
+
+
+def test_closure_over_a_typed_key_is_keyed_by_content() -> None:
+    def make(seed: int) -> jaxaot.Component[..., jax.Array]:
+        k = jax.random.key(seed)
+        return jaxaot.component(lambda x: x + jax.random.normal(k, x.shape))
+
+    x = jnp.zeros(3)
+    assert not np.array_equal(make(0)(x), make(1)(x))
+    np.testing.assert_array_equal(make(1)(x), jax.random.normal(jax.random.key(1), (3,)))

@@ -1,0 +1,114 @@
+"""Tests for jaxaot._store: one component's entries and executables, and why a
+lookup missed (issue 11: misses explained against the cache, across processes)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxaot
+from jaxaot import _stats
+from jaxaot._entry import Entry
+from jaxaot._key import ComponentKey
+from jaxaot._store import Store
+
+
+def _entry(key: ComponentKey) -> Entry:
+    aval = jax.core.ShapedArray((3,), jnp.float32)
+    return Entry(
+        key=key,
+        name="s",
+        in_avals=(aval,),
+        out_avals=(aval,),
+        out_tree=jax.tree_util.tree_structure(0),
+        arg_names=("x",),
+        result_paths=("result",),
+    )
+
+
+def test_entry_is_built_once_and_written(fresh_cache: jaxaot.MemoryCache) -> None:
+    store = Store("s", _stats.Counters())
+    key = ComponentKey({"component": "s", "args": ("float32[3]",), "transform": ()})
+    built = []
+
+    def build() -> Entry:
+        built.append(1)
+        return _entry(key)
+
+    threads = [threading.Thread(target=store.entry, args=(key, build)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert built == [1]
+    assert key.digest in fresh_cache.keys()
+    other = Store("s", _stats.Counters())
+    assert other.entry(key, lambda: pytest.fail("built again")).key == key  # type: ignore[arg-type]
+
+
+EXPLAIN = textwrap.dedent(
+    """
+    import sys
+    import jax, jax.numpy as jnp, numpy as np, jaxaot
+    n = int(sys.argv[2])
+    w = np.full((n,), float(sys.argv[1]), np.float32)
+
+    @jaxaot.component
+    def layer(x):
+        return jnp.tanh(x) * w
+
+    jax.grad(lambda x: layer(x).sum())(jnp.ones(n))
+    layer(jnp.ones(n))
+    """
+)
+
+
+def _explain_run(script: Path, env: dict[str, str], *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr
+
+
+def test_misses_are_explained_against_entries_other_processes_wrote(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    script = tmp_path / "explain.py"
+    script.write_text(EXPLAIN)
+    env = dict(subprocess_env)
+    env["JAXAOT_EXPLAIN_MISSES"] = "1"
+    _explain_run(script, env, "2.0", "3")
+    # Another input shape: the root entry differs in its argument type only.
+    shape = _explain_run(script, env, "2.0", "4")
+    assert "args[0]: 'float32[4]' != 'float32[3]'" in shape, shape
+    # Another constant: the program's constant, named by its index.
+    const = _explain_run(script, env, "5.0", "3")
+    assert "consts[0]" in const, const
+    root_lines = [line for line in const.splitlines() if "missed the cache" in line]
+    assert root_lines
+    # Derived entries are explained against derived entries, not the root one.
+    assert not any("transform" in line for line in root_lines), const
+    # No "holds no other entry": every miss found its closest entry in the cache.
+    assert "no other entry" not in const, const
+
+
+def test_explain_without_a_listing_cache_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("JAXAOT_EXPLAIN_MISSES", "1")
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    comp = jaxaot.component(lambda x: x * 2)
+    comp(jnp.ones(2))
+    messages = [r.getMessage() for r in caplog.records if "missed the cache" in r.getMessage()]
+    assert messages and "no other entry" in messages[0]
+    assert os.environ["JAXAOT_EXPLAIN_MISSES"] == "1"
