@@ -542,11 +542,25 @@ class RegionalFunction:
 
     def _start_whole(
         self, jaxpr: Any, donated: tuple[int, ...]
-    ) -> tuple[concurrent.futures.Future[Any], int]:
+    ) -> tuple[concurrent.futures.Future[Any], int] | None:
         """Starts loading or compiling the whole-program form of ``jaxpr`` (its
         inputs, then its constants) on the background threads; the job, and how
-        many component calls the whole program binds."""
+        many component calls the whole program binds. None when it would bind
+        more than ``MAX_WHOLE_CALLS``."""
         fn, calls = _whole.program(jaxpr)
+        if calls > MAX_WHOLE_CALLS:
+            logger.debug(
+                "jaxaot.jit %s: no whole program (%d component calls after loops, over %d)",
+                self.__name__,
+                calls,
+                MAX_WHOLE_CALLS,
+            )
+            return None
+        calls_back = any(
+            eqn.params["call"].entry.host_callbacks
+            for eqn in jaxpr.eqns
+            if eqn.primitive is component_p
+        )
         avals = tuple(v.aval for v in [*jaxpr.invars, *jaxpr.constvars])
         out_avals = tuple(v.aval for v in jaxpr.outvars)
         logger.debug(
@@ -561,7 +575,7 @@ class RegionalFunction:
             out_avals,
             donated,
             fn,
-            lambda: _has_callbacks(ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars))),
+            lambda: calls_back or _has_callbacks(ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars))),
         )
         future = _submit_jobs({"whole": job})["whole"]
         with _POOL_LOCK:
@@ -570,6 +584,11 @@ class RegionalFunction:
 
 
 _BACKGROUND: list[concurrent.futures.Future[Any]] = []
+
+# A whole program that still binds more component calls than this once its
+# repeated layers are loops is not made: unrolled, it would compile for as long
+# as jax.jit does (what the split program is there to avoid).
+MAX_WHOLE_CALLS = 16
 
 
 def wait_for_background() -> None:
