@@ -281,11 +281,10 @@ _AVAL = operator.attrgetter("aval")
 _SHARDING = operator.attrgetter("sharding")
 
 
-def _avals(leaves: Sequence[Any]) -> tuple[Any, ...]:
-    """``jax.typeof`` of each leaf; for plain arrays, without its per-leaf cost."""
-    if set(map(type, leaves)) <= _ARRAY_TYPES and not set(map(type, map(_SHARDING, leaves))) & {
-        jax.sharding.NamedSharding
-    }:
+def _avals(leaves: Sequence[Any], arrays: bool) -> tuple[Any, ...]:
+    """``jax.typeof`` of each leaf; for plain arrays (``arrays``: every leaf is
+    one), without its per-leaf cost."""
+    if arrays and jax.sharding.NamedSharding not in set(map(type, map(_SHARDING, leaves))):
         return tuple(map(_AVAL, leaves))  # what jax.typeof gives for these
     return tuple(jax.typeof(x) for x in leaves)
 
@@ -362,9 +361,10 @@ class RegionalFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, treedef, statics, donated = self._dynamic(args, kwargs)
-        if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
+        arrays = set(map(type, leaves)) <= _ARRAY_TYPES  # so no tracer among them
+        if not trace_state_clean() or (not arrays and any(isinstance(x, Tracer) for x in leaves)):
             return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
-        sig = (treedef, _avals(leaves), statics)
+        sig = (treedef, _avals(leaves, arrays), statics)
         plan = self._plans.get(sig, False)
         if plan is False:
             with self._lock:
@@ -390,7 +390,7 @@ class RegionalFunction:
         """Traces, splits and loads or compiles every executable for this signature,
         without running anything; returns when all are ready."""
         leaves, treedef, statics, donated = self._dynamic(args, kwargs)
-        sig = (treedef, _avals(leaves), statics)
+        sig = (treedef, _avals(leaves, set(map(type, leaves)) <= _ARRAY_TYPES), statics)
         with self._lock:
             if sig not in self._plans:
                 self._plans[sig] = self._plan(args, kwargs, donated)
