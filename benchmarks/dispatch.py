@@ -1,7 +1,10 @@
-"""Per-call overhead of a top-level component call against ``jax.jit``, and the
-cost of a first call with a warm cache (no trace) against a cold one.
+"""Per-call overhead of a top-level component call against ``jax.jit``, the
+cost of a first call with a warm cache (no trace) against a cold one, and the
+time a ``jaxaot.jit`` split program spends outside its executables.
 
-Run: ``python benchmarks/dispatch.py`` (prints a Markdown table of ratios).
+Run: ``python benchmarks/dispatch.py`` (prints Markdown tables);
+``python benchmarks/dispatch.py --split-only --width 32 --layers 32`` for the
+last table alone (``--inference`` for the forward pass).
 """
 
 from __future__ import annotations
@@ -76,11 +79,114 @@ def trace_skip(width: int, depth: int) -> dict[str, float]:
     return {"first trace, cold (ms)": t_cold * 1e3, "first trace, cached entry (ms)": t_warm * 1e3}
 
 
+def split_overhead(
+    width: int, batch: int, seq: int, layers: int, inference: bool, calls: int, repeats: int
+) -> dict[str, float]:
+    """µs per call of a ``jaxaot.jit`` step of ``layers`` transformer blocks: its split
+    program, the same executables called back to back with their inputs ready
+    (what the split program cannot go below), its whole-program form, and
+    ``jax.jit``. Contenders alternate round by round; medians of the rounds."""
+    from jaxaot import _model, _plan
+
+    blocks = _model.init_blocks(jax.random.key(0), layers, width)
+    x = jax.random.normal(jax.random.key(1), (batch, seq, width))
+
+    def make(block_fn: Any) -> Any:
+        def loss(bs: Any, x: jax.Array) -> jax.Array:
+            for p in bs:
+                x = block_fn(p, x)
+            return jnp.mean(x**2)
+
+        return loss if inference else jax.value_and_grad(loss)
+
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        fn = jaxaot.jit(make(jaxaot.component(_model.block)))
+        jax.block_until_ready(fn(blocks, x))
+        (plan,) = fn._plans.values()
+        while plan.pending():
+            jax.block_until_ready(fn(blocks, x))
+    leaves = jax.tree_util.tree_leaves(((blocks, x), {}))
+    env = plan._env(leaves)
+    replay = []
+    for exe, get, outs in plan._fast:
+        ins = get(env)
+        for slot, value in zip(outs, exe(*ins), strict=True):
+            env[slot] = value
+        replay.append((exe, ins))
+
+    def executables() -> Any:
+        out = None
+        for exe, ins in replay:
+            out = exe(*ins)
+        return out
+
+    def form(mode: str) -> Callable[[], Any]:
+        def run() -> Any:
+            plan.mode = mode
+            return fn(blocks, x)
+
+        return run
+
+    jitted = jax.jit(make(_model.block))
+    contenders = {
+        "split program": form(_plan.SPLIT),
+        "its executables alone": executables,
+        "whole program": form(_plan.WHOLE),
+        "jax.jit": lambda: jitted(blocks, x),
+    }
+    if plan.whole is None or plan.whole.exception() is not None:
+        del contenders["whole program"]
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu: dict[str, list[float]] = {name: [] for name in contenders}
+    for run in contenders.values():
+        jax.block_until_ready(run())
+    for _ in range(repeats):
+        for name, run in contenders.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            for _ in range(calls):
+                out = run()
+            jax.block_until_ready(out)
+            samples[name].append((time.perf_counter() - start) / calls * 1e6)
+            cpu[name].append((time.process_time() - start_cpu) / calls * 1e6)
+    result = {name: statistics.median(v) for name, v in samples.items()}
+    result.update({f"{name} (CPU)": statistics.median(v) for name, v in cpu.items()})
+    result["executables per call"] = float(len(plan.steps))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--split-only", action="store_true", help="only the split-program table")
+    parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=16)
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--inference", action="store_true")
     args = parser.parse_args()
+    r = split_overhead(
+        args.width, args.batch, args.seq, args.layers, args.inference, 20, args.repeats
+    )
+    n = r.pop("executables per call")
+    print(
+        f"jax {jax.__version__}: jaxaot.jit {'forward' if args.inference else 'train'} step, "
+        f"{args.layers} blocks of width {args.width}, batch {args.batch}, seq {args.seq}; "
+        f"split program of {n:.0f} executables"
+    )
+    print("\n| contender | µs per call (wall) | µs per call (process CPU) |")
+    print("|---|---|---|")
+    for name, us in r.items():
+        if not name.endswith("(CPU)"):
+            print(f"| {name} | {us:.0f} | {r[name + ' (CPU)']:.0f} |")
+    for clock in ("", " (CPU)"):
+        outside = r["split program" + clock] - r["its executables alone" + clock]
+        print(
+            f"\ntime outside the executables{clock}: {outside:.0f} µs a call, "
+            f"{outside / n:.1f} µs an executable"
+        )
+    if args.split_only:
+        return
     d = dispatch_overhead(args.calls, args.repeats)
     t = trace_skip(width=64, depth=200)
     print(f"jax {jax.__version__}, backend {jax.default_backend()}")

@@ -8,8 +8,9 @@ shared by the processes of one run. Each worker prints one JSON line of
 timings; the parent writes a Markdown table and a PNG plot.
 
 Model: ``L`` pre-norm transformer blocks (4 heads, GELU MLP 4x), batch 8,
-sequence 128, width 256; the step is ``value_and_grad`` of the mean square of
-the output with respect to every block's parameters.
+sequence 128, width 256 (``--width``, ``--batch``, ``--seq`` change them); the
+step is ``value_and_grad`` of the mean square of the output with respect to
+every block's parameters, or with ``--inference`` that mean square alone.
 """
 
 from __future__ import annotations
@@ -28,8 +29,14 @@ from pathlib import Path
 from typing import Any
 
 # The benchmark model's batch, sequence and width; JAXAOT_BENCH_SHAPE="b,s,w"
-# shrinks it (the test suite runs the whole benchmark on a tiny model).
+# shrinks it (the test suite runs the whole benchmark on a tiny model), and so
+# do ``--batch``, ``--seq`` and ``--width`` (passed on to the workers this way).
 BATCH, SEQ, WIDTH = (int(v) for v in os.environ.get("JAXAOT_BENCH_SHAPE", "8,128,256").split(","))
+# "train" (value_and_grad) or "inference" (the forward pass alone).
+MODE = os.environ.get("JAXAOT_BENCH_MODE", "train")
+# How long a jaxaot.jit contender may keep choosing its steady state before its
+# steady step is measured anyway (seconds).
+SETTLE_SECONDS = 600.0
 PHASES = ("trace", "lower", "compile", "first_run")
 
 # name -> (label, preparation contender or None)
@@ -77,7 +84,7 @@ def _model(layers: int) -> tuple[Any, Any, Callable[..., Any]]:
         def step(blocks: Any, x: Any) -> Any:
             return jax.value_and_grad(loss)(blocks, x)
 
-        return step
+        return loss if MODE == "inference" else step
 
     jax.block_until_ready((blocks, x))
     return blocks, x, make_step
@@ -96,6 +103,30 @@ def _steady(fn: Callable[[], Any], repeats: int) -> float:
         _block(fn())
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _settle(step: Any, args: tuple[Any, ...], result: dict[str, Any]) -> None:
+    """Runs a ``jaxaot.jit`` step until it has chosen its steady state (split or
+    whole program), and records the choice and each form's steady step."""
+    from . import _plan
+
+    start = time.perf_counter()
+    (plan,) = step._plans.values()
+    while plan is not None and plan.pending() and time.perf_counter() - start < SETTLE_SECONDS:
+        _block(step(*args))
+    result["settle"] = time.perf_counter() - start
+    if plan is None:
+        return
+    result["steps"] = len(plan.steps)
+    result["mode"] = plan.mode
+    result["whole_calls"] = plan.whole_calls
+    chosen = plan.mode
+    for mode in (_plan.SPLIT, _plan.WHOLE):
+        if mode == _plan.WHOLE and (plan.whole is None or plan.whole.exception() is not None):
+            continue
+        plan.mode = mode
+        result[f"steady_{mode}"] = _steady(lambda: step(*args), 5)
+    plan.mode = chosen
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -150,7 +181,7 @@ def worker(
             h, _ = jax.lax.scan(body, x, stacked)
             return jax.numpy.mean(h**2)
 
-        jitted = jax.jit(jax.value_and_grad(scan_loss))
+        jitted = jax.jit(scan_loss if MODE == "inference" else jax.value_and_grad(scan_loss))
         _measure_stages(jitted, (stacked, x), result, repeats)
     elif contender == "noinline_cold":
         from equinox.internal import noinline
@@ -173,6 +204,7 @@ def worker(
         step._plan = timed_plan  # type: ignore[method-assign]
         _, first_call = _timed(lambda: _block(step(blocks, x)))
         result["first_run"] = first_call - result["trace"]
+        _settle(step, (blocks, x), result)
         result["steady"] = _steady(lambda: step(blocks, x), repeats)
         result["stats"] = jaxaot.stats()
     elif contender == "export_prepare":
@@ -236,6 +268,7 @@ def _run_worker(contender: str, layers: int, work: Path, repeats: int) -> dict[s
     cmd = [sys.executable, "-c", code, contender, str(layers), str(work), str(repeats)]
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
+    env.update(_OVERRIDES)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(
@@ -422,26 +455,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="regional: run the whole-program jax.jit contenders only up to this depth (default 48)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="steady-state repeats (default 3)")
+    parser.add_argument(
+        "--width", type=int, default=None, help=f"regional: model width (default {WIDTH})"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=None, help=f"regional: batch size (default {BATCH})"
+    )
+    parser.add_argument(
+        "--seq", type=int, default=None, help=f"regional: sequence length (default {SEQ})"
+    )
+    parser.add_argument(
+        "--inference",
+        action="store_true",
+        help="regional: time the forward pass alone, not the train step",
+    )
     parser.add_argument("--out", default="bench-out", help="output folder (default ./bench-out)")
+
+
+def _ms(t: float | None) -> str:
+    return "–" if t is None else f"{t * 1e3:.3g}"
 
 
 def regional_markdown(rows: list[dict[str, Any]]) -> str:
     import jax
 
+    step = "forward pass (inference)" if MODE == "inference" else "train step (value_and_grad)"
     lines = [
         f"Regional-compilation benchmark, {datetime.date.today().isoformat()}, jax {jax.__version__}, "
-        f"backend {jax.default_backend()}, {machine()}. Train step (value_and_grad) of L blocks; "
-        "seconds. jaxaot.jit's trace column is its first call's trace and split; the rest of "
+        f"backend {jax.default_backend()}, {machine()}. Model width {WIDTH}, batch {BATCH}, "
+        f"sequence {SEQ}; {step} of L blocks. Seconds, except the steady step (ms). "
+        "jaxaot.jit's trace column is its first call's trace and split; the rest of "
         "that call (compiling or loading executables on background threads while the steps "
-        "whose executables are ready already run) is its first run.",
+        "whose executables are ready already run) is its first run. Its steady step is "
+        "measured once it has chosen between its split program and its whole-program form.",
         "",
-        "| L | contender | trace | lower | compile / load | first run | first result | steady step |",
+        "| L | contender | trace | lower | compile / load | first run | first result | steady step (ms) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['layers']} | {r['label']} | {_fmt(r['trace'])} | {_fmt(r['lower'])} | "
-            f"{_fmt(r['compile'])} | {_fmt(r['first_run'])} | **{_fmt(r['first_result'])}** | {_fmt(r['steady'])} |"
+            f"{_fmt(r['compile'])} | {_fmt(r['first_run'])} | **{_fmt(r['first_result'])}** | {_ms(r['steady'])} |"
         )
     by = {(r["layers"], r["contender"]): r for r in rows}
     lines += ["", "Ratios (same run):", ""]
@@ -453,19 +507,29 @@ def regional_markdown(rows: list[dict[str, Any]]) -> str:
             return f"{float(by[(depth, a)][field]) / float(by[(depth, b)][field]):.2f}"
 
         best_steady = min(
-            float(by[(depth, n)]["steady"]) for n in ("jit_cold", "scan_cold") if (depth, n) in by
+            (
+                float(by[(depth, n)]["steady"])
+                for n in ("jit_cold", "scan_cold")
+                if (depth, n) in by
+            ),
+            default=float("nan"),
         )
-        steady = (
-            float(by[(depth, "regional_cold")]["steady"]) / best_steady
-            if (depth, "regional_cold") in by
-            else float("nan")
-        )
+        regional = by.get((depth, "regional_cold"))
+        steady = float(regional["steady"]) / best_steady if regional else float("nan")
         lines.append(
             f"- L={depth}: first result, jaxaot.jit / scan = {ratio('regional_cold', 'scan_cold')}, "
             f"/ noinline = {ratio('regional_cold', 'noinline_cold')}, / jax.jit = {ratio('regional_cold', 'jit_cold')}; "
             f"warm jaxaot.jit / warm jit+JAX cache = {ratio('regional_warm', 'pcc_warm')}; "
             f"steady step / best of jit and scan = {steady:.2f}"
         )
+        if regional and regional.get("mode"):
+            lines.append(
+                f"  - jaxaot.jit's steady state: the {regional['mode']} program "
+                f"(split program: {regional.get('steps')} executables, "
+                f"{_ms(regional.get('steady_split'))} ms a step; whole program: "
+                f"{regional.get('whole_calls')} component calls, "
+                f"{_ms(regional.get('steady_whole'))} ms a step; chosen after {regional['settle']:.1f} s)"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -511,28 +575,61 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> str:
         plot(rows, out / "warm_start.png")
         texts.append(text)
     if args.suite in ("regional", "all"):
-        layers = args.layers or ([4, 8, 16] if args.quick else [4, 8, 16, 32, 48])
+        saved = (BATCH, SEQ, WIDTH, MODE, dict(_OVERRIDES))
+        _configure(args)
         try:
-            import equinox  # noqa: F401
-
-            have_equinox = True
-        except ImportError:
-            have_equinox = False
-            log("equinox is not installed: skipping the noinline contender (pip install equinox)")
-        max_jit = args.max_jit_layers
-
-        def skip(name: str, depth: int) -> bool:
-            if name == "noinline_cold" and not have_equinox:
-                return True
-            return name in ("jit_cold", "jit_components_cold", "pcc_warm") and depth > max_jit
-
-        rows = run_contenders(REGIONAL, layers, args.repeats, log, skip)
-        (out / "regional.json").write_text(json.dumps(rows, indent=1))
-        text = regional_markdown(rows)
-        (out / "regional.md").write_text(text)
-        regional_plot(rows, out / "regional.png")
-        texts.append(text)
+            texts.append(_run_regional(args, out, log))
+        finally:
+            _restore(saved)
     return "\n".join(texts)
+
+
+def _run_regional(args: argparse.Namespace, out: Path, log: Callable[[str], None]) -> str:
+    layers = args.layers or ([4, 8, 16] if args.quick else [4, 8, 16, 32, 48])
+    try:
+        import equinox  # noqa: F401
+
+        have_equinox = True
+    except ImportError:
+        have_equinox = False
+        log("equinox is not installed: skipping the noinline contender (pip install equinox)")
+    max_jit = args.max_jit_layers
+
+    def skip(name: str, depth: int) -> bool:
+        if name == "noinline_cold" and not have_equinox:
+            return True
+        return name in ("jit_cold", "jit_components_cold", "pcc_warm") and depth > max_jit
+
+    rows = run_contenders(REGIONAL, layers, args.repeats, log, skip)
+    (out / "regional.json").write_text(json.dumps(rows, indent=1))
+    text = regional_markdown(rows)
+    (out / "regional.md").write_text(text)
+    regional_plot(rows, out / "regional.png")
+    return text
+
+
+def _restore(saved: tuple[int, int, int, str, dict[str, str]]) -> None:
+    global BATCH, SEQ, WIDTH, MODE
+    BATCH, SEQ, WIDTH, MODE, overrides = saved
+    _OVERRIDES.clear()
+    _OVERRIDES.update(overrides)
+
+
+# Settings for the workers of this run (``_configure``), as environment variables.
+_OVERRIDES: dict[str, str] = {}
+
+
+def _configure(args: argparse.Namespace) -> None:
+    """Applies ``--width``, ``--batch``, ``--seq`` and ``--inference`` (the regional
+    suite's model and step) for this process and its workers."""
+    global BATCH, SEQ, WIDTH, MODE
+    b, s, w = (int(v) for v in os.environ.get("JAXAOT_BENCH_SHAPE", "8,128,256").split(","))
+    BATCH = getattr(args, "batch", None) or b
+    SEQ = getattr(args, "seq", None) or s
+    WIDTH = getattr(args, "width", None) or w
+    if getattr(args, "inference", False):
+        MODE = "inference"
+    _OVERRIDES.update(JAXAOT_BENCH_SHAPE=f"{BATCH},{SEQ},{WIDTH}", JAXAOT_BENCH_MODE=MODE)
 
 
 def worker_main(t_import: float) -> None:

@@ -278,11 +278,10 @@ _AVAL = operator.attrgetter("aval")
 _SHARDING = operator.attrgetter("sharding")
 
 
-def _avals(leaves: Sequence[Any]) -> tuple[Any, ...]:
-    """``jax.typeof`` of each leaf; for plain arrays, without its per-leaf cost."""
-    if set(map(type, leaves)) <= _ARRAY_TYPES and not set(map(type, map(_SHARDING, leaves))) & {
-        jax.sharding.NamedSharding
-    }:
+def _avals(leaves: Sequence[Any], arrays: bool) -> tuple[Any, ...]:
+    """``jax.typeof`` of each leaf; for plain arrays (``arrays``: every leaf is
+    one), without its per-leaf cost."""
+    if arrays and jax.sharding.NamedSharding not in set(map(type, map(_SHARDING, leaves))):
         return tuple(map(_AVAL, leaves))  # what jax.typeof gives for these
     return tuple(jax.typeof(x) for x in leaves)
 
@@ -359,9 +358,10 @@ class RegionalFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, treedef, statics, donated = self._dynamic(args, kwargs)
-        if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
+        arrays = set(map(type, leaves)) <= _ARRAY_TYPES  # so no tracer among them
+        if not trace_state_clean() or (not arrays and any(isinstance(x, Tracer) for x in leaves)):
             return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
-        sig = (treedef, _avals(leaves), statics)
+        sig = (treedef, _avals(leaves, arrays), statics)
         plan = self._plans.get(sig, False)
         if plan is False:
             with self._lock:
@@ -387,7 +387,7 @@ class RegionalFunction:
         """Traces, splits and loads or compiles every executable for this signature,
         without running anything; returns when all are ready."""
         leaves, treedef, statics, donated = self._dynamic(args, kwargs)
-        sig = (treedef, _avals(leaves), statics)
+        sig = (treedef, _avals(leaves, set(map(type, leaves)) <= _ARRAY_TYPES), statics)
         with self._lock:
             if sig not in self._plans:
                 self._plans[sig] = self._plan(args, kwargs, donated)
@@ -539,11 +539,25 @@ class RegionalFunction:
 
     def _start_whole(
         self, jaxpr: Any, donated: tuple[int, ...]
-    ) -> tuple[concurrent.futures.Future[Any], int]:
+    ) -> tuple[concurrent.futures.Future[Any], int] | None:
         """Starts loading or compiling the whole-program form of ``jaxpr`` (its
         inputs, then its constants) on the background threads; the job, and how
-        many component calls the whole program binds."""
+        many component calls the whole program binds. None when it would bind
+        more than ``MAX_WHOLE_CALLS``."""
         fn, calls = _whole.program(jaxpr)
+        if calls > MAX_WHOLE_CALLS:
+            logger.debug(
+                "jaxaot.jit %s: no whole program (%d component calls after loops, over %d)",
+                self.__name__,
+                calls,
+                MAX_WHOLE_CALLS,
+            )
+            return None
+        calls_back = any(
+            eqn.params["call"].entry.host_callbacks
+            for eqn in jaxpr.eqns
+            if eqn.primitive is component_p
+        )
         avals = tuple(v.aval for v in [*jaxpr.invars, *jaxpr.constvars])
         out_avals = tuple(v.aval for v in jaxpr.outvars)
         logger.debug(
@@ -558,7 +572,7 @@ class RegionalFunction:
             out_avals,
             donated,
             fn,
-            lambda: _has_callbacks(ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars))),
+            lambda: calls_back or _has_callbacks(ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars))),
         )
         future = _submit_jobs({"whole": job})["whole"]
         with _POOL_LOCK:
@@ -567,6 +581,11 @@ class RegionalFunction:
 
 
 _BACKGROUND: list[concurrent.futures.Future[Any]] = []
+
+# A whole program that still binds more component calls than this once its
+# repeated layers are loops is not made: unrolled, it would compile for as long
+# as jax.jit does (what the split program is there to avoid).
+MAX_WHOLE_CALLS = 16
 
 
 def wait_for_background() -> None:

@@ -123,3 +123,23 @@ def test_regional_plot_ticks_at_the_depths_run(
     assert list(ax.get_xticks()) == [4, 16, 48]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "16", "48"]
     assert any("test machine" in t.get_text() for t in fig.texts)  # type: ignore[attr-defined]
+
+
+def test_bench_regional_inference_with_a_model_shape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("JAXAOT_BENCH_SHAPE", raising=False)
+    defaults = (_bench.WIDTH, _bench.MODE)
+    out = tmp_path / "out"
+    argv = ["bench", "regional", "--layers", "2", "--repeats", "1", "--out", str(out)]
+    argv += ["--width", "8", "--batch", "1", "--seq", "4", "--inference"]
+    assert main(argv) == 0
+    text = (out / "regional.md").read_text()
+    assert "Model width 8, batch 1, sequence 4; forward pass (inference)" in text
+    rows = json.loads((out / "regional.json").read_text())
+    regional = next(r for r in rows if r["contender"] == "regional_cold")
+    # The worker ran the forward pass of that model: a plan of 2 block calls and the loss,
+    # whose steady state was chosen before its steady step was measured.
+    assert regional["mode"] in ("split", "whole") and regional["steps"] == 3
+    assert "jaxaot.jit's steady state" in text
+    assert (_bench.WIDTH, _bench.MODE) == defaults  # this process's settings are back
