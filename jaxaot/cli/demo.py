@@ -130,6 +130,8 @@ class Counted:
         return repr(self.inner)
 
     def __getattr__(self, name: str) -> Any:  # path_for, quarantine, url, ...
+        if name == "inner":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def get(self, key: str) -> bytes | None:
