@@ -10,7 +10,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._versions import check_installed as _check_installed
+
 __version__ = "0.1.0"
+
+_check_installed()  # a JAX outside the supported range: one ImportError, here
 
 #: Public name -> the private module that defines it. A new public name is one
 #: more line here (and in ``__all__``).

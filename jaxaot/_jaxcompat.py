@@ -25,42 +25,12 @@ between those versions are all handled here, keyed on the installed version
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 
-SUPPORTED_JAX = ((0, 10, 2), (0, 13, 0))  # [first supported, first unsupported)
-SUPPORTED_JAX_TEXT = "jax>=0.10.2,<0.13"
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    """``"0.12.0.1"`` -> ``(0, 12, 0, 1)``; a suffix such as ``.dev20260101`` or
-    ``rc1`` ends the number."""
-    parts: list[int] = []
-    for piece in text.split("."):
-        match = re.match(r"\d+", piece)
-        if match is None:
-            break
-        parts.append(int(match.group()))
-        if match.end() != len(piece):
-            break
-    return tuple(parts)
-
-
-def check_supported(version: str) -> tuple[int, ...]:
-    """The version tuple of JAX ``version``; ImportError naming the supported range
-    when jaxaot does not support it."""
-    parsed = _version_tuple(version)
-    if not SUPPORTED_JAX[0] <= parsed < SUPPORTED_JAX[1]:
-        raise ImportError(
-            f"jaxaot supports {SUPPORTED_JAX_TEXT}, but jax {version} is installed: "
-            f"install a supported JAX (pip install '{SUPPORTED_JAX_TEXT}' "
-            "'jaxlib>=0.10.2,<0.13')"
-        )
-    return parsed
-
+from ._versions import SUPPORTED_JAX, check_supported  # noqa: E402
 
 JAX_VERSION = check_supported(jax.__version__)
 

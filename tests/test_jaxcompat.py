@@ -15,7 +15,7 @@ import pytest
 from jax.extend.core import primitives
 
 import jaxaot
-from jaxaot import _jaxcompat
+from jaxaot import _jaxcompat, _versions
 from jaxaot._jaxcompat import (
     CALL_PRIMITIVES,
     JAX_VERSION,
@@ -37,12 +37,12 @@ from jaxaot._rules import component_p
     ],
 )
 def test_version_tuple(text: str, parsed: tuple[int, ...]) -> None:
-    assert _jaxcompat._version_tuple(text) == parsed
+    assert _versions.version_tuple(text) == parsed
 
 
 @pytest.mark.parametrize("version", ["0.10.2", "0.11.0", "0.11.2", "0.12.0.1", "0.12.9"])
 def test_supported_versions(version: str) -> None:
-    assert check_supported(version) == _jaxcompat._version_tuple(version)
+    assert check_supported(version) == _versions.version_tuple(version)
 
 
 @pytest.mark.parametrize("version", ["0.10.1", "0.9.0", "0.13.0", "1.0.0"])
@@ -54,14 +54,37 @@ def test_unsupported_versions_name_the_range(version: str) -> None:
 
 
 def test_installed_jax_is_in_range() -> None:
-    assert JAX_VERSION == _jaxcompat._version_tuple(jax.__version__)
+    assert JAX_VERSION == _versions.version_tuple(jax.__version__)
+
+
+def test_first_use_with_an_unsupported_jax_is_one_clear_error() -> None:
+    """Where the distribution's metadata and the loaded module disagree, loading
+    JAX's internals checks again."""
+    code = textwrap.dedent(
+        """
+        import jax
+        jax.__version__ = "0.13.0"
+        import jaxaot
+        try:
+            jaxaot.component
+        except ImportError as e:
+            print("ImportError:", e)
+        else:
+            print("loaded")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    assert out.startswith("ImportError: jaxaot supports jax>=0.10.2,<0.13"), out
 
 
 def test_import_with_an_unsupported_jax_is_one_clear_error() -> None:
     code = textwrap.dedent(
         """
-        import jax
-        jax.__version__ = "0.13.0"
+        from importlib import metadata
+        real = metadata.version
+        metadata.version = lambda name: "0.13.0" if name == "jax" else real(name)
         try:
             import jaxaot
         except ImportError as e:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot import _model
 from jaxaot._optimize import fuse_dot_transposes
+from jaxaot.cli import _model
 
 
 def _prims(fun: Callable[..., Any], avals: Sequence[Any]) -> list[str]:
@@ -182,9 +182,9 @@ def test_benchmark_block_writes_the_same_residuals_on_every_jax() -> None:
     """The MLP of the benchmark block leaves two residuals of its hidden size
     (the pre-activation and ``tanh`` of it), whichever primitives the installed
     JAX writes tanh's derivative with (0.11.2+: ``one_minus_square``)."""
-    from jaxaot import _model
     from jaxaot._jaxcompat import jaxpr_as_fun, partial_eval_jaxpr
     from jaxaot._optimize import prune_residuals
+    from jaxaot.cli import _model
 
     batch, seq, width = 2, 4, 16
     params = _model.init_block(jax.random.key(0), width)

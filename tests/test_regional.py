@@ -20,7 +20,8 @@ import pytest
 from jax import lax
 
 import jaxaot
-from jaxaot import _model, _plan, _regional, _whole
+from jaxaot import _plan, _regional, _whole
+from jaxaot.cli import _model
 
 WIDTH, SEQ, BATCH = 16, 8, 2
 

@@ -977,7 +977,7 @@ def test_low_precision_jvp_and_vjp_match_plain(dtype: Any) -> None:
 
 
 def test_bf16_transformer_block_has_no_zero_gradient_leaf() -> None:
-    from jaxaot import _model
+    from jaxaot.cli import _model
 
     params = jax.tree_util.tree_map(
         lambda a: a.astype(jnp.bfloat16), _model.init_block(jax.random.key(0), 32)
