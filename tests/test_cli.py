@@ -528,6 +528,89 @@ def test_verify_with_hmac_reports_unsigned_entries(
     assert out.count("signature mismatch") == n
 
 
+def _sign_all(root: Path, monkeypatch: pytest.MonkeyPatch, secret: str) -> None:
+    """Re-writes every entry of ``root`` signed with ``secret``."""
+    cache = jaxaot.DirectoryCache(root)
+    for key in cache.keys():
+        path = cache.path_for(key)
+        entry = _entry.decode(path.read_bytes())
+        with monkeypatch.context() as m:
+            m.setenv(_entry.HMAC_ENV, secret)
+            path.write_bytes(_entry.encode(entry))
+
+
+@pytest.mark.parametrize("key", [None, "another key"], ids=["no-key", "another-key"])
+def test_verify_fix_leaves_entries_signed_with_another_key(
+    key: str | None,
+    cache_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process without the cache's key (or with another) cannot check its entries:
+    ``verify --fix`` reports them and leaves them, unless ``--force``."""
+    n = len(headers(cache_dir))
+    _sign_all(cache_dir, monkeypatch, "the cache's key")
+    before = {p: p.read_bytes() for p in cache_dir.rglob("*") if p.is_file()}
+    if key is None:
+        monkeypatch.delenv(_entry.HMAC_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_entry.HMAC_ENV, key)
+    code, out, _ = run(capsys, "cache", "verify", "--fix", "--dir", str(cache_dir))
+    assert code == 1 and f"0 ok, {n} bad, 0 removed" in out, out
+    assert out.count("left alone (--force)") == n
+    assert {p: p.read_bytes() for p in cache_dir.rglob("*") if p.is_file()} == before
+    code, out, _ = run(capsys, "cache", "verify", "--fix", "--json", "--dir", str(cache_dir))
+    report = json.loads(out)
+    assert code == 1 and [b["removable"] for b in report["bad"]] == [False] * n
+    # The key's holder still has a sound cache.
+    monkeypatch.setenv(_entry.HMAC_ENV, "the cache's key")
+    code, out, _ = run(capsys, "cache", "verify", "--dir", str(cache_dir))
+    assert code == 0 and f"{n} ok, 0 bad" in out
+    # --force removes them for a process that means it.
+    if key is not None:
+        monkeypatch.setenv(_entry.HMAC_ENV, key)
+    else:
+        monkeypatch.delenv(_entry.HMAC_ENV)
+    code, out, _ = run(capsys, "cache", "verify", "--fix", "--force", "--dir", str(cache_dir))
+    assert f"{n} removed" in out and code == 0, out
+    assert jaxaot.DirectoryCache(cache_dir).keys() == []
+
+
+def test_verify_force_needs_fix(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "cache", "verify", "--force", "--dir", str(cache_dir))
+    assert code != 0
+    assert_one_line_error(err, "--force")
+
+
+def test_import_exits_non_zero_when_the_cache_did_not_store_everything(
+    cache_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bundle = tmp_path / "b.jaxaot"
+    code, _, _ = run(capsys, "cache", "export", str(bundle), "--dir", str(cache_dir))
+    assert code == 0
+    small = tmp_path / "small"
+    monkeypatch.setenv("JAXAOT_CACHE_MAX_BYTES", "1K")  # smaller than any entry
+    code, out, _ = run(capsys, "cache", "import", str(bundle), "--dir", str(small))
+    assert code == 1, out
+    assert "are not in" in out
+    code, out, _ = run(capsys, "cache", "import", str(bundle), "--json", "--dir", str(small))
+    report = json.loads(out)
+    assert code == 1 and report["complete"] is False and report["not_stored"]
+    monkeypatch.delenv("JAXAOT_CACHE_MAX_BYTES")
+    code, out, _ = run(capsys, "cache", "import", str(bundle), "--dir", str(tmp_path / "big"))
+    assert code == 0 and "are not in" not in out
+
+
+def test_cli_errors_never_show_a_redis_password(capsys: pytest.CaptureFixture[str]) -> None:
+    url = "redis://:hunter2-secret@127.0.0.1:1/0"
+    code, out, err = run(capsys, "cache", "ls", "--url", url)
+    assert code != 0
+    assert "hunter2-secret" not in out + err
+
+
 # -- prune -----------------------------------------------------------------------
 
 

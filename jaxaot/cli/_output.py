@@ -158,20 +158,19 @@ class Output:
 # ----------------------------------------------------------------------------
 # Parsing and formatting sizes, durations, times.
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_size(text: str) -> int:
-    """Bytes from ``123``, ``500M``, ``2G``, ``1.5GiB``...; K/M/G/T/P are powers of 1024."""
-    m = _SIZE_RE.match(text)
-    if m is None:
-        raise argparse.ArgumentTypeError(
-            f"invalid size {text!r}: use bytes or a number with K, M, G or T (powers of 1024)"
-        )
-    return int(float(m.group(1)) * 1024 ** _SIZE_UNITS[m.group(2).lower()])
+    """Bytes from ``123``, ``500M``, ``2G``, ``1.5GiB``...; K/M/G/T/P are powers of 1024
+    (``jaxaot._config.parse_size``, the syntax of ``JAXAOT_CACHE_MAX_BYTES`` too)."""
+    from .._config import parse_size as parse
+
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parse_duration(text: str) -> float:

@@ -78,7 +78,8 @@ class CacheView:
             cache, "access_time", None
         )
         self._hit_count: Callable[[str], int] | None = getattr(cache, "hit_count", None)
-        self._quarantine: Callable[[str], None] | None = getattr(cache, "quarantine", None)
+        self._quarantine: Callable[..., None] | None = getattr(cache, "quarantine", None)
+        self._peek: Callable[[str], bytes | None] | None = getattr(cache, "peek", None)
 
     @property
     def has_access_times(self) -> bool:
@@ -91,7 +92,10 @@ class CacheView:
         return os.fspath(self._path_for(key)) if self._path_for is not None else None
 
     def read(self, key: str) -> bytes | None:
-        """The stored bytes, or ``None`` if the entry is gone. Raises ``OSError``."""
+        """The stored bytes, or ``None`` if the entry is gone. Raises ``OSError``
+        (also for an entry the backend's trust policy refuses to read)."""
+        if self._peek is not None:  # no hit counted, nothing followed or blocked on
+            return self._peek(key)
         path = self.path(key)
         if path is None:
             value = self.cache.get(key)
@@ -125,10 +129,12 @@ class CacheView:
             return os.path.lexists(path)
         return key in self.cache.keys()
 
-    def remove_bad(self, key: str) -> str:
-        """Quarantines (else deletes) a bad entry; returns what was done."""
+    def remove_bad(self, key: str, *, force: bool = False) -> str:
+        """Quarantines (else deletes) a bad entry; returns what was done. Without
+        ``force`` the backend leaves entries it cannot check with this process's
+        key alone."""
         if self._quarantine is not None:
-            self._quarantine(key)
+            self._quarantine(key, force=force)
             return "quarantined"
         self.cache.delete(key)
         return "deleted"
@@ -148,6 +154,10 @@ class Record:
     #: The entry is another entry format version's (a newer or older jaxaot's):
     #: unreadable here, but not damaged, so ``verify`` neither counts nor removes it.
     other_format: int | None = None
+    #: Whether the problem makes the entry bad for every process (damage, a
+    #: hostile header), so ``verify --fix`` may remove it; False for entries this
+    #: process cannot check (signed with another key, or unsigned while it has one).
+    removable: bool = True
 
     @property
     def name(self) -> str:
@@ -229,16 +239,6 @@ def check_entry(key: str, blob: bytes) -> tuple[dict[str, Any], dict[str, bytes]
     return header, sections
 
 
-def _other_format(blob: bytes) -> int | None:
-    """The format version of an entry of another version, else ``None``."""
-    from .. import _entry
-
-    if len(blob) < _entry._PREFIX.size or not blob.startswith(_entry.MAGIC):
-        return None
-    version = int(_entry._PREFIX.unpack_from(blob)[1])
-    return version if version != _entry.ENTRY_FORMAT_VERSION else None
-
-
 def load_record(view: CacheView, key: str, *, with_header: bool = True) -> Record | None:
     """The record for ``key``, or ``None`` if the entry vanished meanwhile."""
     from .. import _entry
@@ -256,7 +256,9 @@ def load_record(view: CacheView, key: str, *, with_header: bool = True) -> Recor
             header, sections = check_entry(key, blob)
         except _entry.EntryError as e:
             record.error = str(e)
-            record.other_format = _other_format(blob)
+            record.removable = e.removable
+            if isinstance(e, _entry.FormatVersionError):
+                record.other_format = e.version
         else:
             record.header = header
             record.sections = {name: len(data) for name, data in sections.items()}
@@ -270,19 +272,21 @@ def load_records(view: CacheView) -> list[Record]:
 def open_url(url: str, *, create: bool = False) -> CacheView:
     """The shared store at ``url`` (Redis or any fsspec URL); a Redis server must answer,
     and a ``file://`` directory must exist (as for ``--dir``) unless ``create``."""
+    from .._caches._redis import redact_url
     from .._config import remote_cache_from_url, url_scheme
 
+    shown = redact_url(url)
     if url_scheme(url) == "file":
         path = url[len("file://") :] or "/"
         if not os.path.lexists(path) and not create:
-            raise CLIError(f"no such directory: {path} (from {url})")
+            raise CLIError(f"no such directory: {path} (from {shown})")
         if os.path.lexists(path) and not os.path.isdir(path):
-            raise CLIError(f"not a directory: {path} (from {url})")
+            raise CLIError(f"not a directory: {path} (from {shown})")
     try:
         cache = remote_cache_from_url(url)
     except (ImportError, ValueError) as e:
-        raise CLIError(f"cannot open {url}: {e}") from None
-    location = str(getattr(cache, "url", url))
+        raise CLIError(f"cannot open {shown}: {str(e).replace(url, shown)}") from None
+    location = redact_url(str(getattr(cache, "url", url)))
     ping = getattr(cache, "ping", None)
     if ping is not None:
         try:
@@ -731,14 +735,24 @@ def _verify_configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fix",
         action="store_true",
-        help="remove bad entries (moved to the cache's quarantine when it has one, else deleted)",
+        help="remove bad entries (moved to the cache's quarantine when it has one, else "
+        "deleted); entries this process cannot check with its key are left alone",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --fix: also remove entries this process cannot check (signed with "
+        "another key, or unsigned while $JAXAOT_CACHE_HMAC_KEY is set)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def _cmd_verify(args: argparse.Namespace, out: Output) -> int:
+    from .._caches._trust import signing
     from .._entry import HMAC_ENV
 
+    if args.force and not args.fix:
+        raise CLIError("--force only goes with --fix")
     view = open_cache(args)
     records = load_records(view)
     others = [r for r in records if r.other_format is not None]
@@ -747,13 +761,15 @@ def _cmd_verify(args: argparse.Namespace, out: Output) -> int:
     removed: dict[str, str] = {}
     if args.fix:
         for r in bad:
+            if not r.removable and not args.force:
+                continue  # sound for the processes that hold the key: left alone
             try:
-                how = view.remove_bad(r.key)
+                how = view.remove_bad(r.key, force=args.force)
             except OSError:
                 continue
             if not view.exists(r.key):
                 removed[r.key] = how
-    signed = bool(os.environ.get(HMAC_ENV))
+    signed = signing()
     status = 0 if not bad or (args.fix and len(removed) == len(bad)) else 1
     if args.json:
         out.json(
@@ -764,7 +780,13 @@ def _cmd_verify(args: argparse.Namespace, out: Output) -> int:
                 "signatures": signed,
                 "other_format": [{"digest": r.key, "format": r.other_format} for r in others],
                 "bad": [
-                    {"digest": r.key, "error": r.error, "removed": removed.get(r.key)} for r in bad
+                    {
+                        "digest": r.key,
+                        "error": r.error,
+                        "removable": r.removable,
+                        "removed": removed.get(r.key),
+                    }
+                    for r in bad
                 ],
             }
         )
@@ -776,7 +798,8 @@ def _cmd_verify(args: argparse.Namespace, out: Output) -> int:
         for r in bad:
             row = [r.key[:12], human_bytes(r.size), r.error or "?"]
             if args.fix:
-                row.append(removed.get(r.key, "NOT REMOVED"))
+                kept = "NOT REMOVED" if r.removable or args.force else "left alone (--force)"
+                row.append(removed.get(r.key, kept))
             rows.append(row)
         columns = [("DIGEST", "left"), ("SIZE", "right"), ("PROBLEM", "left")]
         if args.fix:
@@ -977,7 +1000,8 @@ def _cmd_import(args: argparse.Namespace, out: Output) -> int:
     except BundleError as e:
         raise CLIError(f"refused the bundle {args.bundle}: {e}; nothing imported") from None
     report["target"] = view.location
-    status = 1 if report["refused"] else 0
+    not_stored = report.get("not_stored", [])
+    status = 1 if report["refused"] or not report.get("complete", True) else 0
     if args.json:
         out.json(report)
         return status
@@ -990,6 +1014,12 @@ def _cmd_import(args: argparse.Namespace, out: Output) -> int:
         out.table(
             [("DIGEST", "left"), ("PROBLEM", "left")],
             [[r["digest"][:12], r["error"]] for r in refused],
+        )
+    if not_stored:
+        out.line(
+            f"{len(not_stored)} of the added entries are not in {view.location} "
+            "(a size cap smaller than the entries, or a failing store): "
+            + ", ".join(str(d)[:12] for d in not_stored)
         )
     return status
 
