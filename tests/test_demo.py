@@ -23,7 +23,7 @@ def test_demo_cold_then_warm(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(args) == 0
     warm = capsys.readouterr().out
     assert "warm start: loaded from the cache" in warm
-    assert "0 traces, 0 compiles" in warm
+    assert "0 lowerings, 0 compiles" in warm
     loss_line = [line for line in warm.splitlines() if line.strip().startswith("loss")]
     assert loss_line and "→" in loss_line[0]
 
