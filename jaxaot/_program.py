@@ -34,7 +34,7 @@ import jax
 import numpy as np
 
 from ._jaxcompat import ClosedJaxpr, DropVar, Jaxpr, Literal, Tracer
-from ._key import ClosureError
+from ._key import ClosureError, ComponentKey
 
 _ADDRESS = re.compile(r"(?: at)? 0x[0-9a-fA-F]+")
 _RULE_PRIMITIVES = ("custom_jvp_call", "custom_vjp_call")
@@ -249,6 +249,9 @@ class _Canonical:
             return f"{type(value).__name__}(" + ",".join(inner) + ")"
         if isinstance(value, types.FunctionType | types.MethodType | functools.partial):
             return f"callable:{_callable_name(value)}"
+        key = getattr(value, "key", None)
+        if isinstance(key, ComponentKey):  # a component call: by its entry's key
+            return f"component:{key.digest}"
         if callable(value) and hasattr(value, "f") and hasattr(value, "transforms"):
             return f"wrapped:{_callable_name(value)}"
         return f"{type(value).__qualname__}:{strip_addresses(repr(value))}"
