@@ -594,3 +594,20 @@ def test_runs_of_one_entry_become_one_loop() -> None:
     assert calls == 3
     consts = jax.make_jaxpr(f)(v).consts
     _close(jax.jit(fn)(v, *consts)[0], f(v))
+
+
+def test_no_whole_program_when_it_would_still_be_long(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A program whose calls do not form loops would compile, whole, as long as
+    jax.jit does: past ``MAX_WHOLE_CALLS`` calls, none is made."""
+    monkeypatch.setattr(_regional, "MAX_WHOLE_CALLS", 1)
+    caplog.set_level("DEBUG", logger="jaxaot")
+    blocks, x = _setup(2)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: _loss(bs, x, block)))
+    want = jax.grad(lambda bs, x: _loss(bs, x, _model.block))(blocks, x)
+    for _ in range(3):
+        _close(grad(blocks, x), want)
+    (plan,) = grad._plans.values()
+    assert plan.whole is None and plan.mode == _plan.SPLIT
+    assert any("no whole program" in r.getMessage() for r in caplog.records)
