@@ -520,7 +520,8 @@ def regional_markdown(rows: list[dict[str, Any]]) -> str:
             f"- L={depth}: first result, jaxaot.jit / scan = {ratio('regional_cold', 'scan_cold')}, "
             f"/ noinline = {ratio('regional_cold', 'noinline_cold')}, / jax.jit = {ratio('regional_cold', 'jit_cold')}; "
             f"warm jaxaot.jit / warm jit+JAX cache = {ratio('regional_warm', 'pcc_warm')}; "
-            f"steady step / best of jit and scan = {steady:.2f}"
+            f"steady step / best of jit and scan = {steady:.2f}, "
+            f"/ jax.jit = {ratio('regional_cold', 'jit_cold', 'steady')}"
         )
         if regional and regional.get("mode"):
             lines.append(

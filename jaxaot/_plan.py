@@ -8,8 +8,9 @@ costs little more than the executables it runs.
 Once the split program has run, a whole-program form of it (one executable,
 repeated layers as a loop: see ``_whole``) is compiled in the background.
 When it is ready, the next calls run each form a few times, timed to
-completion, and the faster one runs every later call. No call waits for the
-whole program: until it is ready (or if it fails) the split program runs.
+completion, and the faster one (by its fastest call) runs every later call.
+No call waits for the whole program: until it is ready (or if it fails) the
+split program runs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import operator
-import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +29,8 @@ import jax
 logger = logging.getLogger("jaxaot")
 
 # Timed calls of each form before choosing (after one untimed warm-up call each).
-SAMPLES = 3
+# The fastest of each decides: on a busy machine the others measure the neighbours.
+SAMPLES = 5
 
 SPLIT = "split"
 WHOLE = "whole"
@@ -205,14 +206,14 @@ class Plan:
             self.timings[form].append(seconds)
             split, whole_t = self.timings[SPLIT][1:], self.timings[WHOLE][1:]
             if self.mode is None and len(split) >= SAMPLES and len(whole_t) >= SAMPLES:
-                faster = statistics.median(whole_t) < statistics.median(split)
+                faster = min(whole_t) < min(split)
                 self.mode = WHOLE if faster else SPLIT
                 logger.debug(
                     "jaxaot.jit %s: whole program %.3g ms, split program %.3g ms a call; "
                     "running the %s program",
                     self.name,
-                    statistics.median(whole_t) * 1e3,
-                    statistics.median(split) * 1e3,
+                    min(whole_t) * 1e3,
+                    min(split) * 1e3,
                     self.mode,
                 )
         return out

@@ -466,7 +466,7 @@ def test_whole_program_gives_jax_jit_results_and_the_faster_form_is_kept() -> No
     assert plan.whole is not None and plan.whole.exception() is None
     split, whole = plan.timings[_plan.SPLIT][1:], plan.timings[_plan.WHOLE][1:]
     assert len(split) >= _plan.SAMPLES and len(whole) >= _plan.SAMPLES
-    faster = _plan.WHOLE if np.median(whole) < np.median(split) else _plan.SPLIT
+    faster = _plan.WHOLE if min(whole) < min(split) else _plan.SPLIT
     assert plan.mode == faster
     want = jax.jit(plain)(blocks, state, x)
     for mode in (_plan.WHOLE, _plan.SPLIT):
@@ -595,3 +595,20 @@ def test_runs_of_one_entry_become_one_loop() -> None:
     assert calls == 3
     consts = jax.make_jaxpr(f)(v).consts
     _close(jax.jit(fn)(v, *consts)[0], f(v))
+
+
+def test_no_whole_program_when_it_would_still_be_long(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A program whose calls do not form loops would compile, whole, as long as
+    jax.jit does: past ``MAX_WHOLE_CALLS`` calls, none is made."""
+    monkeypatch.setattr(_regional, "MAX_WHOLE_CALLS", 1)
+    caplog.set_level("DEBUG", logger="jaxaot")
+    blocks, x = _setup(2)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: _loss(bs, x, block)))
+    want = jax.grad(lambda bs, x: _loss(bs, x, _model.block))(blocks, x)
+    for _ in range(3):
+        _close(grad(blocks, x), want)
+    (plan,) = grad._plans.values()
+    assert plan.whole is None and plan.mode == _plan.SPLIT
+    assert any("no whole program" in r.getMessage() for r in caplog.records)
