@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxaot
-from jaxaot import _model
+from jaxaot.cli import _model
 
 
 def _ms(fn: Callable[[], Any], repeats: int) -> float:

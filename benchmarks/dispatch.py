@@ -86,7 +86,8 @@ def split_overhead(
     program, the same executables called back to back with their inputs ready
     (what the split program cannot go below), its whole-program form, and
     ``jax.jit``. Contenders alternate round by round; medians of the rounds."""
-    from jaxaot import _model, _plan
+    from jaxaot import _plan
+    from jaxaot.cli import _model
 
     blocks = _model.init_blocks(jax.random.key(0), layers, width)
     x = jax.random.normal(jax.random.key(1), (batch, seq, width))

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 
 import jaxaot
-from jaxaot import _model, _optimize
+from jaxaot import _optimize
+from jaxaot.cli import _model
 
 
 def _bytes(avals: Any) -> int:

@@ -65,7 +65,12 @@ class Counters:
 
 PROCESS = Counters()
 _extra_lock = threading.Lock()
-_extra: dict[str, int] = {"cache_errors": 0, "corrupt_entries": 0, "components": 0}
+_extra: dict[str, int] = {
+    "cache_errors": 0,
+    "corrupt_entries": 0,
+    "unusable_entries": 0,
+    "components": 0,
+}
 
 
 def bump(name: str, n: int = 1) -> None:

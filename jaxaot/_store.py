@@ -258,6 +258,16 @@ def read(cache: Cache, key: ComponentKey) -> Entry | None:
     try:
         return _entry.decode(blob, expected=key)
     except EntryError as e:
+        if not e.removable:
+            # Sound for the processes that wrote it (another HMAC key, another entry
+            # format): a miss here, left alone, one warning per cause.
+            _stats.bump("unusable_entries")
+            _stats.warn_once(
+                f"entry-unusable:{e.cause}",
+                f"jaxaot: cache entries in {cache!r} cannot be used by this process ({e}); "
+                "computing locally and leaving them in place",
+            )
+            return None
         _stats.bump("corrupt_entries")
         logger.warning(
             "jaxaot: dropped a bad cache entry %s from %r (%s); recomputing",

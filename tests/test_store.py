@@ -112,3 +112,53 @@ def test_explain_without_a_listing_cache_says_so(
     messages = [r.getMessage() for r in caplog.records if "missed the cache" in r.getMessage()]
     assert messages and "no other entry" in messages[0]
     assert os.environ["JAXAOT_EXPLAIN_MISSES"] == "1"
+
+
+def test_entries_this_process_cannot_check_are_a_miss_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A signed cache read by a process without the key (or with another): every
+    call computes locally and matches plain JAX, the entries stay byte for byte,
+    and the warning comes once for the cause, not once per entry."""
+    from jaxaot import _entry
+
+    def f(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w) * 2
+
+    w, x = jnp.ones((3, 4)) * 0.1, jnp.arange(6.0).reshape(2, 3)
+    root = tmp_path / "signed"
+    monkeypatch.setenv(_entry.HMAC_ENV, "the cache's key")
+    with jaxaot.using_cache(jaxaot.DirectoryCache(root)):
+        jaxaot.component(f)(w, x)
+        jax.grad(lambda w: jaxaot.component(f)(w, x).sum())(w)
+        jaxaot.wait_for_writes()
+    files = {
+        p: p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and p.suffix not in (".lock", ".hits")
+    }
+    assert len(files) >= 3
+    for secret in (None, "another key"):
+        if secret is None:
+            monkeypatch.delenv(_entry.HMAC_ENV)
+        else:
+            monkeypatch.setenv(_entry.HMAC_ENV, secret)
+        caplog.clear()
+        _stats.reset_warnings()
+        with caplog.at_level(logging.WARNING, logger="jaxaot"):
+            with jaxaot.using_cache(jaxaot.DirectoryCache(root)):
+                comp = jaxaot.component(f)
+                got = comp(w, x)
+                grad = jax.grad(lambda w, comp=comp: comp(w, x).sum())(w)
+                jaxaot.wait_for_writes()
+        assert jnp.allclose(got, jax.jit(f)(w, x))
+        assert jnp.allclose(grad, jax.grad(lambda w: f(w, x).sum())(w))
+        unusable = [r for r in caplog.records if "cannot be used by this process" in r.message]
+        assert len(unusable) <= 1, [r.message for r in unusable]
+        assert not [r for r in caplog.records if "dropped a bad cache entry" in r.message]
+        now = {
+            p: p.read_bytes()
+            for p in root.rglob("*")
+            if p.is_file() and p.suffix not in (".lock", ".hits")
+        }
+        assert {p: b for p, b in now.items() if p in files} == files
