@@ -224,6 +224,18 @@ def short_transform(transform: Any) -> str:
     return "+".join(names)
 
 
+#: Configuration options ``cache info`` shows by name; the others are counted.
+_CONFIG_SHOWN = frozenset(
+    [
+        "config.jax_enable_x64",
+        "config.jax_default_matmul_precision",
+        "config.jax_numpy_rank_promotion",
+        "config.jax_numpy_dtype_promotion",
+        "config.jax_default_prng_impl",
+    ]
+)
+
+
 def check_entry(key: str, blob: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
     """``_entry.verify`` plus: the entry's own key digest names this cache key."""
     from .. import _entry
@@ -601,8 +613,18 @@ def _cmd_info(args: argparse.Namespace, out: Output) -> int:
         title="versions",
     )
     parts: list[tuple[str, str]] = []
+    config: list[tuple[str, str]] = []
     for name, value in record.parts.items():
-        parts += _flatten(name, value)
+        for n, v in _flatten(name, value):
+            (config if n.startswith("config.") else parts).append((n, v))
+    # The tracing context is dozens of options (more in newer JAX): the ones
+    # people change, then a count of the rest.
+    shown = [(n, v) for n, v in config if n in _CONFIG_SHOWN]
+    if config:
+        rest = len(config) - len(shown)
+        at = next((i for i, (n, _) in enumerate(parts) if n == "platforms"), len(parts))
+        summary = [*shown, ("config.…", f"{rest} more options (--json lists them all)")]
+        parts[at:at] = summary if rest else shown
     out.fields([(n, clip(v, _INFO_WIDTH)) for n, v in parts], title="key parts")
     out.fields(
         [(n, f"{human_bytes(s)} ({s} bytes)") for n, s in record.sections.items()]
