@@ -183,6 +183,61 @@ def test_connection_errors_back_off(
     assert cache.get(key) == blob
 
 
+def test_a_remote_call_that_hangs_is_cut_off_at_the_deadline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A driver call that does not return (a stalled object store) makes ``get`` a
+    miss and ``put`` a skipped write after ``timeout``, whatever the driver's own
+    timeouts; later calls back off instead of waiting again."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    release = threading.Event()
+    entered: list[str] = []
+
+    class StalledStore(MemoryFileSystem):  # type: ignore[misc]
+        protocol = "jaxaotstalled"
+        stall = False
+
+        def cat_file(self, path: str, *args: Any, **kwargs: Any) -> Any:
+            if StalledStore.stall:
+                entered.append("cat_file")
+                release.wait(60)
+            return super().cat_file(path, *args, **kwargs)
+
+        def exists(self, path: str, **kwargs: Any) -> bool:
+            if StalledStore.stall:
+                entered.append("exists")
+                release.wait(60)
+            return bool(super().exists(path, **kwargs))
+
+    fsspec.register_implementation("jaxaotstalled", StalledStore, clobber=True)
+    try:
+        cache = FsspecCache(f"jaxaotstalled://t-{uuid.uuid4().hex}", timeout=0.2, backoff=60)
+        key, blob = make_blob()
+        other, other_blob = make_blob(tag=1)
+        cache.put(key, blob)
+        assert cache.get(key) == blob
+        StalledStore.stall = True
+        caplog.set_level(logging.DEBUG, logger="jaxaot")
+        assert cache.get(key) is None
+        assert entered == ["cat_file"] and not release.is_set()  # it did not wait it out
+        cache.put(other, other_blob)  # backing off: the store is not asked again
+        assert cache.get(other) is None and entered == ["cat_file"]
+        warnings = [w for w in warnings_of(caplog) if "HMAC" not in w]  # not the unsigned one
+        assert len(warnings) == 1 and "within 0.2 s" in warnings[0], warnings
+        assert cache.stats()["skipped_offline"] >= 2
+        release.set()
+        StalledStore.stall = False
+        cache._down_until = 0.0  # the back-off is over
+        assert cache.get(key) == blob
+        cache.put(other, other_blob)
+        assert cache.get(other) == other_blob
+    finally:
+        release.set()
+        StalledStore.stall = False
+
+
 def test_components_share_a_store(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/shared"
 

@@ -21,6 +21,11 @@ Guarantees:
   WARNING per cause per cache instance on the ``jaxaot`` logger (later ones at
   DEBUG). After a connection error or timeout the cache skips the store for
   ``backoff`` seconds (1 s) instead of waiting on it again on every call.
+* Remote calls have an overall deadline: a read or write of a remote store
+  (not a local path, not ``memory://``) that has not finished after
+  ``timeout`` seconds (default 30) is a miss or a skipped write, whatever the
+  driver's own timeouts; the call it was waiting on is left to finish in the
+  background.
 * With ``max_bytes``, a ``put`` lists the store and removes the oldest entries
   (by the store's modification time) until the new one fits. That listing is a
   round trip per put: for large buckets prefer the store's own lifecycle rules.
@@ -49,7 +54,9 @@ import posixpath
 import re
 import secrets
 import stat
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from . import _safefs
 from ._faults import FaultTracking
@@ -58,6 +65,9 @@ from ._safefs import NotRegularFileError, open_dir, stat_nofollow
 from ._trust import signing, untrusted_writer, warn_unsigned_remote
 
 __all__ = ["FsspecCache"]
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT = 30.0
 
 logger = logging.getLogger("jaxaot")
 
@@ -163,6 +173,7 @@ class FsspecCache(FaultTracking):
         max_bytes: int | None = None,
         storage_options: dict[str, Any] | None = None,
         backoff: float = DEFAULT_BACKOFF,
+        timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
         try:
             import fsspec.core
@@ -180,6 +191,13 @@ class FsspecCache(FaultTracking):
             )
         if isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 0:
             raise ValueError(f"FsspecCache: backoff must be a non-negative number, got {backoff!r}")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+        ):
+            raise ValueError(
+                f"FsspecCache: timeout must be a positive number or None, got {timeout!r}"
+            )
+        self.timeout = None if timeout is None else float(timeout)
         self.url = _redact(url)
         self._secrets = _secrets_of(url)
         self.max_bytes = max_bytes
@@ -213,6 +231,28 @@ class FsspecCache(FaultTracking):
 
     def __repr__(self) -> str:
         return f"FsspecCache({self.url!r})"
+
+    def _remote(self, fn: Callable[[], T]) -> T:
+        """``fn()`` (one call of the driver), within the overall deadline for remote
+        stores: TimeoutError when it has not returned after ``timeout`` seconds."""
+        if self._local or self.protocol == "memory" or self.timeout is None:
+            return fn()
+        box: dict[str, Any] = {}
+
+        def call() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as e:  # handed to the caller
+                box["error"] = e
+
+        worker = threading.Thread(target=call, name="jaxaot-fsspec-call", daemon=True)
+        worker.start()
+        worker.join(self.timeout)
+        if worker.is_alive():
+            raise TimeoutError(f"no answer from the store within {self.timeout:g} s")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]  # type: ignore[no-any-return]
 
     # -- paths and faults ----------------------------------------------------
 
@@ -263,7 +303,11 @@ class FsspecCache(FaultTracking):
             self._count("misses")
             return None
         try:
-            data = self._local_read(key) if self._local else self.fs.cat_file(path)
+            data = (
+                self._local_read(key)
+                if self._local
+                else self._remote(lambda: self.fs.cat_file(path))
+            )
         except FileNotFoundError:
             self._count("misses")
             return None
@@ -302,12 +346,12 @@ class FsspecCache(FaultTracking):
                     self._make_room(len(value))
                 self._write_local(key, value)
             else:
-                if self.fs.exists(path):
+                if self._remote(lambda: self.fs.exists(path)):
                     return
                 if self.max_bytes is not None:
                     self._make_room(len(value))
                 if self._direct:
-                    self.fs.pipe_file(path, value)
+                    self._remote(lambda: self.fs.pipe_file(path, value))
                 else:
                     self._write_moved(path, value)
         except _Refused as r:
@@ -570,7 +614,7 @@ class FsspecCache(FaultTracking):
             self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
         except Exception:  # stores without directories
             pass
-        self.fs.pipe_file(tmp, value)
+        self._remote(lambda: self.fs.pipe_file(tmp, value))
         try:
             self.fs.mv(tmp, path)
         except BaseException:
