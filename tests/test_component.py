@@ -530,13 +530,14 @@ X64_SCRIPT = textwrap.dedent(
     """
     import jax, jax.numpy as jnp, jaxaot
     jaxaot.set_cache(None)
-    comp = jaxaot.component(lambda x: x * 2)
-    before = comp(1.0).dtype
-    jit_before = jax.jit(comp)(1.0).dtype
+    comp = jaxaot.component(lambda x: jnp.argmax(x))
+    x = jnp.ones(3, jnp.float32)  # the same input type before and after
+    before = comp(x).dtype
+    jit_before = jax.jit(comp)(x).dtype
     jax.config.update("jax_enable_x64", True)
-    after = comp(1.0).dtype
-    jit_after = jax.jit(comp)(1.0).dtype
-    plain = jax.jit(lambda x: x * 2)(1.0).dtype
+    after = comp(x).dtype
+    jit_after = jax.jit(comp)(x).dtype
+    plain = jax.jit(lambda x: jnp.argmax(x))(x).dtype
     print(before, jit_before, after, jit_after, plain)
     """
 )
@@ -549,7 +550,7 @@ def test_x64_switched_mid_process(subprocess_env: dict[str, str], tmp_path: Path
         [sys.executable, str(script)], capture_output=True, text=True, env=subprocess_env
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["float32", "float32", "float64", "float64", "float64"]
+    assert out.stdout.split() == ["int32", "int32", "int64", "int64", "int64"]
 
 
 def test_clear_cache_writes_entries_again(fresh_cache: jaxaot.MemoryCache) -> None:
