@@ -3,15 +3,18 @@
 How a call is served:
 
 * At top level (no tracing in progress), a call looks up an executable for its
-  signature (a dict keyed by argument types; compiled once per signature in
-  this process) and runs it.
+  signature (keyed by what ``jax.jit`` keys on: the tree, the argument types,
+  static values and the trace context, configuration included; compiled once
+  per signature in this process) and runs it.
 * Under tracing (``jax.jit``, ``vmap``, ``grad``, ``scan``, another
   component...), a call binds the ``jaxaot_component`` primitive with a
   :class:`Call` naming the cache entry for its signature (see ``_rules``).
 
-Entries are looked up in this component's in-process table, then in the active
-byte cache (``jaxaot.set_cache``/``using_cache``), and only then made by
-tracing and lowering the body. Made entries are written to the active cache.
+This module turns a call into a key: with an explicit ``key=`` without
+tracing; by default from the traced program (``_program``), traced once per
+signature in this process. The component's :class:`~jaxaot._store.Store`
+then serves the entry or executable for that key (in-process tables, the
+active byte cache, the other processes of a job) or makes and writes it.
 """
 
 from __future__ import annotations

@@ -187,24 +187,38 @@ import dataclasses
 import flax.linen as nn
 
 @dataclasses.dataclass(frozen=True)
-class Inner:
+class Heads:
     num_heads: int
 
 @dataclasses.dataclass(frozen=True)
+class Attn:
+    heads: Heads
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    attn: Attn
+
+@dataclasses.dataclass(frozen=True)
 class Config:
-    inner: Inner
+    layer: Layer
     width: int = 8
 
 class Attention(nn.Module):
     config: Config
     @nn.compact
     def __call__(self, x):
-        heads = self.config.inner.num_heads
+        heads = self.config.layer.attn.heads.num_heads
         q = nn.Dense(self.config.width)(x).reshape(x.shape[0], heads, -1)
         return jax.nn.softmax(q @ q.transpose(0, 2, 1) / heads).sum(-1)
 
+class Model(nn.Module):
+    config: Config
+    @nn.compact
+    def __call__(self, x):
+        return Attention(self.config)(x)
+
 heads = 4 if sys.argv[1] == "a" else 2
-model = Attention(Config(Inner(heads)))
+model = Model(Config(Layer(Attn(Heads(heads)))))
 x = jnp.linspace(-1.0, 1.0, 16).reshape(2, 8)
 params = model.init(jax.random.key(0), x)
 

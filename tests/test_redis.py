@@ -380,7 +380,10 @@ def test_server_stopped_mid_run_then_restarted(
     with jaxaot.using_cache(TieredCache(jaxaot.MemoryCache(), remote)):
         assert jnp.allclose(served(x), expected)
     assert served.cache_info().traces == 0
-    assert len(warnings_of(caplog)) == 1
+    # The one connection warning; the raising body is other code than the one that
+    # made the entry under its explicit key, which jaxaot also warns about (once).
+    others = [w for w in warnings_of(caplog) if "made by code that differs" not in w]
+    assert len(others) == 1, others
 
 
 def test_slow_server_times_out(
