@@ -80,12 +80,20 @@ def trace_skip(width: int, depth: int) -> dict[str, float]:
 
 
 def split_overhead(
-    width: int, batch: int, seq: int, layers: int, inference: bool, calls: int, repeats: int
+    width: int,
+    batch: int,
+    seq: int,
+    layers: int,
+    inference: bool,
+    calls: int,
+    repeats: int,
+    skip_jit: bool = False,
 ) -> dict[str, float]:
     """µs per call of a ``jaxaot.jit`` step of ``layers`` transformer blocks: its split
     program, the same executables called back to back with their inputs ready
-    (what the split program cannot go below), its whole-program form, and
-    ``jax.jit``. Contenders alternate round by round; medians of the rounds."""
+    (what the split program cannot go below), its whole-program form,
+    ``jax.jit`` (unless ``skip_jit``: it compiles slowly), and a scan over stacked
+    layers. Contenders alternate round by round; medians of the rounds."""
     from jaxaot import _plan
     from jaxaot.cli import _model
 
@@ -129,14 +137,24 @@ def split_overhead(
         return run
 
     jitted = jax.jit(make(_model.block))
+    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *blocks)
+
+    def scan_loss(st: Any, x: jax.Array) -> jax.Array:
+        h, _ = jax.lax.scan(lambda h, p: (_model.block(p, h), None), x, st)
+        return jnp.mean(h**2)
+
+    scanned = jax.jit(scan_loss if inference else jax.value_and_grad(scan_loss))
     contenders = {
         "split program": form(_plan.SPLIT),
         "its executables alone": executables,
         "whole program": form(_plan.WHOLE),
         "jax.jit": lambda: jitted(blocks, x),
+        "scan over stacked layers": lambda: scanned(stacked, x),
     }
     if plan.whole is None or plan.whole.exception() is not None:
         del contenders["whole program"]
+    if skip_jit:
+        del contenders["jax.jit"]
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     cpu: dict[str, list[float]] = {name: [] for name in contenders}
     for run in contenders.values():
@@ -165,9 +183,17 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=16)
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--inference", action="store_true")
+    parser.add_argument("--skip-jit", action="store_true", help="no jax.jit contender")
     args = parser.parse_args()
     r = split_overhead(
-        args.width, args.batch, args.seq, args.layers, args.inference, 20, args.repeats
+        args.width,
+        args.batch,
+        args.seq,
+        args.layers,
+        args.inference,
+        20,
+        args.repeats,
+        skip_jit=args.skip_jit,
     )
     n = r.pop("executables per call")
     print(
