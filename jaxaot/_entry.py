@@ -306,7 +306,9 @@ def encode(entry: Entry) -> bytes:
         try:
             np.dtype(aval.dtype)
         except TypeError as e:
-            raise NotPersistable(f"extended dtype {aval.dtype}") from e
+            # Typed PRNG keys are written by name (key<fry>) and rebuilt on read.
+            if not str(aval.dtype).startswith("key<"):
+                raise NotPersistable(f"extended dtype {aval.dtype}") from e
     sections: list[tuple[str, bytes]] = []
     if entry.stablehlo is not None:
         sections.append(("stablehlo", entry.stablehlo))

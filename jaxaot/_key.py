@@ -194,7 +194,28 @@ def parse_aval_str(text: str) -> tuple[tuple[int, ...], np.dtype, bool]:
         raise ValueError(f"malformed aval {text!r}")
     inner = dims[:-1]
     shape = tuple(int(d) for d in inner.split(",")) if inner else ()
+    if name.startswith("key<"):
+        return shape, prng_key_dtype(name), weak
     return shape, np.dtype(name), weak
+
+
+#: The PRNG implementations whose typed keys entries may hold (by public name).
+_PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+
+
+def prng_key_dtype(name: str) -> Any:
+    """The dtype of typed PRNG keys named ``name`` (``key<fry>``), built through the
+    public API; ValueError for an implementation jaxaot does not know."""
+    import jax
+
+    for impl in _PRNG_IMPLS:
+        try:
+            dtype = jax.eval_shape(lambda impl=impl: jax.random.key(0, impl=impl)).dtype
+        except Exception:  # an implementation this JAX does not have
+            continue
+        if str(dtype) == name:
+            return dtype
+    raise ValueError(f"unknown PRNG key type {name!r}")
 
 
 # ----------------------------------------------------------------------------

@@ -298,6 +298,48 @@ def test_typed_prng_keys_as_arguments_match_plain() -> None:
     )
 
 
+TYPED_KEYS = textwrap.dedent(
+    """
+    import json
+    import jax, jax.numpy as jnp, numpy as np, jaxaot
+
+    @jaxaot.component
+    def sample(key, x):
+        return x + jax.random.normal(key, x.shape), jax.random.split(key)[0]
+
+    key, x = jax.random.key(3), jnp.zeros(4)
+    a, k2 = sample(key, x)
+    b = jax.jit(lambda k, x: sample(k, x)[0])(key, x)
+    g = jax.grad(lambda x: sample(key, x)[0].sum())(x)
+    jaxaot.wait_for_writes()
+    print(json.dumps({
+        "a": np.asarray(a).tolist(), "b": np.asarray(b).tolist(),
+        "k2": np.asarray(jax.random.key_data(k2)).tolist(),
+        "key_dtype": str(k2.dtype), "g": np.asarray(g).tolist(),
+        "info": sample.cache_info()._asdict(),
+    }))
+    """
+)
+
+
+def test_typed_prng_keys_are_persisted(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """Entries whose inputs or outputs are typed keys are written, and a fresh process
+    loads them (no lowering, no compile) and returns the same keys and values."""
+    script = tmp_path / "keys.py"
+    script.write_text(TYPED_KEYS)
+    env = dict(subprocess_env, JAXAOT_CACHE_DIR=str(tmp_path / "cache"))
+    cold, warm = _run(script, env), _run(script, env)
+    key, x = jax.random.key(3), jnp.zeros(4)
+    want = x + jax.random.normal(key, x.shape)
+    for run in (cold, warm):
+        np.testing.assert_array_equal(run["a"], want)
+        np.testing.assert_array_equal(run["b"], want)
+        np.testing.assert_array_equal(run["k2"], jax.random.key_data(jax.random.split(key)[0]))
+        assert run["key_dtype"] == str(key.dtype)
+    assert cold["info"]["compiles"] >= 1
+    assert warm["info"]["lowerings"] == 0 and warm["info"]["compiles"] == 0, warm
+
+
 # -- low precision training ---------------------------------------------------------------
 
 
