@@ -57,6 +57,13 @@ def test_installed_jax_is_in_range() -> None:
     assert JAX_VERSION == _versions.version_tuple(jax.__version__)
 
 
+def _python_output(code: str) -> str:
+    """What a fresh interpreter running ``code`` prints."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+
+
 def test_first_use_with_an_unsupported_jax_is_one_clear_error() -> None:
     """Where the distribution's metadata and the loaded module disagree, loading
     JAX's internals checks again."""
@@ -73,9 +80,7 @@ def test_first_use_with_an_unsupported_jax_is_one_clear_error() -> None:
             print("loaded")
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    ).stdout
+    out = _python_output(code)
     assert out.startswith("ImportError: jaxaot supports jax>=0.10.2,<0.13"), out
 
 
@@ -93,9 +98,7 @@ def test_import_with_an_unsupported_jax_is_one_clear_error() -> None:
             print("imported")
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    ).stdout
+    out = _python_output(code)
     assert out.startswith("ImportError: jaxaot supports jax>=0.10.2,<0.13"), out
     assert "jax 0.13.0 is installed" in out
 
