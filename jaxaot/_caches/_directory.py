@@ -55,7 +55,7 @@ from . import _safefs
 from ._faults import WarnOnce
 from ._protocol import check_key
 from ._safefs import NotRegularFileError, open_dir, opened_dir, stat_nofollow
-from ._trust import signing, untrusted_writer
+from ._trust import Refused, check_trusted, signing, untrusted_writer
 
 __all__ = [
     "DEFAULT_DIRECTORY_BYTES",
@@ -101,12 +101,7 @@ class UntrustedEntryError(PermissionError):
     entries are not signed, so it is not read."""
 
 
-class _Refused(Exception):
-    """A directory or file in the cache that this process does not use (internal)."""
-
-    def __init__(self, cause: str, message: str) -> None:
-        super().__init__(message)
-        self.cause = cause
+_Refused = Refused
 
 
 class _Entry(NamedTuple):
@@ -292,14 +287,7 @@ class DirectoryCache(WarnOnce):
     # -- trusted descriptors -----------------------------------------------------
 
     def _trusted(self, st: os.stat_result, what: str) -> None:
-        """Raises :class:`_Refused` if another user could have written ``what``."""
-        why = untrusted_writer(st)
-        if why is not None and not signing():
-            raise _Refused(
-                f"untrusted {what.split()[0]}",
-                f"{what} is {why}, and entries are not signed ($JAXAOT_CACHE_HMAC_KEY); "
-                "not using it (another user could have planted code there)",
-            )
+        check_trusted(st, what)
 
     @contextlib.contextmanager
     def _root_dir(self, *, create: bool = False) -> Iterator[int]:

@@ -62,7 +62,7 @@ from . import _safefs
 from ._faults import FaultTracking
 from ._protocol import check_key
 from ._safefs import NotRegularFileError, open_dir, stat_nofollow
-from ._trust import signing, untrusted_writer, warn_unsigned_remote
+from ._trust import Refused, check_trusted, signing, untrusted_writer, warn_unsigned_remote
 
 __all__ = ["FsspecCache"]
 
@@ -83,12 +83,7 @@ _TEMP_PREFIX = ".tmp-"
 _LOCAL_PREFIXES = ("file://", "local://", "file:", "local:")
 
 
-class _Refused(Exception):
-    """A local directory or file that this process does not use (internal)."""
-
-    def __init__(self, cause: str, message: str) -> None:
-        super().__init__(message)
-        self.cause = cause
+_Refused = Refused
 
 
 def _local_path(url: str) -> str:
@@ -461,13 +456,7 @@ class FsspecCache(FaultTracking):
     # -- local paths: no symlink followed, only trusted files read -------------------
 
     def _trusted(self, st: os.stat_result, what: str) -> None:
-        why = untrusted_writer(st)
-        if why is not None and not signing():
-            raise _Refused(
-                f"untrusted {what.split()[0]}",
-                f"{what} is {why}, and entries are not signed ($JAXAOT_CACHE_HMAC_KEY); "
-                "not using it (another user could have planted code there)",
-            )
+        check_trusted(st, what)
 
     def _local_dir(self, shard: str | None = None, *, create: bool = False) -> int:
         """A checked descriptor of the root, or of one shard directory below it."""

@@ -95,3 +95,24 @@ def warn_unsigned_remote(kind: str, url: str) -> None:
             HMAC_ENV,
             HMAC_ENV,
         )
+
+
+class Refused(Exception):
+    """A directory or file in a cache root that this process does not use; ``cause``
+    names the kind, for one warning per cause (internal to the backends)."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def check_trusted(st: os.stat_result, what: str) -> None:
+    """Raises :class:`Refused` if another user could have written ``what`` (a
+    directory or entry whose ``stat`` is ``st``) and entries are not signed."""
+    why = untrusted_writer(st)
+    if why is not None and not signing():
+        raise Refused(
+            f"untrusted {what.split()[0]}",
+            f"{what} is {why}, and entries are not signed ($JAXAOT_CACHE_HMAC_KEY); "
+            "not using it (another user could have planted code there)",
+        )
