@@ -366,6 +366,11 @@ def _context_part(value: Any) -> Any:
         return value
     if isinstance(value, tuple | list):
         return tuple(_context_part(v) for v in value)
+    from ._sharding import value_text
+
+    mesh = value_text(value)
+    if mesh is not None:  # the mesh in context (``jax.set_mesh``, ``use_abstract_mesh``)
+        return mesh
     sizes = getattr(value, "axis_sizes", None)
     if sizes is not None:  # the axis environment: named axes in scope
         return (
