@@ -63,7 +63,17 @@ from ._key import (
 )
 from ._optimize import fuse_dot_transposes, prune_residuals
 from ._program import program_parts, uses_primitive
-from ._rules import bind, naming
+from ._rules import bind, in_regional_trace, naming
+from ._sharding import (
+    concrete_mesh,
+    context_mesh_parts,
+    input_sharding_parts,
+    input_sharding_sig,
+    mesh_text,
+    needs_plain_jax,
+    sharded_type,
+    spec_text,
+)
 from ._store import (
     Store,
     executable_parts,
@@ -88,17 +98,37 @@ _TraceAnnotation = jax.profiler.TraceAnnotation
 
 
 def _aval_of(x: Any) -> Any:
+    """A value's type: shape, dtype, weak type, and its sharding where the type
+    carries one (explicit mesh axes); other shardings are placement, not type."""
     if isinstance(x, jax.ShapeDtypeStruct):
-        return ShapedArray(x.shape, x.dtype, weak_type=bool(getattr(x, "weak_type", False)))
+        weak = bool(getattr(x, "weak_type", False))
+        sharding = getattr(x, "sharding", None)
+        if isinstance(sharding, jax.sharding.NamedSharding) and isinstance(
+            sharding.mesh, jax.sharding.AbstractMesh
+        ):
+            typed = ShapedArray(x.shape, x.dtype, weak_type=weak, sharding=sharding)
+            if sharded_type(typed):
+                return typed
+        return ShapedArray(x.shape, x.dtype, weak_type=weak)
     aval = jax.typeof(x)
+    if sharded_type(aval):
+        return ShapedArray(aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=aval.sharding)
     return ShapedArray(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
 def _avals_text(avals: Sequence[Any]) -> tuple[str, ...]:
-    return tuple(aval_str(a.shape, a.dtype, a.weak_type) for a in avals)
+    return tuple(
+        aval_str(a.shape, a.dtype, a.weak_type)
+        + (f"@{spec_text(a.sharding.spec)}" if sharded_type(a) else "")
+        for a in avals
+    )
 
 
 def _sds(aval: Any) -> jax.ShapeDtypeStruct:
+    if sharded_type(aval):
+        return jax.ShapeDtypeStruct(
+            aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=aval.sharding
+        )
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
@@ -139,6 +169,8 @@ def _base_parts(platform: str) -> dict[str, Any]:
         "x64": bool(jax.config.read("jax_enable_x64")),
         "config": _jax_config_parts(),
         "platforms": (platform,),
+        # The abstract mesh tracing sees (executable keys add the concrete one).
+        "mesh": mesh_text(jax.sharding.get_abstract_mesh()),
     }
 
 
@@ -693,7 +725,9 @@ class Component(Generic[P, R]):
     def _code_extra(self) -> dict[str, Any]:
         return {"code": self._code} if self._key is not None else {}
 
-    def _build_entry(self, key: ComponentKey, trace: Callable[[], Any], name: str) -> Entry:
+    def _build_entry(
+        self, key: ComponentKey, trace: Callable[[], Any], name: str, lower: bool = True
+    ) -> Entry:
         traced = trace()
         closed = traced.jaxpr
         for eff in closed.effects:
@@ -706,7 +740,7 @@ class Component(Generic[P, R]):
         callbacks = has_host_callbacks(closed)
         stablehlo = None
         local = callbacks or _needs_context(closed)
-        if not local:
+        if not local and lower:
             platform = key.parts["platforms"][0]
             lowered = traced.lower(lowering_platforms=(platform,))
             self._counters.add("lowerings")
@@ -750,16 +784,8 @@ class Component(Generic[P, R]):
             k: v if k in self._static_argnames else jax.tree_util.tree_map(to_sds, v)
             for k, v in kwargs.items()
         }
-        counted = self._counted
-
-        # A fresh function object each time, so JAX's own trace cache (keyed by
-        # function identity, blind to globals) never hands back a stale trace.
-        @functools.wraps(self.__wrapped__)
-        def fresh(*a: Any, **k: Any) -> Any:
-            return counted(*a, **k)
-
         jitted = jax.jit(
-            fresh,
+            self._fresh(),
             static_argnums=self._static_argnums,
             static_argnames=self._static_argnames,
             keep_unused=True,
@@ -770,6 +796,17 @@ class Component(Generic[P, R]):
             raise
         except (NameError, AssertionError) as e:  # e.g. a collective over an unbound axis
             raise naming(e, self.name) from e
+
+    def _fresh(self) -> Callable[..., Any]:
+        """The body as a fresh function object, so JAX's own trace cache (keyed by
+        function identity, blind to globals) never hands back a stale trace."""
+        counted = self._counted
+
+        @functools.wraps(self.__wrapped__)
+        def fresh(*a: Any, **k: Any) -> Any:
+            return counted(*a, **k)
+
+        return fresh
 
     def _root_call(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], allow_sds: bool
@@ -793,7 +830,29 @@ class Component(Generic[P, R]):
             entry.jaxpr = traced.jaxpr
         return Call(self, key, entry, trace), leaves
 
+    def _plain_reason(self, traced: Any, leaves: Sequence[Any]) -> str | None:
+        """Why this call is served as plain JAX (see :func:`needs_plain_jax`), or
+        ``None``. With an explicit key the body is not traced: inputs with sharded
+        types, or a mesh in context with explicit axes, count."""
+        if traced is not None:
+            return needs_plain_jax(traced.jaxpr)
+        if any(sharded_type(_aval_of(x)) for x in leaves) or _explicit_context():
+            return "sharded types"
+        return None
+
     def _call_traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        _, traced, leaves, _ = self._resolve(args, kwargs, allow_sds=False)
+        reason = self._plain_reason(traced, leaves)
+        if reason is not None and not (reason.endswith("names devices") and in_regional_trace()):
+            # Inlined, as jax.jit would: an entry would hide its shardings (jaxaot.jit
+            # compiles a component naming devices for the shardings it is called with).
+            logger.debug("jaxaot: component %r is inlined (%s)", self.name, reason)
+            if traced is None:
+                return self._counted(*args, **kwargs)
+            outs = jaxpr_as_fun(traced.jaxpr)(*leaves)
+            return jax.tree_util.tree_unflatten(
+                jax.tree_util.tree_structure(traced.out_info), list(outs)
+            )
         call, leaves = self._root_call(args, kwargs, allow_sds=False)
         outs = bind(call, leaves)
         return jax.tree_util.tree_unflatten(call.entry.out_tree, outs)
@@ -839,16 +898,42 @@ class Component(Generic[P, R]):
         configuration included), then as a cache entry (deserialized: no
         lowering or compile; a default key traces the body to find the key),
         and only then compiled (and stored)."""
-        sig = self._signature_of(args, kwargs, in_tree, [_aval_of(x) for x in leaves], statics)
+        sig = (
+            *self._signature_of(args, kwargs, in_tree, [_aval_of(x) for x in leaves], statics),
+            # Placement: each executable is compiled for its inputs' shardings.
+            input_sharding_sig(leaves),
+            concrete_mesh(),
+        )
         exe = self._store.executables.get(sig)
         if exe is not None:
             return exe, sig
 
         def key() -> ComponentKey:
             root_key, _, _, _ = self._resolve(args, kwargs, allow_sds=True)
-            return root_key.replace(executable=executable_parts(self._donate_argnums))
+            return root_key.replace(
+                executable=(
+                    *executable_parts(self._donate_argnums),
+                    ("inputs", input_sharding_parts(leaves)),
+                    ("context_mesh", context_mesh_parts()),
+                )
+            )
 
         def compile() -> tuple[Any, Entry]:
+            root_key, traced, _, _ = self._resolve(args, kwargs, allow_sds=True)
+            reason = self._plain_reason(traced, leaves)
+            if reason is not None:
+                # Compiled as jax.jit compiles the body, shardings and devices included.
+                logger.debug("jaxaot: component %r compiled as plain JAX (%s)", self.name, reason)
+                jitted = jax.jit(
+                    self._fresh(),
+                    static_argnums=self._static_argnums,
+                    static_argnames=self._static_argnames,
+                    donate_argnums=self._donate_argnums,
+                )
+                stage = jitted.trace(*args, **kwargs)
+                root = self._build_entry(root_key, lambda: stage, self.name, lower=False)
+                root.extra.update(self._code_extra())
+                return stage.lower().compile(), root
             call, _ = self._root_call(args, kwargs, allow_sds=True)
             return self._jitted.trace(*args, **kwargs).lower().compile(), call.entry
 
@@ -916,6 +1001,16 @@ class Component(Generic[P, R]):
             # A fresh jax.jit too: its own trace cache would otherwise skip the body
             # that makes (and writes) the root entry.
             self._jitted = self._make_jitted()
+
+
+def _explicit_context() -> bool:
+    """Whether the mesh in context has explicit axes (types may then carry shardings)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return False
+    return any(
+        getattr(t, "name", str(t)) == "Explicit" for t in (getattr(mesh, "axis_types", None) or ())
+    )
 
 
 def _needs_context(closed: Any) -> bool:

@@ -143,7 +143,8 @@ def stable_repr(value: Any) -> str | None:
     """``repr`` of ``value`` if it is stable across processes, else ``None``.
 
     Stable: None, bool, int, float, complex, str, bytes, enum members, NumPy
-    dtypes and scalar types, and tuples/frozensets of those.
+    dtypes and scalar types, JAX meshes, shardings and partition specs (by
+    axes, devices and spec), and tuples/frozensets of those.
     """
     if isinstance(value, _SCALARS):
         return repr(value)
@@ -163,6 +164,10 @@ def stable_repr(value: Any) -> str | None:
         if any(p is None for p in parts):
             return None
         return "frozenset({" + ", ".join(sorted(parts)) + "})"  # type: ignore[arg-type]
+    if "jax" in sys.modules:  # meshes, shardings and specs: values, with their devices
+        from ._sharding import value_text
+
+        return value_text(value)
     return None
 
 
@@ -429,7 +434,7 @@ def refuse_closed_arrays(fun: Any, component: str) -> None:
         except Exception:  # not a pytree we can walk
             continue
         for path, leaf in leaves:
-            if _is_array(leaf):
+            if _is_array(leaf) and not _is_sharding_value(leaf):
                 shape = tuple(getattr(leaf, "shape", ()))
                 kind = "a traced value" if _is_tracer(leaf) else "an array"
                 raise ClosureError(
@@ -439,6 +444,12 @@ def refuse_closed_arrays(fun: Any, component: str) -> None:
                     "array's value, so a cached result could belong to another array. Pass "
                     "it to the component as an argument instead."
                 )
+
+
+def _is_sharding_value(value: Any) -> bool:
+    from ._sharding import is_sharding_value
+
+    return is_sharding_value(value)
 
 
 def _is_pytree_node(value: Any) -> bool:

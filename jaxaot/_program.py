@@ -35,6 +35,7 @@ import numpy as np
 
 from ._jaxcompat import ClosedJaxpr, DropVar, Jaxpr, Literal, Tracer
 from ._key import ClosureError, ComponentKey
+from ._sharding import value_text
 
 _ADDRESS = re.compile(r"(?: at)? 0x[0-9a-fA-F]+")
 _RULE_PRIMITIVES = ("custom_jvp_call", "custom_vjp_call")
@@ -230,6 +231,9 @@ class _Canonical:
             return f"dtype:{value.name}"
         if isinstance(value, type):
             return f"type:{value.__module__}.{value.__qualname__}"
+        sharding = value_text(value)
+        if sharding is not None:  # a mesh, sharding or spec: axes, devices and spec
+            return f"sharding:{sharding}"
         if isinstance(value, ClosedJaxpr | Jaxpr):
             sub = _Canonical(self.component)
             sub.depth = self.depth

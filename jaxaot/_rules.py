@@ -52,6 +52,12 @@ PREFETCH: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.Con
 )
 
 
+def in_regional_trace() -> bool:
+    """Whether ``jaxaot.jit`` is tracing the program now (its split compiles each
+    component for the shardings its inputs have)."""
+    return PREFETCH.get() is not None
+
+
 def _prefetch(call: Any) -> None:
     prefetch = PREFETCH.get()
     if prefetch is not None:

@@ -28,11 +28,14 @@ import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Sharding
 
 __all__ = [
+    "concrete_mesh",
     "context_mesh_parts",
     "input_sharding_parts",
     "input_sharding_sig",
     "is_sharding_value",
     "mesh_text",
+    "needs_plain_jax",
+    "sharded_type",
     "sharding_text",
     "spec_text",
     "value_text",
@@ -147,48 +150,111 @@ def value_text(value: Any) -> str | None:
     return None
 
 
+def concrete_mesh() -> Any:
+    """The concrete mesh ``jax.set_mesh`` gives, or ``None`` (none set, or under
+    tracing, where only the abstract mesh counts)."""
+    try:
+        mesh = jax.sharding.get_mesh()
+    except ValueError:  # under jax.jit
+        return None
+    return None if mesh.empty else mesh
+
+
 def context_mesh_parts() -> tuple[str, str]:
     """The mesh in context: the abstract mesh tracing sees and the concrete mesh
-    ``jax.set_mesh`` gives (empty where none is set)."""
-    abstract = jax.sharding.get_abstract_mesh()
-    concrete = jax.sharding.get_mesh()
-    return mesh_text(abstract), mesh_text(concrete)
+    ``jax.set_mesh`` gives (``none`` where none is set or under tracing)."""
+    return mesh_text(jax.sharding.get_abstract_mesh()), mesh_text(concrete_mesh())
 
 
 def _leaf_sharding(leaf: Any) -> Any:
-    """A top-level input's placement: ``None`` for host values (NumPy arrays,
-    Python scalars), else (committed, sharding)."""
+    """A top-level input's placement: ``None`` where the call places it (host values,
+    uncommitted arrays, ShapeDtypeStructs without a sharding: on the default
+    device, or with the committed inputs), else its sharding."""
     if isinstance(leaf, jax.Array):
         try:
-            return (bool(leaf.committed), leaf.sharding)
-        except Exception:  # a deleted or otherwise unusual array
-            return ("unknown",)
+            return leaf.sharding if leaf.committed else None
+        except Exception:  # a deleted array: the call reports it
+            return "unknown"
     sharding = getattr(leaf, "sharding", None)  # a ShapeDtypeStruct with a sharding
-    if isinstance(sharding, Sharding):
-        return (True, sharding)
-    return None
+    return sharding if isinstance(sharding, Sharding) else None
 
 
 def input_sharding_sig(leaves: Sequence[Any]) -> tuple[Any, ...]:
     """What tells top-level calls apart by placement, for in-process tables: each
-    input's committedness and sharding (hashable; equal shardings compare equal)."""
+    committed input's sharding (hashable; equal shardings compare equal)."""
     return tuple(_leaf_sharding(x) for x in leaves)
 
 
 def input_sharding_parts(leaves: Sequence[Any]) -> tuple[str, ...]:
-    """Each top-level input's placement as key text: ``host``, or committed or not
-    with its concrete sharding. An uncommitted array is placed by the call (on the
-    default device, or where the committed inputs are), so its sharding does not
-    count."""
+    """Each top-level input's placement as key text: ``placed by the call`` (host
+    values and uncommitted arrays, which go to the default device or where the
+    committed inputs are), or ``committed:`` and its concrete sharding."""
     parts = []
     for leaf in leaves:
         placed = _leaf_sharding(leaf)
         if placed is None:
-            parts.append("host")
-        elif len(placed) != 2:
-            parts.append("unknown")
-        elif not placed[0]:
-            parts.append("uncommitted")
+            parts.append("placed by the call")
+        elif isinstance(placed, Sharding):
+            parts.append("committed:" + sharding_text(placed, np.ndim(leaf)))
         else:
-            parts.append("committed:" + sharding_text(placed[1], np.ndim(leaf)))
+            parts.append(str(placed))
     return tuple(parts)
+
+
+# ----------------------------------------------------------------------------
+# Programs whose meaning depends on shardings: served as plain JAX.
+
+
+def sharded_type(aval: Any) -> bool:
+    """Whether a type carries a sharding (explicit mesh axes: ``f32[8@x]``), or
+    unreduced/reduced axes: what JAX checks types by."""
+    sharding = getattr(aval, "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if spec is None:
+        return False
+    return any(e is not None for e in tuple(spec)) or bool(
+        getattr(spec, "unreduced", None) or getattr(spec, "reduced", None)
+    )
+
+
+def _concrete(value: Any) -> bool:
+    """A value naming devices: a concrete mesh or a sharding over one."""
+    if isinstance(value, Mesh):
+        return not value.empty
+    if isinstance(value, NamedSharding):
+        return isinstance(value.mesh, Mesh) and not value.mesh.empty
+    return isinstance(value, Sharding)
+
+
+def _names_devices(eqn: Any) -> bool:
+    for value in eqn.params.values():
+        items = value if isinstance(value, list | tuple) else (value,)
+        if any(_concrete(v) for v in items):
+            return True
+    return False
+
+
+def needs_plain_jax(closed: Any) -> str | None:
+    """Why a traced program has to be served as plain JAX (inlined into the caller,
+    or compiled as ``jax.jit`` compiles it), or ``None``.
+
+    * Its types carry shardings (explicit mesh axes): a cached entry's types
+      would lose them, and with them output shardings, cotangent types and what
+      ``jax.typeof(x).sharding`` tells the body.
+    * It names devices (``with_sharding_constraint`` or ``device_put`` with a
+      concrete sharding, ``shard_map`` over a concrete mesh): which devices a
+      computation runs on is decided from everything it contains, and a cached
+      entry hides its contents from that decision.
+    """
+    from ._program import walk_jaxprs
+
+    for jaxpr in walk_jaxprs(closed):
+        for v in (*jaxpr.invars, *jaxpr.outvars):
+            if sharded_type(getattr(v, "aval", None)):
+                return "sharded types"
+        for eqn in jaxpr.eqns:
+            if _names_devices(eqn):
+                return f"{eqn.primitive.name} names devices"
+            if any(sharded_type(getattr(v, "aval", None)) for v in eqn.outvars):
+                return "sharded types"
+    return None
