@@ -39,6 +39,7 @@ from ._jaxcompat import (
     batch_jaxpr,
     cpp_dispatcher,
     default_platform,
+    explicit_mesh_axes_in_scope,
     fastpath_miss,
     has_host_callbacks,
     is_ordered_effect,
@@ -739,7 +740,10 @@ class Component(Generic[P, R]):
                 )
         callbacks = has_host_callbacks(closed)
         stablehlo = None
-        local = callbacks or _needs_context(closed)
+        # A program with sharded types or named devices is served as plain JAX:
+        # its entry is not lowered, and stays in this process.
+        plain = needs_plain_jax(closed)
+        local = callbacks or _needs_context(closed) or plain is not None
         if not local and lower:
             platform = key.parts["platforms"][0]
             lowered = traced.lower(lowering_platforms=(platform,))
@@ -767,6 +771,7 @@ class Component(Generic[P, R]):
             host_callbacks=local,
             jaxpr=closed,
             effects=frozenset(closed.effects),
+            extra={"plain": plain} if plain else {},
         )
 
     # -- calling ---------------------------------------------------------------
@@ -830,19 +835,29 @@ class Component(Generic[P, R]):
             entry.jaxpr = traced.jaxpr
         return Call(self, key, entry, trace), leaves
 
-    def _plain_reason(self, traced: Any, leaves: Sequence[Any]) -> str | None:
+    def _plain_reason(
+        self, traced: Any, leaves: Sequence[Any], root: Callable[[], Entry]
+    ) -> str | None:
         """Why this call is served as plain JAX (see :func:`needs_plain_jax`), or
-        ``None``. With an explicit key the body is not traced: inputs with sharded
-        types, or a mesh in context with explicit axes, count."""
+        ``None``. With an explicit key the body is not traced to find the key:
+        inputs with sharded types, a mesh in context with explicit axes, or what
+        the root entry (``root()``) found when it was made, count."""
+        if explicit_mesh_axes_in_scope():
+            return "vmap over an explicit mesh axis"
         if traced is not None:
             return needs_plain_jax(traced.jaxpr)
         if any(sharded_type(_aval_of(x)) for x in leaves) or _explicit_context():
             return "sharded types"
-        return None
+        plain = root().extra.get("plain")
+        return str(plain) if plain else None
 
     def _call_traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         _, traced, leaves, _ = self._resolve(args, kwargs, allow_sds=False)
-        reason = self._plain_reason(traced, leaves)
+
+        def root() -> Entry:
+            return self._root_call(args, kwargs, allow_sds=False)[0].entry
+
+        reason = self._plain_reason(traced, leaves, root)
         if reason is not None and not (reason.endswith("names devices") and in_regional_trace()):
             # Inlined, as jax.jit would: an entry would hide its shardings (jaxaot.jit
             # compiles a component naming devices for the shardings it is called with).
@@ -920,7 +935,11 @@ class Component(Generic[P, R]):
 
         def compile() -> tuple[Any, Entry]:
             root_key, traced, _, _ = self._resolve(args, kwargs, allow_sds=True)
-            reason = self._plain_reason(traced, leaves)
+
+            def root_entry() -> Entry:
+                return self._root_call(args, kwargs, allow_sds=True)[0].entry
+
+            reason = self._plain_reason(traced, leaves, root_entry)
             if reason is not None:
                 # Compiled as jax.jit compiles the body, shardings and devices included.
                 logger.debug("jaxaot: component %r compiled as plain JAX (%s)", self.name, reason)
@@ -933,6 +952,8 @@ class Component(Generic[P, R]):
                 stage = jitted.trace(*args, **kwargs)
                 root = self._build_entry(root_key, lambda: stage, self.name, lower=False)
                 root.extra.update(self._code_extra())
+                # Its executable is stored like any other (unless it calls the host).
+                root.host_callbacks = has_host_callbacks(stage.jaxpr)
                 return stage.lower().compile(), root
             call, _ = self._root_call(args, kwargs, allow_sds=True)
             return self._jitted.trace(*args, **kwargs).lower().compile(), call.entry

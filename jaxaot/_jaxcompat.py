@@ -413,3 +413,11 @@ def axis_data_parts(axis_data: Any) -> tuple[Any, ...]:
         name(getattr(axis_data, "spmd_name", None)),
         name(getattr(axis_data, "explicit_mesh_axis", None)),
     )
+
+
+def explicit_mesh_axes_in_scope() -> frozenset[Any]:
+    """The explicit mesh axes a ``vmap`` in scope maps over (empty outside one)."""
+    from jax._src import core as _core
+
+    env = _core.get_axis_env()
+    return frozenset(getattr(env, "explicit_mesh_axis_names", ()) or ())

@@ -1,0 +1,353 @@
+"""Meshes, shardings and many devices (``jaxaot._sharding`` and how components use it).
+
+The multi-device tests run in subprocesses that set
+``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX is imported;
+each script compares values and output shardings with ``jax.jit`` of the same
+function and exits non-zero (with a traceback) if any differs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import jaxaot
+from jaxaot import _sharding
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PRELUDE = """
+import os, sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+import jaxaot
+
+def same(got, want, what):
+    got_l, want_l = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    assert len(got_l) == len(want_l), what
+    for g, w in zip(got_l, want_l):
+        assert g.dtype == w.dtype, (what, g.dtype, w.dtype)
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6,
+                                   err_msg=what)
+        assert g.sharding.is_equivalent_to(w.sharding, g.ndim), (what, g.sharding, w.sharding)
+
+def auto_mesh(shape, names, devices=None):
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape),
+                         **({} if devices is None else {"devices": devices}))
+"""
+
+
+def run_devices(script: str, devices: int = 8, cache: Path | None = None) -> str:
+    """Runs ``script`` (after PRELUDE) in a fresh interpreter with ``devices`` CPU
+    devices (and ``cache`` as jaxaot's cache); returns its stdout."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("JAXAOT_CACHE_DIR", None)
+    if cache is not None:
+        env["JAXAOT_CACHE_DIR"] = str(cache)
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc.stdout
+
+
+# -- key text ------------------------------------------------------------------------
+
+
+def _mesh1(name: str) -> jax.sharding.Mesh:
+    return jax.make_mesh((1,), (name,), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def test_specs_and_meshes_read_as_text_that_tells_them_apart() -> None:
+    assert _sharding.spec_text(P("x", None, ("a", "b"))) == "P(x,_,(a,b))"
+    assert _sharding.spec_text(P("x")) != _sharding.spec_text(P(None, "x"))
+    mesh = _mesh1("x")
+    text = _sharding.mesh_text(mesh)
+    assert "x=1" in text and f"[{jax.devices()[0].id}]" in text
+    assert _sharding.mesh_text(mesh.abstract_mesh).startswith("abstract_mesh(x=1")
+    other = _mesh1("y")
+    assert _sharding.mesh_text(other) != text
+    named = jax.sharding.NamedSharding(mesh, P("x"))
+    assert _sharding.sharding_text(named) != _sharding.sharding_text(
+        jax.sharding.NamedSharding(mesh, P())
+    )
+    single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    assert _sharding.sharding_text(single).startswith("device(")
+    assert _sharding.value_text(3) is None
+    assert all(_sharding.is_sharding_value(v) for v in (mesh, named, single, P("x")))
+
+
+def test_placement_parts_tell_committed_inputs_from_those_the_call_places() -> None:
+    x = jnp.ones(3)
+    committed = jax.device_put(x, jax.devices()[0])
+    parts = _sharding.input_sharding_parts([x, committed, 1.0, jax.ShapeDtypeStruct((3,), "f4")])
+    assert parts[0] == parts[2] == parts[3] == "placed by the call"
+    assert parts[1].startswith("committed:device(")
+
+
+def test_static_meshes_shardings_and_specs_are_accepted_and_keyed() -> None:
+    mesh = _mesh1("x")
+
+    @jaxaot.component(static_argnums=(1, 2))
+    def constrain(x: jax.Array, spec: P, m: jax.sharding.Mesh) -> jax.Array:
+        return jax.lax.with_sharding_constraint(x * 2, jax.sharding.NamedSharding(m, spec))
+
+    x = jnp.arange(4.0)
+    got = constrain(x, P("x"), mesh)
+    want = jax.jit(
+        lambda x: jax.lax.with_sharding_constraint(x * 2, jax.sharding.NamedSharding(mesh, P("x")))
+    )(x)
+    assert jnp.array_equal(got, want)
+    assert constrain.cache_key(x, P("x"), mesh) != constrain.cache_key(x, P(), mesh)
+
+
+def test_a_closed_over_mesh_is_a_value_for_explicit_keys() -> None:
+    mesh = _mesh1("x")
+    sharding = jax.sharding.NamedSharding(mesh, P("x"))
+
+    @jaxaot.component(key="constrained-double")
+    def double(x: jax.Array) -> jax.Array:
+        return jax.lax.with_sharding_constraint(x * 2, sharding)
+
+    assert jnp.array_equal(double(jnp.arange(3.0)), jnp.arange(3.0) * 2)
+
+
+def test_programs_with_sharded_types_or_named_devices_are_told() -> None:
+    mesh = _mesh1("x")
+    named = jax.sharding.NamedSharding(mesh, P("x"))
+    plain = jax.make_jaxpr(lambda x: x * 2)(jnp.ones(2))
+    assert _sharding.needs_plain_jax(plain) is None
+    constrained = jax.make_jaxpr(lambda x: jax.lax.with_sharding_constraint(x, named))(jnp.ones(2))
+    assert _sharding.needs_plain_jax(constrained) is not None
+
+
+# -- many devices ----------------------------------------------------------------------
+
+
+def test_top_level_calls_compile_one_executable_per_input_sharding() -> None:
+    run_devices(
+        """
+        mesh = auto_mesh((8,), ("x",))
+        mesh2 = auto_mesh((2, 4), ("a", "b"))
+        def body(x, w):
+            return jnp.tanh(x @ w), x.sum()
+        f = jaxaot.component(body)
+        x = jnp.arange(128.0).reshape(16, 8) / 128
+        w = jnp.ones((8, 8)) / 8
+        placements = [
+            jax.device_put(x, NamedSharding(mesh, P("x"))),
+            jax.device_put(x, NamedSharding(mesh, P())),
+            jax.device_put(x, NamedSharding(mesh, P(None, "x"))),
+            jax.device_put(x, NamedSharding(mesh2, P("a", "b"))),
+            jax.device_put(x, jax.devices()[3]),
+            x,
+        ]
+        for i, xi in enumerate(placements):
+            wi = w if i != 4 else jax.device_put(w, jax.devices()[3])
+            same(f(xi, wi), jax.jit(body)(xi, wi), f"placement {i}")
+        info = f.cache_info()
+        assert info.compiles == len(placements), info
+        for i, xi in enumerate(placements):  # again: nothing new
+            wi = w if i != 4 else jax.device_put(w, jax.devices()[3])
+            same(f(xi, wi), jax.jit(body)(xi, wi), f"placement {i} again")
+        assert f.cache_info().compiles == len(placements), f.cache_info()
+        assert f.cache_info().traces == 1, f.cache_info()  # one program: one trace
+        # Donation of a sharded input at top level.
+        g = jaxaot.component(lambda x: x + 1, donate_argnums=0)
+        xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+        out = g(xs)
+        assert xs.is_deleted()
+        assert out.sharding.is_equivalent_to(NamedSharding(mesh, P("x")), 2), out.sharding
+        """
+    )
+
+
+def test_bodies_that_name_meshes_give_what_jax_jit_gives() -> None:
+    run_devices(
+        """
+        mesh = auto_mesh((8,), ("x",))
+        rows = NamedSharding(mesh, P("x"))
+
+        def constrained(x):
+            return jax.lax.with_sharding_constraint(jnp.sin(x) * 2, rows)
+
+        def summed(x):
+            return jax.shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh,
+                                 in_specs=P("x"), out_specs=P())(x)
+
+        x = jnp.arange(32.0).reshape(16, 2)
+        for body in (constrained, summed):
+            for comp in (jaxaot.component(body), jaxaot.component(body, key=body.__name__)):
+                want = jax.jit(body)(x)
+                same(comp(x), want, f"{body.__name__} top level")
+                same(jax.jit(comp)(x), want, f"{body.__name__} under jit")
+                same(jax.jit(comp)(jax.device_put(x, rows)), jax.jit(body)(jax.device_put(x, rows)),
+                     f"{body.__name__} sharded input")
+                grad = jax.jit(jax.grad(lambda v: comp(v).sum()))(x)
+                same(grad, jax.jit(jax.grad(lambda v: body(v).sum()))(x), f"{body.__name__} grad")
+
+        # A static mesh and spec, and meshes that differ only in device order.
+        @jaxaot.component(static_argnums=(1, 2))
+        def put(x, m, spec):
+            return jax.lax.with_sharding_constraint(x + 1, NamedSharding(m, spec))
+        flipped = auto_mesh((8,), ("x",), devices=jax.devices()[::-1])
+        for m in (mesh, flipped):
+            for spec in (P("x"), P(None, "x"), P()):
+                same(put(x, m, spec), jax.jit(put.__wrapped__, static_argnums=(1, 2))(x, m, spec),
+                     f"static {spec}")
+        assert put.cache_key(x, mesh, P("x")) != put.cache_key(x, flipped, P("x"))
+        """
+    )
+
+
+def test_explicit_sharding_types_are_kept() -> None:
+    run_devices(
+        """
+        mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
+
+        def scaled(x):  # branches on the type's sharding
+            spec = jax.typeof(x).sharding.spec
+            return jnp.sin(x) * (2.0 if spec and spec[0] == "x" else 3.0)
+
+        def contract(x, w):
+            return jnp.einsum("bd,de->be", x, w, out_sharding=P("x", None))
+
+        def moved(x):
+            return jax.sharding.reshard(x * 2, P(None, "x"))
+
+        c_scaled = jaxaot.component(scaled)
+        c_contract = jaxaot.component(contract)
+        c_moved = jaxaot.component(moved)
+        with jax.set_mesh(mesh):
+            x = jax.device_put(jnp.arange(64.0).reshape(16, 4) / 64, P("x"))
+            xr = jax.device_put(jnp.arange(64.0).reshape(16, 4) / 64, P())
+            w = jax.device_put(jnp.ones((4, 8)) / 4, P())
+            xw = jax.device_put(jnp.ones((8, 16)), P())
+            for args, comp, body in [((x,), c_scaled, scaled), ((xr,), c_scaled, scaled),
+                                     ((x, w), c_contract, contract), ((xw,), c_moved, moved)]:
+                same(comp(*args), jax.jit(body)(*args), f"{body.__name__} top level")
+                same(jax.jit(comp)(*args), jax.jit(body)(*args), f"{body.__name__} under jit")
+                loss = lambda f: (lambda *a: f(*a).sum())
+                same(jax.grad(loss(comp))(*args), jax.jit(jax.grad(loss(body)))(*args),
+                     f"{body.__name__} grad")
+            batched = jax.device_put(jnp.ones((8, 16, 4)), P("x"))
+            same(jax.jit(jax.vmap(c_scaled))(batched), jax.jit(jax.vmap(scaled))(batched),
+                 "vmap over a sharded axis")
+        """
+    )
+
+
+def test_context_meshes_are_part_of_keys() -> None:
+    run_devices(
+        """
+        def summed(x):  # shard_map over the mesh in context
+            return jax.shard_map(lambda a: jax.lax.psum(a, "x"), in_specs=P("x"), out_specs=P())(x)
+
+        f = jaxaot.component(summed)
+        x = jnp.arange(16.0)
+        keys = set()
+        for shape, names in [((8,), ("x",)), ((2, 4), ("x", "y")), ((8,), ("x",))]:
+            with jax.set_mesh(auto_mesh(shape, names)):
+                same(f(x), jax.jit(summed)(x), f"top level under {shape}")
+                same(jax.jit(f)(x), jax.jit(summed)(x), f"under jit under {shape}")
+                keys.add(f.cache_key(x))
+        assert len(keys) == 2, keys
+
+        # vmap with an spmd axis, then without: each gets its own sharding.
+        mesh = auto_mesh((8,), ("x",))
+        g = lambda v: jnp.sin(v) @ jnp.ones((4, 4))
+        c = jaxaot.component(g)
+        xs = jax.device_put(jnp.ones((8, 2, 4)), NamedSharding(mesh, P("x")))
+        with jax.set_mesh(mesh):
+            same(jax.jit(jax.vmap(c, spmd_axis_name="x"))(xs),
+                 jax.jit(jax.vmap(g, spmd_axis_name="x"))(xs), "spmd vmap")
+            same(jax.jit(jax.vmap(c))(xs), jax.jit(jax.vmap(g))(xs), "plain vmap")
+        # pmap over a component keeps working.
+        same(jax.pmap(c)(jnp.ones((8, 2, 4))), jax.pmap(g)(jnp.ones((8, 2, 4))), "pmap")
+        """
+    )
+
+
+WARM = """
+devices = int(os.environ["XLA_FLAGS"].rsplit("=", 1)[1])
+shape = tuple(int(s) for s in sys.argv[1].split("x")) if len(sys.argv) > 1 else (devices,)
+names = ("x", "y")[: len(shape)]
+spec = P(*names[:1]) if sys.argv[2:] == [] or sys.argv[2] == "rows" else P()
+mesh = auto_mesh(shape, names)
+
+def body(x, w):
+    return jnp.tanh(x @ w) * 2
+
+f = jaxaot.component(body)
+x = jax.device_put(jnp.arange(64.0).reshape(16, 4) / 64, NamedSharding(mesh, spec))
+w = jnp.ones((4, 4)) / 4
+same(f(x, w), jax.jit(body)(x, w), "warm")
+jaxaot.wait_for_writes()
+info = f.cache_info()
+print(f"compiles={info.compiles} lowerings={info.lowerings} hits={info.hits}")
+"""
+
+
+def _counts(out: str) -> dict[str, int]:
+    line = out.strip().splitlines()[-1]
+    return {k: int(v) for k, v in (item.split("=") for item in line.split())}
+
+
+def test_warm_processes_load_only_executables_made_for_their_shardings(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+
+    def run(devices: int, *argv: str) -> dict[str, int]:
+        script = "sys.argv = ['x', " + ", ".join(repr(a) for a in argv) + "]\n" + WARM
+        return _counts(run_devices(script, devices=devices, cache=cache))
+
+    first = run(8, "8", "rows")
+    assert first["compiles"] == 1 and first["lowerings"] == 1, first
+    warm = run(8, "8", "rows")  # same mesh and sharding: load, nothing made
+    assert warm["compiles"] == 0 and warm["lowerings"] == 0 and warm["hits"] >= 1, warm
+    for devices, argv in [(8, ("8", "replicated")), (8, ("2x4", "rows")), (4, ("4", "rows"))]:
+        other = run(devices, *argv)  # another sharding, mesh or device count: a compile
+        assert other["compiles"] == 1, (devices, argv, other)
+
+
+def test_jax_jit_of_components_with_any_shardings() -> None:
+    run_devices(
+        """
+        mesh = auto_mesh((2, 4), ("data", "model"))
+        def layer(p, x):
+            return jnp.tanh(x @ p["w"] + p["b"])
+        block = jaxaot.component(layer)
+        def loss(p, x, body):
+            for _ in range(3):
+                x = body(p, x)
+            return (x ** 2).mean()
+        p = {"w": jnp.ones((8, 8)) / 8, "b": jnp.zeros(8)}
+        x = jnp.arange(128.0).reshape(16, 8) / 128
+        for pspec, xspec in [(P(), P("data")), (P("model"), P("data")), (P(None, "model"), P())]:
+            put = lambda a: jax.device_put(a, NamedSharding(mesh, pspec if a.ndim == 2 else P()))
+            ps = jax.tree_util.tree_map(put, p)
+            xs = jax.device_put(x, NamedSharding(mesh, xspec))
+            # Output shardings pinned as FSDP code pins them: gradients like the parameters.
+            outs = (NamedSharding(mesh, P()), jax.tree_util.tree_map(lambda a: a.sharding, ps))
+            step = lambda body, **kw: jax.jit(
+                jax.value_and_grad(lambda p, x: loss(p, x, body)), **kw)
+            same(step(block, out_shardings=outs)(ps, xs), step(layer, out_shardings=outs)(ps, xs),
+                 f"{pspec} {xspec} pinned")
+            # Unpinned: the same values (XLA picks the shardings of unpinned outputs).
+            got, want = step(block)(ps, xs), step(layer)(ps, xs)
+            for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+                np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+        """,
+    )
