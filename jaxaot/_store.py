@@ -289,6 +289,8 @@ def executable_parts(donate_argnums: tuple[int, ...]) -> tuple[tuple[str, Any], 
         ("device_kind", str(device.device_kind)),
         ("device_count", jax.device_count()),
         ("process_count", jax.process_count()),
+        # An executable is bound to its process's devices: each process has its own.
+        ("process_index", jax.process_index()),
         ("donate_argnums", tuple(donate_argnums)),
         ("xla_flags", os.environ.get("XLA_FLAGS", "")),
         ("libtpu_init_args", os.environ.get("LIBTPU_INIT_ARGS", "")),

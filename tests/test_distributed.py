@@ -171,3 +171,106 @@ def test_waiters_make_the_entry_themselves(
         assert leader["value"] is None
     else:
         np.testing.assert_allclose(leader["value"], expected, rtol=1e-6)
+
+
+SHARDED_WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    import jax
+    jax.config.update("jax_platforms", "cpu")
+    pid, n, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=n, process_id=pid,
+                               initialization_timeout=120)
+    import numpy as np
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+    import jaxaot
+
+    assert jax.device_count() == 8 and jax.local_device_count() == 4
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+    mesh2 = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+
+    def layer(w, x):
+        return jnp.tanh(x @ w)
+
+    block = jaxaot.component(layer)
+
+    def loss(body, w, x):
+        return jnp.mean(body(w, body(w, x)) ** 2)
+
+    def global_array(sharding, value):
+        # Each process holds the rows its devices hold.
+        return jax.make_array_from_callback(value.shape, sharding, lambda idx: value[idx])
+
+    def shards(a):
+        return sorted((str(s.index), np.asarray(s.data).tolist()) for s in a.addressable_shards)
+
+    def same(got, want, what):
+        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            assert g.sharding.is_equivalent_to(w.sharding, g.ndim), (what, g.sharding, w.sharding)
+            for (gi, gv), (wi, wv) in zip(shards(g), shards(w)):
+                assert gi == wi, what
+                np.testing.assert_allclose(gv, wv, rtol=1e-6, atol=1e-6, err_msg=what)
+
+    w_host = np.eye(8, dtype=np.float32) * 0.5 + 0.05
+    x_host = np.arange(128, dtype=np.float32).reshape(16, 8) / 128
+    results = []
+    for name, wsh, xsh in [
+        ("rows", NamedSharding(mesh, P()), NamedSharding(mesh, P("x"))),
+        ("replicated", NamedSharding(mesh, P()), NamedSharding(mesh, P())),
+        ("2d", NamedSharding(mesh2, P(None, "b")), NamedSharding(mesh2, P("a", None))),
+    ]:
+        w, x = global_array(wsh, w_host), global_array(xsh, x_host)
+        same(block(w, x), jax.jit(layer)(w, x), name + " top level")
+        pinned = (NamedSharding(wsh.mesh, P()), wsh)
+        step = lambda body: jax.jit(jax.value_and_grad(lambda w, x: loss(body, w, x)),
+                                    out_shardings=pinned)
+        same(step(block)(w, x), step(layer)(w, x), name + " under jit")
+        results.append(float(step(block)(w, x)[0]))
+    jaxaot.wait_for_writes()
+    info = block.cache_info()
+    print(json.dumps({"pid": pid, "lowerings": info.lowerings, "compiles": info.compiles,
+                      "values": results}))
+    sys.stdout.flush()
+    jax.distributed.shutdown()
+    """
+)
+
+
+def _sharded_job(tmp_path: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    script = tmp_path / "sharded.py"
+    script.write_text(SHARDED_WORKER)
+    port = _free_port()
+    procs = []
+    for pid in range(2):
+        penv = dict(env)
+        penv["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        penv["JAXAOT_CACHE_DIR"] = str(tmp_path / f"cache-{pid}")
+        penv["JAXAOT_DISTRIBUTED_TIMEOUT"] = "120"
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), str(pid), "2", str(port)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=penv,
+            )
+        )
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=400)
+        assert p.returncode == 0, err[-4000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def test_a_two_host_job_on_a_global_mesh(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    cold = _sharded_job(tmp_path, subprocess_env)
+    leader, other = cold
+    assert leader["lowerings"] >= 1 and other["lowerings"] == 0, cold  # one lowering per job
+    assert leader["compiles"] == other["compiles"] == 3, cold  # one per input sharding
+    assert leader["values"] == other["values"], cold
+    warm = _sharded_job(tmp_path, subprocess_env)
+    assert [r["lowerings"] for r in warm] == [0, 0], warm
+    assert [r["compiles"] for r in warm] == [0, 0], warm
+    assert [r["values"] for r in warm] == [leader["values"]] * 2, warm

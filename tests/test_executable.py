@@ -96,6 +96,7 @@ def test_other_xla_flags_are_a_different_executable(
 
 
 def _exe_entries(cache: jaxaot.MemoryCache) -> list[tuple[str, _entry.Entry]]:
+    jaxaot.wait_for_writes()  # a slow compile (a loaded machine) is stored in the background
     out = []
     for k in cache.keys():
         e = _entry.decode(cache.get(k) or b"")
