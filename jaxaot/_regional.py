@@ -21,6 +21,34 @@ the one ``jax.jit`` would give.
 In the steady state, the split program competes with its whole-program form
 (one executable, repeated layers as a loop), compiled in the background once
 the program has run; the faster one runs (``_plan``, ``_whole``).
+
+Sharded programs (an input placed on a mesh or on a device other than the
+default one, or a mesh in context: ``jax.set_mesh``) compile each region for
+the shardings its inputs have: the program's inputs' (after ``in_shardings``),
+then the output shardings of the executables before it, in program order
+(``_chained``). Regions with the same entry or glue and the same input
+shardings share one executable, so the layers of a data-parallel or FSDP model
+compile once, whatever the depth. Executables are keyed by those shardings (in
+this process by the sharding objects and the mesh in context; in the cache by
+their text, ``_sharding.region_sharding_parts``), so one compiled for some
+shardings is never used for others. Compile jobs run in the mesh context of
+the caller. Sharded programs have no whole-program form (see below).
+
+Outputs without ``out_shardings`` have the sharding the executable computing
+them gives them (XLA's propagation within that region). For data-parallel and
+2-D (data x model) steps that is jax.jit's; where jax.jit propagates a
+sharding back from a later use (FSDP gradients returned next to parameters
+updated from them: jax.jit shards them like the parameters, the split returns
+them as the backward executables make them, replicated), pass
+``out_shardings`` and the outputs are moved there.
+
+Multi-process jobs: every process takes the same split-or-fallback decision
+as long as what decides it is the same in all of them: the trace and split
+(the program and its global shardings), and whether each executable compiles
+(the same module and shardings). The one choice made from local measurements,
+whole program or split, is never made for sharded programs. A process whose
+cache or compiler fails where the others' do not would fall back alone; that
+case is not guarded against.
 """
 
 from __future__ import annotations
@@ -849,6 +877,15 @@ def jit(
     loop over one compiled layer) is compiled in the background, kept in the
     cache, and used from then on if it runs faster: small steps then cost what
     one executable costs, not one executable per layer.
+
+    ``in_shardings`` and ``out_shardings`` are those of ``jax.jit`` (shardings,
+    or partition specs under ``jax.set_mesh``, in a pytree prefix of the
+    positional arguments or of the results; ``None``: unconstrained). Inputs
+    are placed as ``jax.jit`` places them (a committed array elsewhere goes to
+    ``jax.jit``, which says what is wrong); results are moved where
+    ``out_shardings`` says. Sharded programs are split too; see the module
+    docstring for the shardings each region is compiled for and for what an
+    output's sharding is without ``out_shardings``.
 
     Example::
 

@@ -683,7 +683,7 @@ def test_sharded_failure_falls_back_to_jax_jit_with_its_shardings(
 
 
 def test_jit_checks_its_shardings() -> None:
-    with pytest.raises(TypeError, match="in_shardings"):
+    with pytest.raises(TypeError, match="in_shardings must hold"):
         jaxaot.jit(lambda x: x, in_shardings=(3,))
-    with pytest.raises(TypeError, match="out_shardings"):
+    with pytest.raises(TypeError, match="out_shardings must hold"):
         jaxaot.jit(lambda x: x, out_shardings="replicated")
