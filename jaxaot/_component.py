@@ -960,15 +960,25 @@ class Component(Generic[P, R]):
 
         return self._store.executable(sig, key, compile, self._code_extra, in_tree), sig
 
-    def _call_executable(self, call: Call) -> Any:
-        """An executable running one entry on its own (for ``jaxaot.jit``):
-        from this process, else loaded from the cache, else compiled and stored."""
+    def _call_executable(self, call: Call, shardings: tuple[Any, ...] | None = None) -> Any:
+        """An executable running one entry on its own (for ``jaxaot.jit``), for
+        inputs with ``shardings`` (``None`` for one that needs none): from this
+        process, else loaded from the cache, else compiled and stored."""
 
         def compile() -> Any:
             sds = [_sds(a) for a in call.entry.in_avals]
+            if shardings is not None:
+                sds = [
+                    s
+                    if sharding is None
+                    else jax.ShapeDtypeStruct(
+                        s.shape, s.dtype, weak_type=s.weak_type, sharding=sharding
+                    )
+                    for s, sharding in zip(sds, shardings, strict=True)
+                ]
             return jax.jit(lambda *a: bind(call, a), keep_unused=True).trace(*sds).lower().compile()
 
-        return self._store.region_executable(call.key, call.entry, compile)
+        return self._store.region_executable(call.key, call.entry, compile, shardings)
 
     def precompile(self, *args: Any, **kwargs: Any) -> Any:
         """Loads (from the cache) or compiles the top-level executable for this

@@ -94,6 +94,7 @@ class Plan:
         delete_after: Sequence[int],
         donated: Sequence[int],
         start_whole: Callable[[], tuple[concurrent.futures.Future[Any], int] | None] | None,
+        out_shardings: Sequence[Any] | None = None,
     ) -> None:
         self.name = name
         self.n_inputs = n_inputs
@@ -105,6 +106,8 @@ class Plan:
         self.out_tree = out_tree
         self.delete_after = list(delete_after)
         self.donated = list(donated)
+        # Per flat output, the sharding ``out_shardings`` asks for (None: as computed).
+        self.out_shardings = None if out_shardings is None else list(out_shardings)
         self.ready = False
         self._fast: list[tuple[Any, Callable[[list[Any]], Sequence[Any]], tuple[int, ...]]] = []
         self._get_out = _getter(self.out_slots)

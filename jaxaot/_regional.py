@@ -21,6 +21,34 @@ the one ``jax.jit`` would give.
 In the steady state, the split program competes with its whole-program form
 (one executable, repeated layers as a loop), compiled in the background once
 the program has run; the faster one runs (``_plan``, ``_whole``).
+
+Sharded programs (an input placed on a mesh or on a device other than the
+default one, or a mesh in context: ``jax.set_mesh``) compile each region for
+the shardings its inputs have: the program's inputs' (after ``in_shardings``),
+then the output shardings of the executables before it, in program order
+(``_chained``). Regions with the same entry or glue and the same input
+shardings share one executable, so the layers of a data-parallel or FSDP model
+compile once, whatever the depth. Executables are keyed by those shardings (in
+this process by the sharding objects and the mesh in context; in the cache by
+their text, ``_sharding.region_sharding_parts``), so one compiled for some
+shardings is never used for others. Compile jobs run in the mesh context of
+the caller. Sharded programs have no whole-program form (see below).
+
+Outputs without ``out_shardings`` have the sharding the executable computing
+them gives them (XLA's propagation within that region). For data-parallel and
+2-D (data x model) steps that is jax.jit's; where jax.jit propagates a
+sharding back from a later use (FSDP gradients returned next to parameters
+updated from them: jax.jit shards them like the parameters, the split returns
+them as the backward executables make them, replicated), pass
+``out_shardings`` and the outputs are moved there.
+
+Multi-process jobs: every process takes the same split-or-fallback decision
+as long as what decides it is the same in all of them: the trace and split
+(the program and its global shardings), and whether each executable compiles
+(the same module and shardings). The one choice made from local measurements,
+whole program or split, is never made for sharded programs. A process whose
+cache or compiler fails where the others' do not would fall back alone; that
+case is not guarded against.
 """
 
 from __future__ import annotations
@@ -38,7 +66,7 @@ from typing import Any
 
 import jax
 
-from . import _component, _entry, _stats, _whole
+from . import _component, _entry, _sharding, _stats, _whole
 from ._config import get_cache
 from ._jaxcompat import (
     CALL_PRIMITIVES,
@@ -95,16 +123,24 @@ def _contains_components_in_params(eqn: Any) -> bool:
 
 
 def _program_key(
-    kind: str, digest: str, avals: Sequence[Any], donate: tuple[int, ...]
+    kind: str,
+    digest: str,
+    avals: Sequence[Any],
+    donate: tuple[int, ...],
+    shardings: tuple[Any, ...] | None = None,
 ) -> ComponentKey:
     parts = _component._base_parts(_component.default_platform())
+    executable = _component._executable_parts(donate)
+    if shardings is not None:  # compiled for these input shardings, under this mesh
+        texts, mesh = _sharding.region_sharding_parts(shardings, [len(a.shape) for a in avals])
+        executable = (*executable, ("input_shardings", texts), ("context_mesh", mesh))
     parts.update(
         component=f"{kind}:{digest}",
         in_tree="",
         static=(),
         args=tuple(aval_str(a.shape, a.dtype, a.weak_type) for a in avals),
         transform=((kind, donate),),
-        executable=_component._executable_parts(donate),
+        executable=executable,
     )
     return ComponentKey(parts)
 
@@ -120,18 +156,26 @@ class _ProgramCache:
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._locks = _stats.KeyedLocks()
-        self._exes: dict[tuple[str, tuple[Any, ...], tuple[int, ...]], Any] = {}
+        self._exes: dict[tuple[Any, ...], Any] = {}
         self.counters = _stats.Counters(parent=_stats.PROCESS)
 
-    def get(self, closed: Any, donate: tuple[int, ...]) -> Any:
-        """The executable of a glue program (a closed jaxpr)."""
+    def get(
+        self,
+        closed: Any,
+        donate: tuple[int, ...],
+        shardings: tuple[Any, ...] | None = None,
+        text: str | None = None,
+    ) -> Any:
+        """The executable of a glue program (a closed jaxpr, whose text is ``text``)
+        for inputs with ``shardings`` (see ``program``)."""
         return self.program(
-            hashlib.sha256(str(closed).encode()).hexdigest(),
+            hashlib.sha256((str(closed) if text is None else text).encode()).hexdigest(),
             tuple(closed.in_avals),
             tuple(closed.out_avals),
             donate,
             jaxpr_as_fun(closed),
             lambda: _has_callbacks(closed),
+            shardings,
         )
 
     def program(
@@ -142,11 +186,20 @@ class _ProgramCache:
         donate: tuple[int, ...],
         fn: Callable[..., Any],
         callbacks: Callable[[], bool],
+        shardings: tuple[Any, ...] | None = None,
     ) -> Any:
         """The executable of ``fn`` (flat arrays to a flat list) at ``avals``, whose
         content ``digest`` names: from this process, else the cache, else compiled
-        (and stored unless it calls back into Python)."""
-        memo_key = (digest, avals, donate)
+        (and stored unless it calls back into Python). ``shardings``: the sharding
+        each input is compiled for (``None``: none needed); all ``None`` outside a
+        mesh, or no ``shardings``, is the unsharded executable."""
+        memo_key: tuple[Any, ...] = (digest, avals, donate)
+        if shardings is not None:
+            context = _sharding.MeshContext()
+            if context.empty and all(s is None for s in shardings):
+                shardings = None
+            else:
+                memo_key = (*memo_key, shardings, context.key())
         exe = self._exes.get(memo_key)
         if exe is not None:
             self.counters.add("hits")
@@ -156,7 +209,7 @@ class _ProgramCache:
             if exe is not None:
                 self.counters.add("hits")
                 return exe
-            key = _program_key(self.kind, digest, avals, donate)
+            key = _program_key(self.kind, digest, avals, donate, shardings)
             cache = get_cache()
             loaded = _component._load_executable(cache, key) if cache is not None else None
             if loaded is not None:
@@ -164,7 +217,10 @@ class _ProgramCache:
                 self.counters.add("hits")
             else:
                 self.counters.add("misses")
-                sds = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+                sds = [
+                    jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
+                    for a, s in zip(avals, shardings or (None,) * len(avals), strict=True)
+                ]
                 exe = (
                     jax.jit(fn, keep_unused=True, donate_argnums=donate)
                     .trace(*sds)
@@ -264,14 +320,23 @@ def _submit_jobs(
     """Starts the jobs (loading or compiling executables), in order, on a pool of
     threads: XLA compiles without holding the GIL, so a block's forward and
     backward executables compile at the same time, and while earlier steps run.
-    Each job sees the caller's context (the cache set by ``using_cache``)."""
+    Each job sees the caller's context (the cache set by ``using_cache``) and
+    mesh (``jax.set_mesh``: JAX keeps it per thread)."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
             workers = max(2, os.cpu_count() or 1)
             _POOL = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="jaxaot-jit")
         pool = _POOL
+    mesh = _sharding.MeshContext()
+    if not mesh.empty:
+        jobs = {k: functools.partial(_with_mesh, mesh, job) for k, job in jobs.items()}
     return {k: pool.submit(contextvars.copy_context().run, job) for k, job in jobs.items()}
+
+
+def _with_mesh(mesh: _sharding.MeshContext, job: Callable[[], Any]) -> Any:
+    with mesh.entered():
+        return job()
 
 
 _AVAL = operator.attrgetter("aval")
@@ -289,6 +354,108 @@ def _avals(leaves: Sequence[Any], arrays: bool) -> tuple[Any, ...]:
 _ARRAY_TYPES = {type(jax.numpy.zeros(()))}
 
 
+_UNSET: Any = object()
+
+
+def _check_shardings(what: str, value: Any) -> None:
+    """``in_shardings``/``out_shardings``: shardings, partition specs or ``None``
+    (unconstrained) in a pytree prefix of the arguments or results."""
+    leaves = jax.tree_util.tree_leaves(value, is_leaf=_is_target)
+    for leaf in leaves:
+        if not _is_target(leaf):
+            raise TypeError(
+                f"jaxaot.jit: {what} must hold jax.sharding.Sharding, PartitionSpec or "
+                f"None leaves, got {type(leaf).__name__}: {leaf!r}"
+            )
+
+
+def _is_target(x: Any) -> bool:
+    return x is None or isinstance(x, jax.sharding.Sharding | jax.sharding.PartitionSpec)
+
+
+def _target(x: Any, what: str) -> Any:
+    if isinstance(x, jax.sharding.PartitionSpec):
+        mesh = jax.sharding.get_mesh()
+        if mesh.empty:
+            raise ValueError(f"jaxaot.jit: a PartitionSpec in {what} needs a mesh (jax.set_mesh)")
+        return jax.sharding.NamedSharding(mesh, x)
+    return x
+
+
+def _flat_targets(prefix: Any, tree: Any, what: str) -> tuple[Any, ...]:
+    """For each leaf of ``tree`` (positional arguments, or results), the sharding a
+    pytree prefix of it gives (``None``: unconstrained). A single sharding (or
+    spec, or ``None``) counts for every leaf, as in ``jax.jit``."""
+    if _is_target(prefix):
+        return (_target(prefix, what),) * len(jax.tree_util.tree_leaves(tree))
+    if isinstance(tree, tuple) and isinstance(prefix, list):
+        prefix = tuple(prefix)
+    leaves, prefix_def = jax.tree_util.tree_flatten(prefix, is_leaf=_is_target)
+    out: list[Any] = []
+    subtrees = prefix_def.flatten_up_to(tree)  # type: ignore[attr-defined]
+    for target, subtree in zip(leaves, subtrees, strict=True):
+        out += [_target(target, what)] * len(jax.tree_util.tree_leaves(subtree))
+    return tuple(out)
+
+
+def _reshard(out: list[Any], targets: Sequence[Any]) -> list[Any]:
+    """``out`` with each array moved to its target sharding where it is elsewhere."""
+    return [
+        x
+        if t is None or not isinstance(x, jax.Array) or x.sharding.is_equivalent_to(t, x.ndim)
+        else jax.device_put(x, t)
+        for x, t in zip(out, targets, strict=True)
+    ]
+
+
+def _entry_for(call: Any, shardings: tuple[Any, ...] | None) -> Any:
+    if shardings is None:
+        return call.component._call_executable(call)
+    return call.component._call_executable(call, shardings)
+
+
+def _glue_for(
+    glue: Any, donate: tuple[int, ...], text: str, shardings: tuple[Any, ...] | None
+) -> Any:
+    return GLUE.get(glue, donate, shardings, text)
+
+
+def _output_shardings(exe: Any) -> list[Any]:
+    return list(jax.tree_util.tree_leaves(exe.output_shardings))
+
+
+def _chained(
+    makers: Sequence[tuple[Callable[[tuple[Any, ...] | None], Any], Any, str]],
+    step_ins: Sequence[tuple[int, ...]],
+    step_outs: Sequence[tuple[int, ...]],
+    known: dict[int, Any],
+) -> list[concurrent.futures.Future[Any]]:
+    """One job per step of a sharded program, started in program order: each
+    compiles (or finds: steps with the same entry or glue and the same input
+    shardings share one executable) its executable for the shardings of its
+    inputs, which are the program's inputs' (``known``, by slot) or the output
+    shardings of the executables of the steps before it (whose jobs it waits for:
+    they were started before it, so none waits for a job that has not started)."""
+    producer: dict[int, tuple[int, int]] = {}
+    futures: list[concurrent.futures.Future[Any]] = []
+
+    def sharding(slot: int) -> Any:
+        if slot in known:
+            return known[slot]
+        k, j = producer[slot]
+        return _sharding.region_sharding(_output_shardings(futures[k].result())[j])
+
+    def job(k: int) -> Any:
+        shardings = tuple(sharding(i) for i in step_ins[k])
+        return makers[k][0](shardings)
+
+    for k, outs in enumerate(step_outs):
+        futures.append(_submit_jobs({k: functools.partial(job, k)})[k])
+        for j, slot in enumerate(outs):
+            producer[slot] = (k, j)
+    return futures
+
+
 class RegionalFunction:
     """A function compiled region by region; see :func:`jit`."""
 
@@ -300,6 +467,8 @@ class RegionalFunction:
         static_argnames: str | Sequence[str] = (),
         donate_argnums: int | Sequence[int] = (),
         whole_program: bool = True,
+        in_shardings: Any = _UNSET,
+        out_shardings: Any = _UNSET,
     ) -> None:
         self.__wrapped__ = fun
         self._static_argnums = (
@@ -312,11 +481,22 @@ class RegionalFunction:
             (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
         )
         self._whole_program = bool(whole_program)
+        placement: dict[str, Any] = {}
+        if in_shardings is not _UNSET:
+            _check_shardings("in_shardings", in_shardings)
+            placement["in_shardings"] = in_shardings
+        if out_shardings is not _UNSET:
+            _check_shardings("out_shardings", out_shardings)
+            placement["out_shardings"] = out_shardings
+        self._in_shardings = in_shardings
+        self._out_shardings = out_shardings
+        self._in_targets: dict[Any, tuple[Any, ...]] = {}
         self._jitted = jax.jit(
             fun,
             static_argnums=self._static_argnums,
             static_argnames=self._static_argnames,
             donate_argnums=self._donate_argnums,
+            **placement,
         )
         self._plans: dict[Any, Plan | None] = {}
         self._lock = threading.Lock()
@@ -356,18 +536,48 @@ class RegionalFunction:
             offset += count
         return leaves, treedef, tuple(statics), donated_leaves
 
+    def _placed(self, leaves: list[Any], treedef: Any) -> list[Any] | None:
+        """The leaves placed as ``in_shardings`` says (as ``jax.jit`` places them:
+        host values and uncommitted arrays are put there); ``None`` where a
+        committed array is elsewhere (``jax.jit`` says what happens then)."""
+        targets = self._in_targets.get(treedef)
+        if targets is None:
+            dyn_args, _ = jax.tree_util.tree_unflatten(treedef, leaves)
+            targets = _flat_targets(self._in_shardings, dyn_args, "in_shardings")
+            targets += (None,) * (len(leaves) - len(targets))  # keyword arguments
+            self._in_targets[treedef] = targets
+        placed = list(leaves)
+        for i, (leaf, target) in enumerate(zip(leaves, targets, strict=True)):
+            if target is None:
+                continue
+            if isinstance(leaf, jax.Array) and leaf.committed:
+                if not leaf.sharding.is_equivalent_to(target, leaf.ndim):
+                    return None
+            else:
+                placed[i] = jax.device_put(leaf, target)
+        return placed
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, treedef, statics, donated = self._dynamic(args, kwargs)
         arrays = set(map(type, leaves)) <= _ARRAY_TYPES  # so no tracer among them
         if not trace_state_clean() or (not arrays and any(isinstance(x, Tracer) for x in leaves)):
             return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
-        sig = (treedef, _avals(leaves, arrays), statics)
+        if self._in_shardings is not _UNSET:
+            try:
+                placed = self._placed(leaves, treedef)
+            except (TypeError, ValueError):  # jax.jit says what is wrong with them
+                placed = None
+            if placed is None:
+                return self._jitted(*args, **kwargs)
+            leaves = placed
+            arrays = set(map(type, leaves)) <= _ARRAY_TYPES
+        sig = self._signature(leaves, treedef, statics, arrays)
         plan = self._plans.get(sig, False)
         if plan is False:
             with self._lock:
                 plan = self._plans.get(sig, False)
                 if plan is False:
-                    plan = self._plan(args, kwargs, donated)
+                    plan = self._plan(args, kwargs, donated, leaves)
                     self._plans[sig] = plan
         if plan is None:
             return self._jitted(*args, **kwargs)
@@ -376,7 +586,19 @@ class RegionalFunction:
         except PlanFailed as e:  # nothing donated yet: jax.jit gives the result
             self._give_up(sig, e)
             return self._jitted(*args, **kwargs)
+        if plan.out_shardings is not None:  # type: ignore[union-attr]
+            out = _reshard(out, plan.out_shardings)  # type: ignore[union-attr]
         return jax.tree_util.tree_unflatten(plan.out_tree, out)  # type: ignore[union-attr]
+
+    @staticmethod
+    def _signature(leaves: Sequence[Any], treedef: Any, statics: Any, arrays: bool) -> Any:
+        """What tells plans apart: the types, shardings and the mesh in context."""
+        if arrays:
+            shardings: tuple[Any, ...] = tuple(map(_SHARDING, leaves))
+        else:
+            shardings = tuple(getattr(x, "sharding", None) for x in leaves)
+        mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
+        return (treedef, _avals(leaves, arrays), statics, shardings, mesh)
 
     def _give_up(self, sig: Any, error: Exception) -> None:
         logger.debug("jaxaot.jit %s: not split (%s); using jax.jit", self.__name__, error)
@@ -387,10 +609,15 @@ class RegionalFunction:
         """Traces, splits and loads or compiles every executable for this signature,
         without running anything; returns when all are ready."""
         leaves, treedef, statics, donated = self._dynamic(args, kwargs)
-        sig = (treedef, _avals(leaves, set(map(type, leaves)) <= _ARRAY_TYPES), statics)
+        if self._in_shardings is not _UNSET:
+            placed = self._placed(leaves, treedef)
+            if placed is None:
+                return
+            leaves = placed
+        sig = self._signature(leaves, treedef, statics, set(map(type, leaves)) <= _ARRAY_TYPES)
         with self._lock:
             if sig not in self._plans:
-                self._plans[sig] = self._plan(args, kwargs, donated)
+                self._plans[sig] = self._plan(args, kwargs, donated, leaves)
             plan = self._plans[sig]
         if plan is not None:
             try:
@@ -399,10 +626,10 @@ class RegionalFunction:
                 self._give_up(sig, e)
 
     def _plan(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int]
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int], leaves: list[Any]
     ) -> Plan | None:
         try:
-            return self._build_plan(args, kwargs, donated)
+            return self._build_plan(args, kwargs, donated, leaves)
         except Exception as e:  # never a wrong result: fall back to jax.jit
             logger.debug(
                 "jaxaot.jit %s: not split (%s: %s); using jax.jit",
@@ -413,9 +640,16 @@ class RegionalFunction:
             return None
 
     def _build_plan(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int]
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int], leaves: list[Any]
     ) -> Plan | None:
-        # Executables that autodiff will surely need start compiling during the trace.
+        # Where each input is: a sharded program (some input placed on a mesh or
+        # another device, or a mesh in context) compiles each region for the
+        # shardings its inputs have, which are known only once the regions before
+        # it are compiled.
+        placements = [_sharding.region_placement(x) for x in leaves]
+        sharded = any(p is not None for p in placements) or not _sharding.MeshContext().empty
+        # Executables that autodiff will surely need start compiling during the trace
+        # (unsharded programs: their input shardings are known before the trace).
         early: dict[Any, concurrent.futures.Future[Any]] = {}
 
         def prefetch(call: Any) -> None:
@@ -423,51 +657,28 @@ class RegionalFunction:
                 job = functools.partial(call.component._call_executable, call)
                 early.update(_submit_jobs({call.key: job}))
 
-        token = PREFETCH.set(prefetch)
+        token = None if sharded else PREFETCH.set(prefetch)
         try:
             traced = self._jitted.trace(*args, **kwargs)
         finally:
-            PREFETCH.reset(token)
+            if token is not None:
+                PREFETCH.reset(token)
         closed = traced.jaxpr
         if not _contains_components(closed.jaxpr):
             logger.debug("jaxaot.jit %s: no component calls; using jax.jit", self.__name__)
             return None
         in_avals = closed.in_avals
+        if len(in_avals) != len(placements):
+            raise ValueError(f"{len(in_avals)} traced inputs for {len(placements)} leaves")
         flat = jax.make_jaxpr(lambda *xs: _eval_inlined(closed.jaxpr, closed.consts, xs))(
-            *[jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in in_avals]
+            *[
+                jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=p)
+                for a, p in zip(in_avals, placements, strict=True)
+            ]
         )
         jaxpr = flat.jaxpr
         donated_vars = {jaxpr.invars[i] for i in donated}
         split, leftover = _split(jaxpr, donated_vars)
-        # What each step runs: one job per distinct entry or glue program.
-        jobs: dict[Any, Callable[[], Any]] = {}
-        step_jobs: list[tuple[Any, str]] = []
-        for kind, eqns, invars, outvars, donate in split:
-            if kind == "component":
-                call = eqns[0].params["call"]
-                job_key: Any = call.key
-                jobs[job_key] = functools.partial(call.component._call_executable, call)
-                step_jobs.append((job_key, call.name))
-            else:
-                glue = ClosedJaxpr(
-                    Jaxpr(
-                        constvars=(),
-                        invars=invars,
-                        outvars=outvars,
-                        eqns=eqns,
-                        effects=join_effects(*(e.effects for e in eqns)),
-                        debug_info=jaxpr.debug_info,
-                    ),
-                    (),
-                )
-                job_key = (str(glue), tuple(glue.in_avals), donate)
-                jobs.setdefault(job_key, functools.partial(GLUE.get, glue, donate))
-                step_jobs.append((job_key, "glue"))
-        futures = {k: f for k, f in early.items() if k in jobs}
-        for k, f in early.items():
-            if k not in jobs:  # autodiff ran under another transformation (vmap of grad)
-                f.cancel()
-        futures.update(_submit_jobs({k: job for k, job in jobs.items() if k not in futures}))
         # Slots: the inputs, then the constants and literals, then what steps compute.
         slots: dict[Any, int] = {v: i for i, v in enumerate(jaxpr.invars)}
         fixed: list[Any] = []
@@ -499,30 +710,78 @@ class RegionalFunction:
                 if not isinstance(v, DropVar) and v not in slots:
                     slots[v] = next_slot
                     next_slot += 1
+        # What each step runs: a component's entry, or a glue program.
+        makers: list[tuple[Callable[[tuple[Any, ...] | None], Any], Any, str]] = []
+        for kind, eqns, invars, outvars, donate in split:
+            if kind == "component":
+                call = eqns[0].params["call"]
+                makers.append((functools.partial(_entry_for, call), call.key, call.name))
+            else:
+                glue = ClosedJaxpr(
+                    Jaxpr(
+                        constvars=(),
+                        invars=invars,
+                        outvars=outvars,
+                        eqns=eqns,
+                        effects=join_effects(*(e.effects for e in eqns)),
+                        debug_info=jaxpr.debug_info,
+                    ),
+                    (),
+                )
+                text = str(glue)
+                makers.append(
+                    (
+                        functools.partial(_glue_for, glue, donate, text),
+                        (text, tuple(glue.in_avals), donate),
+                        "glue",
+                    )
+                )
+        step_ins = [tuple(slot(v) for v in invars) for _, _, invars, _, _ in split]
+        step_outs = [
+            tuple(slot(v) if not isinstance(v, DropVar) else next_slot for v in outvars)
+            for _, _, _, outvars, _ in split
+        ]
+        if sharded:
+            for f in early.values():
+                f.cancel()
+            known = dict(enumerate(placements))
+            for i, value in enumerate(fixed):
+                known[len(placements) + i] = _sharding.region_placement(value)
+            step_futures = _chained(makers, step_ins, step_outs, known)
+        else:
+            # One job per distinct entry or glue program, all started now.
+            jobs: dict[Any, Callable[[], Any]] = {}
+            for make, job_key, _ in makers:
+                jobs.setdefault(job_key, functools.partial(make, None))
+            futures = {k: f for k, f in early.items() if k in jobs}
+            for k, f in early.items():
+                if k not in jobs:  # autodiff ran under another transformation (vmap of grad)
+                    f.cancel()
+            futures.update(_submit_jobs({k: job for k, job in jobs.items() if k not in futures}))
+            step_futures = [futures[job_key] for _, job_key, _ in makers]
         steps = [
-            Step(
-                kind,
-                futures[job_key],
-                tuple(slot(v) for v in invars),
-                tuple(slot(v) if not isinstance(v, DropVar) else next_slot for v in outvars),
-                label,
-                bool(donate),
-            )
-            for (job_key, label), (kind, _, invars, outvars, donate) in zip(
-                step_jobs, split, strict=True
-            )
+            Step(split[k][0], step_futures[k], step_ins[k], step_outs[k], label, bool(split[k][4]))
+            for k, (_, _, label) in enumerate(makers)
         ]
         delete_after = [i for i, v in enumerate(jaxpr.invars) if v in leftover]
         n_comp = sum(s.kind == "component" for s in steps)
         logger.debug(
-            "jaxaot.jit %s: %d component calls, %d glue programs",
+            "jaxaot.jit %s: %d component calls, %d glue programs%s",
             self.__name__,
             n_comp,
             len(steps) - n_comp,
+            " (sharded)" if sharded else "",
         )
         start_whole = None
-        if self._whole_program and not jaxpr.effects:
+        # Sharded programs have no whole-program form: the choice between the two
+        # forms is by local timing, which differs from process to process (their
+        # collectives would diverge), and its executable is compiled unsharded.
+        if self._whole_program and not jaxpr.effects and not sharded:
             start_whole = functools.partial(self._start_whole, jaxpr, tuple(donated))
+        out_shardings = None
+        if self._out_shardings is not _UNSET:
+            outs = jax.tree_util.tree_unflatten(traced.out_tree, list(jaxpr.outvars))
+            out_shardings = list(_flat_targets(self._out_shardings, outs, "out_shardings"))
         return Plan(
             name=self.__name__,
             n_inputs=len(jaxpr.invars),
@@ -535,6 +794,7 @@ class RegionalFunction:
             delete_after=delete_after,
             donated=donated,
             start_whole=start_whole,
+            out_shardings=out_shardings,
         )
 
     def _start_whole(
@@ -603,6 +863,8 @@ def jit(
     static_argnames: str | Sequence[str] = (),
     donate_argnums: int | Sequence[int] = (),
     whole_program: bool = True,
+    in_shardings: Any = _UNSET,
+    out_shardings: Any = _UNSET,
 ) -> Any:
     """Like ``jax.jit``, for programs that call components: each component is
     compiled once per signature (and per derived transformation) instead of
@@ -615,6 +877,15 @@ def jit(
     loop over one compiled layer) is compiled in the background, kept in the
     cache, and used from then on if it runs faster: small steps then cost what
     one executable costs, not one executable per layer.
+
+    ``in_shardings`` and ``out_shardings`` are those of ``jax.jit`` (shardings,
+    or partition specs under ``jax.set_mesh``, in a pytree prefix of the
+    positional arguments or of the results; ``None``: unconstrained). Inputs
+    are placed as ``jax.jit`` places them (a committed array elsewhere goes to
+    ``jax.jit``, which says what is wrong); results are moved where
+    ``out_shardings`` says. Sharded programs are split too; see the module
+    docstring for the shardings each region is compiled for and for what an
+    output's sharding is without ``out_shardings``.
 
     Example::
 
@@ -631,6 +902,8 @@ def jit(
             static_argnames=static_argnames,
             donate_argnums=donate_argnums,
             whole_program=whole_program,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
         )
 
     return wrap if fun is None else wrap(fun)

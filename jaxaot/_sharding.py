@@ -15,12 +15,23 @@ tables:
   is committed and its concrete sharding (or that it is a host value);
 * :func:`context_mesh_parts`: the mesh a program is traced under
   (``jax.set_mesh``, ``use_abstract_mesh``).
+
+For ``jaxaot.jit``, whose regions (component calls, glue) are compiled one by
+one for the shardings their inputs have:
+
+* :func:`region_sharding` / :func:`region_placement`: the sharding a region is
+  compiled for, ``None`` for what needs none (host values, uncommitted arrays,
+  arrays on the default device);
+* :func:`region_sharding_parts`: those shardings, and the mesh in context, as
+  key text;
+* :class:`MeshContext`: the mesh in context, carried into other threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -29,6 +40,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Shard
 
 __all__ = [
     "concrete_mesh",
+    "MeshContext",
     "context_mesh_parts",
     "input_sharding_parts",
     "input_sharding_sig",
@@ -36,6 +48,9 @@ __all__ = [
     "mesh_text",
     "needs_plain_jax",
     "sharded_type",
+    "region_placement",
+    "region_sharding",
+    "region_sharding_parts",
     "sharding_text",
     "spec_text",
     "value_text",
@@ -258,3 +273,90 @@ def needs_plain_jax(closed: Any) -> str | None:
             if any(sharded_type(getattr(v, "aval", None)) for v in eqn.outvars):
                 return "sharded types"
     return None
+
+
+# -- regions of a split program (jaxaot.jit) ----------------------------------------------
+
+
+def _default_device() -> Any:
+    if jax.config.read("jax_default_device") is not None:
+        return None  # placed by configuration: every sharding counts as given
+    return jax.local_devices()[0]
+
+
+def _default_memory(device: Any) -> str | None:
+    try:
+        return str(device.default_memory().kind)
+    except Exception:  # a backend without memory kinds
+        return None
+
+
+def region_sharding(sharding: Any) -> Any:
+    """The sharding a region's input is compiled for: ``None`` (compiled as
+    ``jax.jit`` compiles an unplaced input) for a single-device sharding on the
+    default device in its default memory, else ``sharding`` itself."""
+    if sharding is None:
+        return None
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        (device,) = tuple(sharding.device_set)
+        if device == _default_device() and sharding.memory_kind in (None, _default_memory(device)):
+            return None
+    return sharding
+
+
+def region_placement(value: Any) -> Any:
+    """What :func:`region_sharding` gives for a value: ``None`` for host values
+    (NumPy arrays, Python scalars) and uncommitted arrays (placed by the call that
+    takes them), else its sharding's."""
+    if not isinstance(value, jax.Array):
+        return None
+    try:
+        if not value.committed:
+            return None
+        return region_sharding(value.sharding)
+    except Exception:  # a deleted or otherwise unusual array: placed by the call
+        return None
+
+
+def region_sharding_parts(
+    shardings: Sequence[Any], ndims: Sequence[int]
+) -> tuple[tuple[str, ...], tuple[str, str]]:
+    """Key text of a region's input shardings (``default`` for ``None``), and of
+    the mesh in context."""
+    texts = tuple(
+        "default" if s is None else sharding_text(s, n)
+        for s, n in zip(shardings, ndims, strict=True)
+    )
+    return texts, context_mesh_parts()
+
+
+class MeshContext:
+    """The mesh in context (``jax.set_mesh``, ``use_abstract_mesh``) where it is
+    made, to enter in another thread: JAX keeps it per thread."""
+
+    __slots__ = ("abstract", "concrete")
+
+    def __init__(self) -> None:
+        self.abstract = jax.sharding.get_abstract_mesh()
+        try:
+            self.concrete = jax.sharding.get_mesh()
+        except ValueError:  # inside a trace, which sees the abstract mesh only
+            self.concrete = Mesh(np.empty((), dtype=object), ())
+
+    @property
+    def empty(self) -> bool:
+        return bool(self.abstract.empty) and bool(self.concrete.empty)
+
+    def key(self) -> tuple[Any, Any]:
+        """Hashable, for in-process tables."""
+        return (self.abstract, self.concrete)
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """Makes this the mesh in context of the calling thread, for the block."""
+        with contextlib.ExitStack() as stack:
+            if not self.concrete.empty:
+                stack.enter_context(jax.set_mesh(self.concrete))
+            if not self.abstract.empty and self.abstract != jax.sharding.get_abstract_mesh():
+                stack.enter_context(jax.sharding.use_abstract_mesh(self.abstract))
+            yield

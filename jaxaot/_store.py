@@ -57,7 +57,7 @@ class Store:
         self.entries: dict[ComponentKey, Entry] = {}
         self.executables: dict[Hashable, Any] = {}
         self.costs: dict[Hashable, dict[str, float] | None] = {}
-        self.region_executables: dict[ComponentKey, Any] = {}
+        self.region_executables: dict[Any, Any] = {}
         self.region_locks = _stats.KeyedLocks()
 
     def clear(self) -> None:
@@ -183,20 +183,41 @@ class Store:
             self.executables[sig] = exe
             return exe
 
-    def region_executable(self, key: ComponentKey, entry: Entry, compile: Callable[[], Any]) -> Any:
-        """An executable running one entry on flat arrays (for ``jaxaot.jit``)."""
-        exe = self.region_executables.get(key)
+    def region_executable(
+        self,
+        key: ComponentKey,
+        entry: Entry,
+        compile: Callable[[], Any],
+        shardings: tuple[Any, ...] | None = None,
+    ) -> Any:
+        """An executable running one entry on flat arrays (for ``jaxaot.jit``),
+        compiled for the input ``shardings`` (``None`` for each input that needs
+        none; all ``None``, or no ``shardings``, outside a mesh: the unsharded
+        executable). One per entry and shardings, in this process and in the cache:
+        one compiled for some shardings is never loaded for others."""
+        from ._sharding import MeshContext, region_sharding_parts
+
+        memo: Any = key
+        parts = (*executable_parts(()), ("calling_convention", "flat"))
+        if shardings is not None:
+            context = MeshContext()
+            if not context.empty or any(s is not None for s in shardings):
+                memo = (key, shardings, context.key())
+                texts, mesh = region_sharding_parts(
+                    shardings, [len(a.shape) for a in entry.in_avals]
+                )
+                parts = (*parts, ("input_shardings", texts), ("context_mesh", mesh))
+        exe = self.region_executables.get(memo)
         if exe is not None:
             return exe
         # One lock per entry, so that jaxaot.jit compiles different entries of one
         # component (its forward and its backward) at the same time.
-        with self.region_locks(key):
-            exe = self.region_executables.get(key)
+        with self.region_locks(memo):
+            exe = self.region_executables.get(memo)
             if exe is not None:
                 return exe
             # Not the top-level executable of the same entry: that one takes the
             # call's pytrees, this one flat arrays.
-            parts = (*executable_parts(()), ("calling_convention", "flat"))
             exe_key = key.replace(executable=parts)
             cache = get_cache()
             loaded = load_executable(cache, exe_key) if cache is not None else None
@@ -209,7 +230,7 @@ class Store:
                 self.counters.add("compiles")
                 if cache is not None and not entry.host_callbacks:
                     store_executable(cache, exe_key, entry, exe, cost_dict(exe))
-            self.region_executables[key] = exe
+            self.region_executables[memo] = exe
             return exe
 
 

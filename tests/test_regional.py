@@ -612,3 +612,78 @@ def test_no_whole_program_when_it_would_still_be_long(
     (plan,) = grad._plans.values()
     assert plan.whole is None and plan.mode == _plan.SPLIT
     assert any("no whole program" in r.getMessage() for r in caplog.records)
+
+
+# -- sharded programs (8 simulated CPU devices, in a fresh interpreter) --------------------
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every scenario of ``_sharded_worker`` run in one subprocess that sets the
+    device count before importing JAX; per scenario, its counts or its traceback."""
+    tmp = tmp_path_factory.mktemp("sharded")
+    env = dict(os.environ)
+    env["JAXAOT_CACHE_DIR"] = str(tmp / "cache")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]
+    )
+    env["JAX_PLATFORMS"] = "cpu"
+    worker = Path(__file__).with_name("_sharded_worker.py")
+    proc = subprocess.run(
+        [sys.executable, str(worker)], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _scenario(results: dict[str, Any], name: str) -> Any:
+    outcome = results[name]
+    assert outcome["ok"], outcome["error"]
+    return outcome["result"]
+
+
+def test_sharded_data_parallel_train_step_compiles_each_block_once(
+    sharded: dict[str, Any],
+) -> None:
+    """Batch sharded, parameters replicated: values, gradients and output shardings
+    are jax.jit's, and the block's executables compile once whatever the depth."""
+    compiles = _scenario(sharded, "data_parallel")["compiles"]
+    assert compiles["1"] == compiles["3"] > 0
+
+
+def test_sharded_fsdp_parameters(sharded: dict[str, Any]) -> None:
+    assert _scenario(sharded, "fsdp")["compiles"] > 0
+
+
+def test_sharded_2d_mesh(sharded: dict[str, Any]) -> None:
+    assert _scenario(sharded, "mesh_2d")["compiles"] > 0
+
+
+def test_sharded_shard_map_component_under_two_meshes(sharded: dict[str, Any]) -> None:
+    values = _scenario(sharded, "shard_map_component")["values"]
+    assert values["(8,)"] != values["(2, 4)"]  # the psum ran over 8 devices, then over 2
+
+
+def test_sharded_in_and_out_shardings(sharded: dict[str, Any]) -> None:
+    _scenario(sharded, "in_out_shardings")
+
+
+def test_sharded_donation(sharded: dict[str, Any]) -> None:
+    _scenario(sharded, "donation")
+
+
+def test_sharded_inside_set_mesh(sharded: dict[str, Any]) -> None:
+    _scenario(sharded, "set_mesh")
+
+
+def test_sharded_failure_falls_back_to_jax_jit_with_its_shardings(
+    sharded: dict[str, Any],
+) -> None:
+    assert _scenario(sharded, "fallback")["fell_back"]
+
+
+def test_jit_checks_its_shardings() -> None:
+    with pytest.raises(TypeError, match="in_shardings must hold"):
+        jaxaot.jit(lambda x: x, in_shardings=(3,))
+    with pytest.raises(TypeError, match="out_shardings must hold"):
+        jaxaot.jit(lambda x: x, out_shardings="replicated")
