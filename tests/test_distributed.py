@@ -226,11 +226,14 @@ SHARDED_WORKER = textwrap.dedent(
         step = lambda body: jax.jit(jax.value_and_grad(lambda w, x: loss(body, w, x)),
                                     out_shardings=pinned)
         same(step(block)(w, x), step(layer)(w, x), name + " under jit")
+        regional = jaxaot.jit(jax.value_and_grad(lambda w, x: loss(block, w, x)),
+                              out_shardings=pinned)
+        same(regional(w, x), step(layer)(w, x), name + " in jaxaot.jit")
         results.append(float(step(block)(w, x)[0]))
     jaxaot.wait_for_writes()
     info = block.cache_info()
     print(json.dumps({"pid": pid, "lowerings": info.lowerings, "compiles": info.compiles,
-                      "values": results}))
+                      "values": results, "job": jaxaot.stats()}))
     sys.stdout.flush()
     jax.distributed.shutdown()
     """
@@ -268,7 +271,9 @@ def test_a_two_host_job_on_a_global_mesh(tmp_path: Path, subprocess_env: dict[st
     cold = _sharded_job(tmp_path, subprocess_env)
     leader, other = cold
     assert leader["lowerings"] >= 1 and other["lowerings"] == 0, cold  # one lowering per job
-    assert leader["compiles"] == other["compiles"] == 3, cold  # one per input sharding
+    # Top level: one executable per input sharding; jaxaot.jit: the block's
+    # forward and backward, per sharding. Every process compiles the same.
+    assert leader["compiles"] == other["compiles"] > 3, cold
     assert leader["values"] == other["values"], cold
     warm = _sharded_job(tmp_path, subprocess_env)
     assert [r["lowerings"] for r in warm] == [0, 0], warm
