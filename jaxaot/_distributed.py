@@ -20,6 +20,7 @@ unverified bytes.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Callable
@@ -125,3 +126,41 @@ def _publish(client: Any, key: str, blob: bytes) -> None:
         client.key_value_set_bytes(key, blob)
     except Exception as e:  # the others will time out and make it themselves
         logger.debug("jaxaot: could not publish %s: %s", key, e)
+
+
+_decisions = itertools.count()
+
+
+def next_decision() -> int:
+    """A number for the next decision every process of an SPMD job takes in the
+    same order (each process counts its own; they agree because they run the
+    same program)."""
+    return next(_decisions)
+
+
+def agree(name: str, ok: bool) -> bool:
+    """Whether every process of the job says ``ok`` to decision ``name``: each
+    publishes its own answer and reads the others'. A process that does not
+    answer within ``JAXAOT_DISTRIBUTED_TIMEOUT`` counts as a no. Outside a
+    multi-process job this is ``ok``."""
+    client = _client()
+    if client is None:
+        return ok
+    import jax
+
+    base = f"{_PREFIX}/agree/{name}"
+    _publish(client, f"{base}/{jax.process_index()}", b"1" if ok else b"0")
+    timeout_ms = int(timeout_seconds() * 1000)
+    answers = []
+    for pid in range(jax.process_count()):
+        try:
+            answers.append(bytes(client.blocking_key_value_get_bytes(f"{base}/{pid}", timeout_ms)))
+        except Exception as e:
+            logger.warning(
+                "jaxaot: process %d did not answer decision %s (%s); deciding no",
+                pid,
+                name,
+                type(e).__name__,
+            )
+            return False
+    return all(a == b"1" for a in answers)

@@ -66,7 +66,7 @@ from typing import Any
 
 import jax
 
-from . import _component, _entry, _sharding, _stats, _whole
+from . import _component, _distributed, _entry, _sharding, _stats, _whole
 from ._config import get_cache
 from ._jaxcompat import (
     CALL_PRIMITIVES,
@@ -578,6 +578,7 @@ class RegionalFunction:
                 plan = self._plans.get(sig, False)
                 if plan is False:
                     plan = self._plan(args, kwargs, donated, leaves)
+                    plan = self._agreed(plan)
                     self._plans[sig] = plan
         if plan is None:
             return self._jitted(*args, **kwargs)
@@ -600,6 +601,26 @@ class RegionalFunction:
         mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
         return (treedef, _avals(leaves, arrays), statics, shardings, mesh)
 
+    def _agreed(self, plan: Plan | None) -> Plan | None:
+        """In a multi-process job, the plan if every process could split the program
+        and make every executable, else ``None`` in every process (so that all run
+        ``jax.jit`` and their collectives match). The first call then waits for
+        all executables before it runs. Elsewhere, ``plan``."""
+        if jax.process_count() <= 1:
+            return plan
+        ok = plan is not None
+        if plan is not None:
+            try:
+                plan.wait()
+            except PlanFailed as e:
+                logger.debug("jaxaot.jit %s: not split here (%s)", self.__name__, e)
+                ok = False
+        decision = f"jit:{self.__name__}:{_distributed.next_decision()}"
+        if not _distributed.agree(decision, ok):
+            logger.debug("jaxaot.jit %s: not split in every process; using jax.jit", self.__name__)
+            return None
+        return plan
+
     def _give_up(self, sig: Any, error: Exception) -> None:
         logger.debug("jaxaot.jit %s: not split (%s); using jax.jit", self.__name__, error)
         with self._lock:
@@ -617,7 +638,7 @@ class RegionalFunction:
         sig = self._signature(leaves, treedef, statics, set(map(type, leaves)) <= _ARRAY_TYPES)
         with self._lock:
             if sig not in self._plans:
-                self._plans[sig] = self._plan(args, kwargs, donated, leaves)
+                self._plans[sig] = self._agreed(self._plan(args, kwargs, donated, leaves))
             plan = self._plans[sig]
         if plan is not None:
             try:

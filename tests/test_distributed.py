@@ -214,7 +214,7 @@ SHARDED_WORKER = textwrap.dedent(
 
     w_host = np.eye(8, dtype=np.float32) * 0.5 + 0.05
     x_host = np.arange(128, dtype=np.float32).reshape(16, 8) / 128
-    results = []
+    results, split = [], []
     for name, wsh, xsh in [
         ("rows", NamedSharding(mesh, P()), NamedSharding(mesh, P("x"))),
         ("replicated", NamedSharding(mesh, P()), NamedSharding(mesh, P())),
@@ -229,20 +229,23 @@ SHARDED_WORKER = textwrap.dedent(
         regional = jaxaot.jit(jax.value_and_grad(lambda w, x: loss(block, w, x)),
                               out_shardings=pinned)
         same(regional(w, x), step(layer)(w, x), name + " in jaxaot.jit")
+        split.append(all(plan is not None for plan in regional._plans.values()))
         results.append(float(step(block)(w, x)[0]))
     jaxaot.wait_for_writes()
     info = block.cache_info()
     print(json.dumps({"pid": pid, "lowerings": info.lowerings, "compiles": info.compiles,
-                      "values": results, "job": jaxaot.stats()}))
+                      "values": results, "split": split}))
     sys.stdout.flush()
     jax.distributed.shutdown()
     """
 )
 
 
-def _sharded_job(tmp_path: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+def _sharded_job(
+    tmp_path: Path, env: dict[str, str], worker: str = SHARDED_WORKER
+) -> list[dict[str, Any]]:
     script = tmp_path / "sharded.py"
-    script.write_text(SHARDED_WORKER)
+    script.write_text(worker)
     port = _free_port()
     procs = []
     for pid in range(2):
@@ -275,7 +278,37 @@ def test_a_two_host_job_on_a_global_mesh(tmp_path: Path, subprocess_env: dict[st
     # forward and backward, per sharding. Every process compiles the same.
     assert leader["compiles"] == other["compiles"] > 3, cold
     assert leader["values"] == other["values"], cold
+    assert leader["split"] == other["split"] == [True] * 3, cold  # split, not fallen back
     warm = _sharded_job(tmp_path, subprocess_env)
     assert [r["lowerings"] for r in warm] == [0, 0], warm
     assert [r["compiles"] for r in warm] == [0, 0], warm
     assert [r["values"] for r in warm] == [leader["values"]] * 2, warm
+
+
+# Process 1 cannot make one of jaxaot.jit's executables (its compiler fails
+# where process 0's does not): both processes must run jax.jit, or their
+# collectives would not match.
+DIVERGING_WORKER = SHARDED_WORKER.replace(
+    "import jaxaot\n",
+    textwrap.dedent(
+        """
+        import jaxaot
+        from jaxaot import _component
+        if pid == 1:
+            def _fails(self, *a, **k):
+                raise RuntimeError("this process cannot compile")
+            _component.Component._call_executable = _fails
+        """
+    ),
+    1,
+)
+
+
+def test_every_process_takes_the_same_split_or_fallback_decision(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    assert DIVERGING_WORKER != SHARDED_WORKER
+    env = dict(subprocess_env, JAXAOT_DISTRIBUTED_TIMEOUT="60")
+    leader, other = _sharded_job(tmp_path, env, DIVERGING_WORKER)
+    assert leader["values"] == other["values"]
+    assert leader["split"] == other["split"] == [False] * 3, (leader, other)
