@@ -53,15 +53,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _job(tmp_path: Path, env: dict[str, str], n: int = 4) -> list[dict[str, Any]]:
+def _job(
+    tmp_path: Path,
+    env: dict[str, str],
+    n: int = 4,
+    worker: str = WORKER,
+    devices: int | None = None,
+    timeout: float = 300,
+) -> list[dict[str, Any]]:
+    """Runs ``worker`` as an ``n``-process job (each with ``devices`` CPU devices
+    and a cold cache of its own); each process's last line of output, as JSON."""
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(worker)
     port = _free_port()
     procs = []
     for pid in range(n):
         penv = dict(env)
         penv["JAXAOT_CACHE_DIR"] = str(tmp_path / f"cache-{pid}")  # a cold cache per process
-        penv["JAXAOT_DISTRIBUTED_TIMEOUT"] = "120"
+        penv.setdefault("JAXAOT_DISTRIBUTED_TIMEOUT", "120")
+        if devices is not None:
+            penv["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(script), str(pid), str(n), str(port)],
@@ -73,8 +84,8 @@ def _job(tmp_path: Path, env: dict[str, str], n: int = 4) -> list[dict[str, Any]
         )
     results = []
     for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, err[-4000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
     return results
 
@@ -244,30 +255,8 @@ SHARDED_WORKER = textwrap.dedent(
 def _sharded_job(
     tmp_path: Path, env: dict[str, str], worker: str = SHARDED_WORKER
 ) -> list[dict[str, Any]]:
-    script = tmp_path / "sharded.py"
-    script.write_text(worker)
-    port = _free_port()
-    procs = []
-    for pid in range(2):
-        penv = dict(env)
-        penv["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-        penv["JAXAOT_CACHE_DIR"] = str(tmp_path / f"cache-{pid}")
-        penv["JAXAOT_DISTRIBUTED_TIMEOUT"] = "120"
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(script), str(pid), "2", str(port)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=penv,
-            )
-        )
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=400)
-        assert p.returncode == 0, err[-4000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+    """Two processes with 4 CPU devices each: a global mesh of 8."""
+    return _job(tmp_path, env, n=2, worker=worker, devices=4, timeout=400)
 
 
 def test_a_two_host_job_on_a_global_mesh(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
