@@ -32,6 +32,7 @@ import numpy as np
 
 from . import _entry, _stats
 from ._entry import Entry
+from ._inline import needs_plain_jax, sharded_type
 from ._jaxcompat import (
     ShapedArray,
     Tracer,
@@ -71,8 +72,6 @@ from ._sharding import (
     input_sharding_parts,
     input_sharding_sig,
     mesh_text,
-    needs_plain_jax,
-    sharded_type,
     spec_text,
 )
 from ._store import (

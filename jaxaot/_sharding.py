@@ -46,8 +46,6 @@ __all__ = [
     "input_sharding_sig",
     "is_sharding_value",
     "mesh_text",
-    "needs_plain_jax",
-    "sharded_type",
     "region_placement",
     "region_sharding",
     "region_sharding_parts",
@@ -214,65 +212,6 @@ def input_sharding_parts(leaves: Sequence[Any]) -> tuple[str, ...]:
         else:
             parts.append(str(placed))
     return tuple(parts)
-
-
-# ----------------------------------------------------------------------------
-# Programs whose meaning depends on shardings: served as plain JAX.
-
-
-def sharded_type(aval: Any) -> bool:
-    """Whether a type carries a sharding (explicit mesh axes: ``f32[8@x]``), or
-    unreduced/reduced axes: what JAX checks types by."""
-    sharding = getattr(aval, "sharding", None)
-    spec = getattr(sharding, "spec", None)
-    if spec is None:
-        return False
-    return any(e is not None for e in tuple(spec)) or bool(
-        getattr(spec, "unreduced", None) or getattr(spec, "reduced", None)
-    )
-
-
-def _concrete(value: Any) -> bool:
-    """A value naming devices: a concrete mesh or a sharding over one."""
-    if isinstance(value, Mesh):
-        return not value.empty
-    if isinstance(value, NamedSharding):
-        return isinstance(value.mesh, Mesh) and not value.mesh.empty
-    return isinstance(value, Sharding)
-
-
-def _names_devices(eqn: Any) -> bool:
-    for value in eqn.params.values():
-        items = value if isinstance(value, list | tuple) else (value,)
-        if any(_concrete(v) for v in items):
-            return True
-    return False
-
-
-def needs_plain_jax(closed: Any) -> str | None:
-    """Why a traced program has to be served as plain JAX (inlined into the caller,
-    or compiled as ``jax.jit`` compiles it), or ``None``.
-
-    * Its types carry shardings (explicit mesh axes): a cached entry's types
-      would lose them, and with them output shardings, cotangent types and what
-      ``jax.typeof(x).sharding`` tells the body.
-    * It names devices (``with_sharding_constraint`` or ``device_put`` with a
-      concrete sharding, ``shard_map`` over a concrete mesh): which devices a
-      computation runs on is decided from everything it contains, and a cached
-      entry hides its contents from that decision.
-    """
-    from ._program import walk_jaxprs
-
-    for jaxpr in walk_jaxprs(closed):
-        for v in (*jaxpr.invars, *jaxpr.outvars):
-            if sharded_type(getattr(v, "aval", None)):
-                return "sharded types"
-        for eqn in jaxpr.eqns:
-            if _names_devices(eqn):
-                return f"{eqn.primitive.name} names devices"
-            if any(sharded_type(getattr(v, "aval", None)) for v in eqn.outvars):
-                return "sharded types"
-    return None
 
 
 # -- regions of a split program (jaxaot.jit) ----------------------------------------------

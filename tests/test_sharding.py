@@ -125,15 +125,6 @@ def test_a_closed_over_mesh_is_a_value_for_explicit_keys() -> None:
     assert jnp.array_equal(double(jnp.arange(3.0)), jnp.arange(3.0) * 2)
 
 
-def test_programs_with_sharded_types_or_named_devices_are_told() -> None:
-    mesh = _mesh1("x")
-    named = jax.sharding.NamedSharding(mesh, P("x"))
-    plain = jax.make_jaxpr(lambda x: x * 2)(jnp.ones(2))
-    assert _sharding.needs_plain_jax(plain) is None
-    constrained = jax.make_jaxpr(lambda x: jax.lax.with_sharding_constraint(x, named))(jnp.ones(2))
-    assert _sharding.needs_plain_jax(constrained) is not None
-
-
 # -- many devices ----------------------------------------------------------------------
 
 
