@@ -95,6 +95,7 @@ class Plan:
         donated: Sequence[int],
         start_whole: Callable[[], tuple[concurrent.futures.Future[Any], int] | None] | None,
         out_shardings: Sequence[Any] | None = None,
+        in_flight: int | None = None,
     ) -> None:
         self.name = name
         self.n_inputs = n_inputs
@@ -109,6 +110,8 @@ class Plan:
         # Per flat output, the sharding ``out_shardings`` asks for (None: as computed).
         self.out_shardings = None if out_shardings is None else list(out_shardings)
         self.ready = False
+        # At most this many steps queued before waiting for the oldest (None: no limit).
+        self.in_flight = in_flight
         self._fast: list[tuple[Any, Callable[[list[Any]], Sequence[Any]], tuple[int, ...]]] = []
         self._get_out = _getter(self.out_slots)
         # The steady state: which form runs, and what was measured to choose it.
@@ -138,7 +141,9 @@ class Plan:
     def run(self, leaves: Sequence[Any]) -> list[Any]:
         """Runs the split program; its flat outputs."""
         env = self._env(leaves)
-        if self.ready:
+        if self.in_flight is not None:
+            self._run_bounded(env, self.in_flight)
+        elif self.ready:
             for exe, get, outs in self._fast:
                 for slot, value in zip(outs, exe(*get(env)), strict=True):
                     env[slot] = value
@@ -155,6 +160,21 @@ class Plan:
             self.wait()
             _delete(leaves, self.delete_after, out)
         return out
+
+    def _run_bounded(self, env: list[Any], limit: int) -> None:
+        """The steps, with at most ``limit`` of them queued: before running a step,
+        waits for the outputs of the one ``limit`` steps back."""
+        queued: list[Sequence[Any]] = []
+        for step in self.steps:
+            if step.donates:
+                self.wait()
+            if len(queued) >= limit:
+                jax.block_until_ready(queued.pop(0))
+            results = step.executable()(*[env[i] for i in step.ins])
+            for slot, value in zip(step.outs, results, strict=True):
+                env[slot] = value
+            queued.append(results)
+        self.wait()
 
     # -- the whole program and the choice -------------------------------------
 

@@ -816,6 +816,7 @@ class RegionalFunction:
             donated=donated,
             start_whole=start_whole,
             out_shardings=out_shardings,
+            in_flight=_in_flight_limit() if sharded else None,
         )
 
     def _start_whole(
@@ -867,6 +868,24 @@ _BACKGROUND: list[concurrent.futures.Future[Any]] = []
 # repeated layers are loops is not made: unrolled, it would compile for as long
 # as jax.jit does (what the split program is there to avoid).
 MAX_WHOLE_CALLS = 16
+
+
+def _in_flight_limit() -> int | None:
+    """How many multi-device executables a sharded split program may have queued
+    before it waits for the oldest: XLA:CPU runs every simulated device's part of
+    each queued collective on one shared thread pool, and with many executables in
+    flight a collective can miss its rendezvous (XLA then ends the process). Other
+    backends queue without limit. ``JAXAOT_IN_FLIGHT`` overrides (0: no limit)."""
+    text = os.environ.get("JAXAOT_IN_FLIGHT", "").strip()
+    if text:
+        try:
+            limit = int(text)
+        except ValueError:
+            raise ValueError(f"JAXAOT_IN_FLIGHT must be an integer, got {text!r}") from None
+        return limit or None
+    if jax.default_backend() == "cpu" and jax.local_device_count() > 1:
+        return 8
+    return None
 
 
 def wait_for_background() -> None:
