@@ -1,36 +1,170 @@
-"""``jaxaot bench``: both suites end to end on a tiny model (tables, JSON, plots)."""
+"""``jaxaot bench``: both suites on a tiny model (tables, ratios, JSON, plots), and every
+contender's worker on the installed JAX."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from jaxaot import _bench
 from jaxaot.cli import main
 
+# ``jaxaot bench`` runs every contender in a fresh process (about 10 s each on 2 CPUs,
+# 18 for ``bench all``). The tests check the same things for far less: the command's
+# machinery (preparations, tables, ratios, JSON, plots) over every contender with
+# workers that return made-up timings; one real worker through the command; and every
+# worker branch on the installed JAX in two processes (cold, then warm).
 
-def test_bench_all_on_a_tiny_model(
+#: Made-up first results: the ratios the tables must print follow from them.
+FIRST = {
+    "jit_cold": 2.0,
+    "jit_components_cold": 2.2,
+    "pcc_cold": 2.1,
+    "pcc_warm": 1.2,
+    "export_warm": 0.9,
+    "jaxaot_cold": 3.0,
+    "jaxaot_warm": 0.6,
+    "limit": 0.3,
+    "scan_cold": 4.0,
+    "noinline_cold": 5.0,
+    "regional_cold": 2.0,
+    "regional_warm": 0.25,
+}
+
+
+def _fake_worker(calls: list[tuple[str, int, Path]]) -> object:
+    """Stands in for ``_bench._run_worker``: records the call, returns a worker's row."""
+
+    def run(contender: str, layers: int, work: Path, repeats: int) -> dict[str, object]:
+        calls.append((contender, layers, work))
+        row: dict[str, object] = {"contender": contender, "layers": layers, "import": 0.5}
+        row.update({p: None for p in _bench.PHASES})
+        if contender.endswith("_prepare"):
+            row["first_result"] = 0.0
+            return row
+        row["trace"] = row["first_result"] = FIRST[contender]
+        # Steady steps: jit with components 1.1x plain jit's; jaxaot.jit's 0.8x scan's.
+        row["steady"] = {"jit_components_cold": 0.011, "regional_cold": 0.008}.get(contender, 0.010)
+        if contender == "regional_cold":
+            row.update(mode="whole", steps=3, whole_calls=1, settle=0.5)
+            row.update(steady_split=0.009, steady_whole=0.008)
+        return row
+
+    return run
+
+
+def test_bench_all_writes_tables_ratios_json_and_plots(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("JAXAOT_BENCH_SHAPE", "2,8,16")
+    calls: list[tuple[str, int, Path]] = []
+    monkeypatch.setattr(_bench, "_run_worker", _fake_worker(calls))
     out = tmp_path / "out"
-    assert main(["bench", "all", "--layers", "2", "--repeats", "1", "--out", str(out)]) == 0
+    argv = ["bench", "all", "--layers", "2", "3", "--repeats", "1", "--out", str(out)]
+    assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "jaxaot warm / physical limit" in text and "jaxaot.jit / scan" in text
+    for depth in (2, 3):
+        assert (
+            f"- L={depth}: jaxaot warm / physical limit = 2.00; "
+            "jaxaot warm / jit+JAX cache warm = 0.50; jaxaot cold / jit cold = 1.50; "
+            "steady step, jit with components / plain jit = 1.100"
+        ) in text
+        assert (
+            f"- L={depth}: first result, jaxaot.jit / scan = 0.50, / noinline = 0.40, "
+            "/ jax.jit = 1.00; warm jaxaot.jit / warm jit+JAX cache = 0.21; "
+            "steady step / best of jit and scan = 0.80, / jax.jit = 0.80"
+        ) in text
+    assert "jaxaot.jit's steady state: the whole program" in text
     for name in ("warm_start", "regional"):
         assert (out / f"{name}.md").read_text().startswith(("Warm-start", "Regional"))
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    rows = json.loads((out / "warm_start.json").read_text())
-    assert {r["contender"] for r in rows} == set(_bench.CONTENDERS)
-    warm = next(r for r in rows if r["contender"] == "jaxaot_warm")
-    assert warm["cache_info"]["traces"] == 0 and warm["cache_info"]["compiles"] == 0
-    regional = json.loads((out / "regional.json").read_text())
-    assert {r["contender"] for r in regional} == set(_bench.REGIONAL)
-    assert all(r["first_result"] > 0 for r in regional)
+    for name, table in (("warm_start", _bench.CONTENDERS), ("regional", _bench.REGIONAL)):
+        rows = json.loads((out / f"{name}.json").read_text())
+        for depth in (2, 3):
+            got = [r for r in rows if r["layers"] == depth]
+            assert sorted(r["contender"] for r in got) == sorted(table), name
+            assert all(r["label"] == table[r["contender"]][0] for r in got)
+    # Per suite and depth, a fresh work folder (warm-start's first); each preparation
+    # runs once in it, before the contender that needs it, unless it ran as one already.
+    runs: dict[Path, list[tuple[str, int]]] = {}
+    for contender, depth, work in calls:
+        runs.setdefault(work, []).append((contender, depth))
+    folders = list(runs.values())
+    assert len(folders) == 4
+    for names, table, depth in zip(
+        folders, [_bench.CONTENDERS] * 2 + [_bench.REGIONAL] * 2, (2, 3, 2, 3), strict=True
+    ):
+        expected: list[str] = []
+        _order(table, expected)
+        assert names == [(name, depth) for name in expected]
+
+
+def _order(table: dict[str, tuple[str, str | None]], seen: list[str]) -> None:
+    """Appends the workers ``table`` runs, in order: each preparation before the first
+    contender that needs it, unless it already ran."""
+    for name, (_, prep) in table.items():
+        for step in (prep, name):
+            if step is not None and step not in seen:
+                seen.append(step)
+
+
+def _workers(names: list[str], work: Path, env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The worker of each of ``names`` in turn, in one fresh process (one start, not one each)."""
+    code = (
+        "import json, sys; from pathlib import Path; from jaxaot import _bench\n"
+        "for name in sys.argv[2:]:\n"
+        "    print(json.dumps(_bench.worker(name, 1, Path(sys.argv[1]), 1, 0.0)), flush=True)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(work), *names],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["contender"] for r in rows] == names
+    return {r["contender"]: r for r in rows}
+
+
+def test_every_contender_runs_on_this_jax(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """Every branch of the benchmark worker, on a one-layer tiny model: the contenders
+    that need no preparation and the preparations in one process, then those that load
+    what a preparation stored in a second, fresh one."""
+    env = {**subprocess_env, "JAXAOT_BENCH_SHAPE": "2,8,16"}
+    every: list[str] = []
+    _order(_bench.CONTENDERS, every)
+    _order(_bench.REGIONAL, every)
+    tables = {**_bench.CONTENDERS, **_bench.REGIONAL}
+    warm = [name for name in every if name in tables and tables[name][1] is not None]
+    work = tmp_path / "work"
+    work.mkdir()
+    rows = _workers([n for n in every if n not in warm], work, env) | _workers(warm, work, env)
+    assert (work / "step.export").stat().st_size > 0
+    assert (work / "step.executable").stat().st_size > 0
+    assert any((work / "jax-pcc").iterdir()) and any((work / "jaxaot-cache").iterdir())
+    # One call each (the trace, the compile or load, the first run) rather than stages.
+    whole_calls = {"jaxaot_cold", "jaxaot_warm", "limit", "regional_cold", "regional_warm"}
+    for name in tables:
+        row = rows[name]
+        phases = [row[p] for p in _bench.PHASES]
+        assert row["layers"] == 1 and row["steady"] > 0, name
+        assert row["first_result"] == sum(v or 0.0 for v in phases) > 0, name
+        assert all(v is None or v > 0 for v in phases), (name, phases)
+        assert name in whole_calls or None not in phases, (name, phases)
+    # The warm process loads the step executable the cold one stored. (regional_warm's
+    # process-wide counts depend on what the other contenders of these two processes
+    # made, so they are not a warm process's own: test_regional checks one of those.)
+    info = rows["jaxaot_warm"]["cache_info"]
+    assert info["traces"] == 0 and info["compiles"] == 0 and info["hits"] > 0
+    assert rows["regional_cold"]["mode"] in ("split", "whole")
+    assert rows["regional_warm"]["mode"] in ("split", "whole")
 
 
 @pytest.mark.parametrize(
@@ -129,6 +263,8 @@ def test_bench_regional_inference_with_a_model_shape(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("JAXAOT_BENCH_SHAPE", raising=False)
+    # One contender, in a real worker process: the command line's shape reaches it.
+    monkeypatch.setattr(_bench, "REGIONAL", {"regional_cold": _bench.REGIONAL["regional_cold"]})
     defaults = (_bench.WIDTH, _bench.MODE)
     out = tmp_path / "out"
     argv = ["bench", "regional", "--layers", "2", "--repeats", "1", "--out", str(out)]
