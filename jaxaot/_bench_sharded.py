@@ -143,7 +143,8 @@ def run_sharded(args: argparse.Namespace, out: Path, log: _bench.Log) -> str:
         ):
             row.update(layout=layout, devices=args.devices)
             rows.append(row)
-    (out / "sharded.json").write_text(json.dumps(rows, indent=1))
+        # After each layout, so that an interrupted run keeps what it measured.
+        (out / "sharded.json").write_text(json.dumps(rows, indent=1))
     text = markdown(rows, args.devices)
     (out / "sharded.md").write_text(text)
     plot(rows, out / "sharded.png")
