@@ -146,8 +146,23 @@ def _measure_stages(
     result["steady"] = _steady(lambda: compiled(*args), repeats)
 
 
+#: Places one of the benchmark's inputs on devices: ``place(tree, kind)`` with
+#: kind ``"blocks"`` (the per-layer parameter dicts), ``"stacked"`` (the same
+#: parameters stacked for scan) or ``"batch"`` (the input activations).
+Placement = Callable[[Any, str], Any]
+
+
+def _unplaced(tree: Any, kind: str) -> Any:
+    return tree
+
+
 def worker(
-    contender: str, layers: int, work: Path, repeats: int, t_import: float
+    contender: str,
+    layers: int,
+    work: Path,
+    repeats: int,
+    t_import: float,
+    place: Placement = _unplaced,
 ) -> dict[str, Any]:
     import jax
 
@@ -161,6 +176,7 @@ def worker(
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     blocks, x, make_step = _model(layers)
+    blocks, x = _block((place(blocks, "blocks"), place(x, "batch")))
     from .cli import _model as model_lib
 
     if contender in ("jit_cold", "pcc_cold", "pcc_warm", "jit_components_cold"):
@@ -173,6 +189,7 @@ def worker(
         _measure_stages(jitted, (blocks, x), result, repeats)
     elif contender == "scan_cold":
         stacked = jax.tree_util.tree_map(lambda *xs: jax.numpy.stack(xs), *blocks)
+        stacked = _block(place(stacked, "stacked"))
 
         def scan_loss(stacked: Any, x: Any) -> Any:
             def body(h: Any, p: Any) -> Any:
@@ -260,15 +277,32 @@ def worker(
 # Parent side.
 
 
-def _run_worker(contender: str, layers: int, work: Path, repeats: int) -> dict[str, Any]:
+#: Where progress lines go.
+Log = Callable[[str], None]
+
+#: Runs one contender in a fresh process: ``(contender, layers, work, repeats) -> row``.
+WorkerRunner = Callable[[str, int, Path, int], dict[str, Any]]
+
+
+def _run_worker(
+    contender: str,
+    layers: int,
+    work: Path,
+    repeats: int,
+    module: str = "jaxaot._bench",
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Runs ``module.worker_main`` in a fresh process (``extra_env`` is set before
+    it imports JAX) and returns the JSON line it prints."""
     code = (
         "import time; t0 = time.perf_counter(); import jax, jaxaot; "
-        "from jaxaot._bench import worker_main; worker_main(time.perf_counter() - t0)"
+        f"from {module} import worker_main; worker_main(time.perf_counter() - t0)"
     )
     cmd = [sys.executable, "-c", code, contender, str(layers), str(work), str(repeats)]
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
     env.update(_OVERRIDES)
+    env.update(extra_env or {})
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(
@@ -283,6 +317,7 @@ def run_contenders(
     repeats: int,
     log: Callable[[str], None],
     skip: Callable[[str, int], bool] = lambda name, depth: False,
+    run_worker: WorkerRunner = _run_worker,
 ) -> list[dict[str, Any]]:
     import tempfile
 
@@ -297,10 +332,10 @@ def run_contenders(
                     continue
                 if prep is not None and prep not in prepared:
                     log(f"L={depth}: preparing {prep}")
-                    _run_worker(prep, depth, work, repeats)
+                    run_worker(prep, depth, work, repeats)
                     prepared.add(prep)
                 log(f"L={depth}: {name}")
-                row = _run_worker(name, depth, work, repeats)
+                row = run_worker(name, depth, work, repeats)
                 row["label"] = table[name][0]
                 rows.append(row)
                 prepared.add(name)
@@ -442,17 +477,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "suite",
         nargs="?",
         default="warm-start",
-        choices=("warm-start", "regional", "all"),
-        help="which benchmark (default warm-start)",
+        choices=("warm-start", "regional", "sharded", "all"),
+        help="which benchmark (default warm-start; all = warm-start and regional)",
     )
     parser.add_argument("--layers", type=int, nargs="+", default=None, help="depths to run")
     parser.add_argument("--full", action="store_true", help="warm-start: also L=8 and L=48")
-    parser.add_argument("--quick", action="store_true", help="regional: stop at L=16")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="regional: stop at L=16; sharded: L=2 and 4 on a tiny model (for tests)",
+    )
     parser.add_argument(
         "--max-jit-layers",
         type=int,
         default=48,
-        help="regional: run the whole-program jax.jit contenders only up to this depth (default 48)",
+        help="regional, sharded: run the whole-program jax.jit contenders only up to this "
+        "depth (default 48)",
+    )
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=8,
+        help="sharded: simulated CPU devices, the mesh's one axis (default 8)",
+    )
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="sharded: run only these contenders (default: all of them)",
+    )
+    parser.add_argument(
+        "--layouts",
+        nargs="+",
+        default=None,
+        choices=("data-parallel", "fsdp"),
+        help="sharded: the layouts to run (default both)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="steady-state repeats (default 3)")
     parser.add_argument(
@@ -476,6 +536,49 @@ def _ms(t: float | None) -> str:
     return "–" if t is None else f"{t * 1e3:.3g}"
 
 
+def stage_table(rows: list[dict[str, Any]], lead: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """The Markdown table of each row's stages, first result and steady step (ms),
+    after the ``lead`` columns (header, row field) and the depth."""
+    head = [h for h, _ in lead] + ["L", "contender", "trace", "lower", "compile / load"]
+    head += ["first run", "first result", "steady step (ms)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r[field]) for _, field in lead] + [str(r["layers"]), r["label"]]
+        cells += [_fmt(r[p]) for p in ("trace", "lower", "compile", "first_run")]
+        cells += [f"**{_fmt(r['first_result'])}**", _ms(r["steady"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+Row = dict[str, Any]
+
+
+def ratio(a: Row | None, b: Row | None, field: str = "first_result") -> str:
+    """``a[field] / b[field]`` to two decimals, or a dash when either row is missing."""
+    if a is None or b is None:
+        return "–"
+    return f"{float(a[field]) / float(b[field]):.2f}"
+
+
+def best_steady(*rows: Row | None) -> Row | None:
+    """The row (of those present) with the fastest steady step."""
+    present = [r for r in rows if r is not None]
+    return min(present, key=lambda r: float(r["steady"]), default=None)
+
+
+def steady_state_line(regional: Row | None) -> list[str]:
+    """What a ``jaxaot.jit`` contender chose as its steady state, as one list item."""
+    if not regional or not regional.get("mode"):
+        return []
+    return [
+        f"  - jaxaot.jit's steady state: the {regional['mode']} program "
+        f"(split program: {regional.get('steps')} executables, "
+        f"{_ms(regional.get('steady_split'))} ms a step; whole program: "
+        f"{regional.get('whole_calls')} component calls, "
+        f"{_ms(regional.get('steady_whole'))} ms a step; chosen after {regional['settle']:.1f} s)"
+    ]
+
+
 def regional_markdown(rows: list[dict[str, Any]]) -> str:
     import jax
 
@@ -489,61 +592,37 @@ def regional_markdown(rows: list[dict[str, Any]]) -> str:
         "whose executables are ready already run) is its first run. Its steady step is "
         "measured once it has chosen between its split program and its whole-program form.",
         "",
-        "| L | contender | trace | lower | compile / load | first run | first result | steady step (ms) |",
-        "|---|---|---|---|---|---|---|---|",
+        *stage_table(rows),
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['layers']} | {r['label']} | {_fmt(r['trace'])} | {_fmt(r['lower'])} | "
-            f"{_fmt(r['compile'])} | {_fmt(r['first_run'])} | **{_fmt(r['first_result'])}** | {_ms(r['steady'])} |"
-        )
     by = {(r["layers"], r["contender"]): r for r in rows}
     lines += ["", "Ratios (same run):", ""]
     for depth in sorted({r["layers"] for r in rows}):
 
-        def ratio(a: str, b: str, field: str = "first_result", depth: int = depth) -> str:
-            if (depth, a) not in by or (depth, b) not in by:
-                return "–"
-            return f"{float(by[(depth, a)][field]) / float(by[(depth, b)][field]):.2f}"
+        def row(name: str, depth: int = depth) -> Row | None:
+            return by.get((depth, name))
 
-        best_steady = min(
-            (
-                float(by[(depth, n)]["steady"])
-                for n in ("jit_cold", "scan_cold")
-                if (depth, n) in by
-            ),
-            default=float("nan"),
-        )
-        regional = by.get((depth, "regional_cold"))
-        steady = float(regional["steady"]) / best_steady if regional else float("nan")
+        regional = row("regional_cold")
+        best = best_steady(row("jit_cold"), row("scan_cold"))
+        steady = ratio(regional, best, "steady") if best else "nan"
         lines.append(
-            f"- L={depth}: first result, jaxaot.jit / scan = {ratio('regional_cold', 'scan_cold')}, "
-            f"/ noinline = {ratio('regional_cold', 'noinline_cold')}, / jax.jit = {ratio('regional_cold', 'jit_cold')}; "
-            f"warm jaxaot.jit / warm jit+JAX cache = {ratio('regional_warm', 'pcc_warm')}; "
-            f"steady step / best of jit and scan = {steady:.2f}, "
-            f"/ jax.jit = {ratio('regional_cold', 'jit_cold', 'steady')}"
+            f"- L={depth}: first result, jaxaot.jit / scan = {ratio(regional, row('scan_cold'))}, "
+            f"/ noinline = {ratio(regional, row('noinline_cold'))}, / jax.jit = {ratio(regional, row('jit_cold'))}; "
+            f"warm jaxaot.jit / warm jit+JAX cache = {ratio(row('regional_warm'), row('pcc_warm'))}; "
+            f"steady step / best of jit and scan = {steady}, "
+            f"/ jax.jit = {ratio(regional, row('jit_cold'), 'steady')}"
         )
-        if regional and regional.get("mode"):
-            lines.append(
-                f"  - jaxaot.jit's steady state: the {regional['mode']} program "
-                f"(split program: {regional.get('steps')} executables, "
-                f"{_ms(regional.get('steady_split'))} ms a step; whole program: "
-                f"{regional.get('whole_calls')} component calls, "
-                f"{_ms(regional.get('steady_whole'))} ms a step; chosen after {regional['settle']:.1f} s)"
-            )
+        lines += steady_state_line(regional)
     return "\n".join(lines) + "\n"
 
 
-def regional_plot(rows: list[dict[str, Any]], path: Path, note: str | None = None) -> None:
-    """Time to first result against depth, one line per contender, ticks at the depths run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def depth_axes(
+    ax: Any, rows: list[dict[str, Any]], table: dict[str, tuple[str, str | None]], title: str
+) -> None:
+    """One line per contender of ``table``: time to first result against depth
+    (log-log), ticked at the depths run."""
     from matplotlib.ticker import NullLocator
 
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    for name, (label, _) in REGIONAL.items():
+    for name, (label, _) in table.items():
         pts = sorted((r["layers"], r["first_result"]) for r in rows if r["contender"] == name)
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
@@ -554,13 +633,31 @@ def regional_plot(rows: list[dict[str, Any]], path: Path, note: str | None = Non
     ax.set_yscale("log")
     ax.set_xlabel("layers")
     ax.set_ylabel("seconds to first result (log)")
-    ax.set_title("Train step: time to first result against depth")
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
+
+
+def save_figure(fig: Any, path: Path, note: str | None) -> None:
+    """Writes ``fig`` with the date and machine of its numbers in a corner."""
+    import matplotlib.pyplot as plt
+
     fig.text(0.01, 0.01, note or figure_note(), fontsize=7, color="#555555")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def regional_plot(rows: list[dict[str, Any]], path: Path, note: str | None = None) -> None:
+    """Time to first result against depth, one line per contender, ticks at the depths run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    depth_axes(ax, rows, REGIONAL, "Train step: time to first result against depth")
+    save_figure(fig, path, note)
 
 
 def run(args: argparse.Namespace, log: Callable[[str], None]) -> str:
@@ -580,6 +677,15 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> str:
         _configure(args)
         try:
             texts.append(_run_regional(args, out, log))
+        finally:
+            _restore(saved)
+    if args.suite == "sharded":
+        from . import _bench_sharded
+
+        saved = (BATCH, SEQ, WIDTH, MODE, dict(_OVERRIDES))
+        _configure(args, _bench_sharded.QUICK_SHAPE if args.quick else None)
+        try:
+            texts.append(_bench_sharded.run_sharded(args, out, log))
         finally:
             _restore(saved)
     return "\n".join(texts)
@@ -620,11 +726,13 @@ def _restore(saved: tuple[int, int, int, str, dict[str, str]]) -> None:
 _OVERRIDES: dict[str, str] = {}
 
 
-def _configure(args: argparse.Namespace) -> None:
+def _configure(args: argparse.Namespace, shape: str | None = None) -> None:
     """Applies ``--width``, ``--batch``, ``--seq`` and ``--inference`` (the regional
-    suite's model and step) for this process and its workers."""
+    and sharded suites' model and step) for this process and its workers; ``shape``
+    ("b,s,w") replaces the default model's."""
     global BATCH, SEQ, WIDTH, MODE
-    b, s, w = (int(v) for v in os.environ.get("JAXAOT_BENCH_SHAPE", "8,128,256").split(","))
+    default = shape or os.environ.get("JAXAOT_BENCH_SHAPE", "8,128,256")
+    b, s, w = (int(v) for v in default.split(","))
     BATCH = getattr(args, "batch", None) or b
     SEQ = getattr(args, "seq", None) or s
     WIDTH = getattr(args, "width", None) or w
@@ -633,7 +741,7 @@ def _configure(args: argparse.Namespace) -> None:
     _OVERRIDES.update(JAXAOT_BENCH_SHAPE=f"{BATCH},{SEQ},{WIDTH}", JAXAOT_BENCH_MODE=MODE)
 
 
-def worker_main(t_import: float) -> None:
+def worker_main(t_import: float, place: Placement = _unplaced) -> None:
     """Entry point of a worker process: ``argv`` is contender, layers, work folder, repeats."""
     contender, depth, work_dir, reps = (
         sys.argv[1],
@@ -641,7 +749,8 @@ def worker_main(t_import: float) -> None:
         Path(sys.argv[3]),
         int(sys.argv[4]),
     )
-    sys.stdout.write(json.dumps(worker(contender, depth, work_dir, reps, t_import)) + "\n")
+    row = worker(contender, depth, work_dir, reps, t_import, place)
+    sys.stdout.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

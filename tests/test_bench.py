@@ -279,3 +279,43 @@ def test_bench_regional_inference_with_a_model_shape(
     assert regional["mode"] in ("split", "whole") and regional["steps"] == 3
     assert "jaxaot.jit's steady state" in text
     assert (_bench.WIDTH, _bench.MODE) == defaults  # this process's settings are back
+
+
+def test_bench_sharded_quick_in_a_subprocess(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """``jaxaot bench sharded --quick`` with two contenders at one depth in the FSDP
+    layout (about 50 s on a loaded 2-core machine; both layouts take twice that): the
+    rows, the JSON's numbers (finite and positive, never their values), the table and
+    the plot."""
+    import math
+    import subprocess
+
+    out = tmp_path / "out"
+    names = ("scan_cold", "regional_cold")
+    argv = ["bench", "sharded", "--quick", "--layers", "2", "--repeats", "1"]
+    argv += ["--layouts", "fsdp", "--contenders", *names, "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxaot", *argv],
+        capture_output=True,
+        text=True,
+        env=subprocess_env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((out / "sharded.json").read_text())
+    layouts = ("fsdp",)
+    assert sorted((r["layout"], r["layers"], r["contender"]) for r in rows) == sorted(
+        (layout, 2, name) for layout in layouts for name in names
+    )
+    for r in rows:
+        assert r["devices"] == 8
+        for field in ("trace", "first_run", "first_result", "steady"):
+            assert math.isfinite(r[field]) and r[field] > 0, (r["contender"], field)
+    text = (out / "sharded.md").read_text()
+    assert text.startswith("Sharded benchmark") and "8 simulated devices" in text
+    for layout in layouts:
+        assert f"| {layout} | 2 | jaxaot.jit, cold |" in text
+        assert f"| {layout} | 2 | scan over stacked layers, cold |" in text
+        assert f"- {layout}, L=2: first result, jaxaot.jit cold / scan cold = " in text
+    assert (out / "sharded.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,5 +1,6 @@
-"""``jaxaot bench``: the warm-start and regional-compilation benchmarks
-(:mod:`jaxaot._bench` runs them), with their extras checked before anything runs."""
+"""``jaxaot bench``: the warm-start, regional-compilation and sharded benchmarks
+(:mod:`jaxaot._bench` and :mod:`jaxaot._bench_sharded` run them), with their
+extras checked before anything runs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ EXTRAS = {
 SUITE_NEEDS = {
     "warm-start": ("matplotlib", "flatbuffers"),
     "regional": ("matplotlib", "equinox"),
+    "sharded": ("matplotlib",),
     "all": ("matplotlib", "flatbuffers", "equinox"),
 }
 
@@ -74,9 +76,12 @@ def _cmd_bench(args: argparse.Namespace, out: Output) -> int:
             "(in a checkout of jaxaot; or pip install 'jaxaot[bench]')",
             2,
         )
-    from .. import _bench
+    from .. import _bench, _bench_sharded
 
-    text = _bench.run(args, lambda message: print(message, file=sys.stderr))
+    try:
+        text = _bench.run(args, lambda message: print(message, file=sys.stderr))
+    except _bench_sharded.ArgumentError as e:
+        raise CLIError(f"jaxaot bench {args.suite}: {e}", 2) from e
     out.line(text)
     out.line(f"tables, JSON and plots written to {os.path.abspath(args.out)}")
     return 0
@@ -84,13 +89,14 @@ def _cmd_bench(args: argparse.Namespace, out: Output) -> int:
 
 BENCH = Command(
     "bench",
-    "benchmark warm starts and regional compilation against JAX's own caches",
+    "benchmark warm starts, regional compilation and sharded steps against JAX's own caches",
     _configure,
     _cmd_bench,
     description="Run the warm-start benchmark (jax.jit, JAX's persistent cache, jax.export, "
     "jaxaot, the physical limit) and/or the regional-compilation depth sweep (jax.jit, scan, "
-    "Equinox noinline, jaxaot.jit), each contender in a fresh process; write Markdown tables, "
-    "JSON and PNG plots.",
+    "Equinox noinline, jaxaot.jit), and/or the sharded suite (jax.jit, scan, jaxaot.jit on a "
+    "mesh of simulated CPU devices, data-parallel and FSDP; not part of all), each contender "
+    "in a fresh process; write Markdown tables, JSON and PNG plots.",
     epilog='Needs the bench extra (pip install ".[bench]": matplotlib, flatbuffers, equinox); '
     "without it the command stops at once and names what is missing (exit status 2).",
     uses_cache=False,
