@@ -317,9 +317,13 @@ def run_contenders(
     repeats: int,
     log: Callable[[str], None],
     skip: Callable[[str, int], bool] = lambda name, depth: False,
-    run_worker: WorkerRunner = _run_worker,
+    run_worker: WorkerRunner | None = None,
 ) -> list[dict[str, Any]]:
+    """Runs each contender of ``table`` at each depth (``run_worker``, default
+    :func:`_run_worker`, looked up when called)."""
     import tempfile
+
+    run = run_worker if run_worker is not None else _run_worker
 
     rows: list[dict[str, Any]] = []
     for depth in layers:
@@ -332,10 +336,10 @@ def run_contenders(
                     continue
                 if prep is not None and prep not in prepared:
                     log(f"L={depth}: preparing {prep}")
-                    run_worker(prep, depth, work, repeats)
+                    run(prep, depth, work, repeats)
                     prepared.add(prep)
                 log(f"L={depth}: {name}")
-                row = run_worker(name, depth, work, repeats)
+                row = run(name, depth, work, repeats)
                 row["label"] = table[name][0]
                 rows.append(row)
                 prepared.add(name)
