@@ -463,8 +463,11 @@ class Component(Generic[P, R]):
         self._lock = threading.RLock()
         self._code = code_digest(fun) if key is not None else ""
         self._store = Store(self.name, self._counters, check=self._check_code)
-        # signature -> (root key, the Traced it was found from, for default keys)
-        self._keys: dict[tuple[Any, ...], tuple[ComponentKey, Any, tuple[Any, ...]]] = {}
+        # signature -> (root key, the Traced it was found from (default keys), the
+        # values the body saw by name, why the program is served as plain JAX)
+        self._keys: dict[
+            tuple[Any, ...], tuple[ComponentKey, Any, tuple[Any, ...], str | None]
+        ] = {}
         self._annotation = f"jaxaot:{self.name}"
         simple = not self._static_argnums and not self._static_argnames and not callable(key)
         self._dispatch = cpp_dispatcher(self.name, self._dispatch_miss) if simple else None
@@ -664,7 +667,8 @@ class Component(Generic[P, R]):
                     # rebound global): trace again, as a new jax.jit would.
                     seen = seen_values(self.__wrapped__)
                     key, traced = self._make_key(args, kwargs, in_tree, avals, statics)
-                    known = (key, traced, seen)
+                    plain = needs_plain_jax(traced.jaxpr) if traced is not None else None
+                    known = (key, traced, seen, plain)
                     self._keys[sig] = known
         return known[0], known[1], leaves, sig
 
@@ -835,28 +839,38 @@ class Component(Generic[P, R]):
         return Call(self, key, entry, trace), leaves
 
     def _plain_reason(
-        self, traced: Any, leaves: Sequence[Any], root: Callable[[], Entry]
+        self,
+        sig: tuple[Any, ...],
+        traced: Any,
+        leaves: Sequence[Any],
+        root: Callable[[], Entry],
     ) -> str | None:
-        """Why this call is served as plain JAX (see :func:`needs_plain_jax`), or
-        ``None``. With an explicit key the body is not traced to find the key:
-        inputs with sharded types, a mesh in context with explicit axes, or what
-        the root entry (``root()``) found when it was made, count."""
+        """Why the call with signature ``sig`` (resolved) is served as plain JAX
+        (see :func:`needs_plain_jax`), or ``None``. A default key found it when it
+        traced the body; with an explicit key, inputs with sharded types, a mesh
+        in context with explicit axes, or what the root entry (``root()``) found
+        when it was made, count."""
         if explicit_mesh_axes_in_scope():
             return "vmap over an explicit mesh axis"
         if traced is not None:
-            return needs_plain_jax(traced.jaxpr)
+            known = self._keys.get(sig)
+            if known is not None and known[1] is traced:
+                return known[3]
+            return needs_plain_jax(traced.jaxpr)  # the table was cleared meanwhile
         if any(sharded_type(_aval_of(x)) for x in leaves) or _explicit_context():
             return "sharded types"
         plain = root().extra.get("plain")
         return str(plain) if plain else None
 
     def _call_traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        _, traced, leaves, _ = self._resolve(args, kwargs, allow_sds=False)
+        _, traced, leaves, sig = self._resolve(args, kwargs, allow_sds=False)
+        made: list[Call] = []
 
         def root() -> Entry:
-            return self._root_call(args, kwargs, allow_sds=False)[0].entry
+            made.append(self._root_call(args, kwargs, allow_sds=False)[0])
+            return made[-1].entry
 
-        reason = self._plain_reason(traced, leaves, root)
+        reason = self._plain_reason(sig, traced, leaves, root)
         if reason is not None and not (reason.endswith("names devices") and in_regional_trace()):
             # Inlined, as jax.jit would: an entry would hide its shardings (jaxaot.jit
             # compiles a component naming devices for the shardings it is called with).
@@ -867,7 +881,7 @@ class Component(Generic[P, R]):
             return jax.tree_util.tree_unflatten(
                 jax.tree_util.tree_structure(traced.out_info), list(outs)
             )
-        call, leaves = self._root_call(args, kwargs, allow_sds=False)
+        call = made[-1] if made else self._root_call(args, kwargs, allow_sds=False)[0]
         outs = bind(call, leaves)
         return jax.tree_util.tree_unflatten(call.entry.out_tree, outs)
 
@@ -933,12 +947,12 @@ class Component(Generic[P, R]):
             )
 
         def compile() -> tuple[Any, Entry]:
-            root_key, traced, _, _ = self._resolve(args, kwargs, allow_sds=True)
+            root_key, traced, _, root_sig = self._resolve(args, kwargs, allow_sds=True)
 
             def root_entry() -> Entry:
                 return self._root_call(args, kwargs, allow_sds=True)[0].entry
 
-            reason = self._plain_reason(traced, leaves, root_entry)
+            reason = self._plain_reason(root_sig, traced, leaves, root_entry)
             if reason is not None:
                 # Compiled as jax.jit compiles the body, shardings and devices included.
                 logger.debug("jaxaot: component %r compiled as plain JAX (%s)", self.name, reason)
@@ -1036,11 +1050,7 @@ class Component(Generic[P, R]):
 def _explicit_context() -> bool:
     """Whether the mesh in context has explicit axes (types may then carry shardings)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return False
-    return any(
-        getattr(t, "name", str(t)) == "Explicit" for t in (getattr(mesh, "axis_types", None) or ())
-    )
+    return not mesh.empty and jax.sharding.AxisType.Explicit in tuple(mesh.axis_types)
 
 
 def _needs_context(closed: Any) -> bool:

@@ -141,39 +141,34 @@ class Plan:
     def run(self, leaves: Sequence[Any]) -> list[Any]:
         """Runs the split program; its flat outputs."""
         env = self._env(leaves)
-        if self.in_flight is not None:
-            self._run_bounded(env, self.in_flight)
-        elif self.ready:
+        if self.ready and self.in_flight is None:
             for exe, get, outs in self._fast:
                 for slot, value in zip(outs, exe(*get(env)), strict=True):
                     env[slot] = value
         else:
-            for step in self.steps:
-                if step.donates:
-                    self.wait()
-                results = step.executable()(*[env[i] for i in step.ins])
-                for slot, value in zip(step.outs, results, strict=True):
-                    env[slot] = value
-            self.wait()  # every executable has run: from now on, the fast loop
+            self._run_steps(env, self.in_flight)
         out = list(self._get_out(env))
         if self.delete_after:
             self.wait()
             _delete(leaves, self.delete_after, out)
         return out
 
-    def _run_bounded(self, env: list[Any], limit: int) -> None:
-        """The steps, with at most ``limit`` of them queued: before running a step,
-        waits for the outputs of the one ``limit`` steps back."""
+    def _run_steps(self, env: list[Any], limit: int | None) -> None:
+        """The steps one by one, each as soon as its executable is ready (waiting for
+        every executable before the first that donates), with at most ``limit`` of
+        them queued (``None``: no limit); then waits for every executable: from
+        then on, the fast loop (where there is no limit)."""
         queued: list[Sequence[Any]] = []
         for step in self.steps:
             if step.donates:
                 self.wait()
-            if len(queued) >= limit:
+            if limit is not None and len(queued) >= limit:
                 jax.block_until_ready(queued.pop(0))
             results = step.executable()(*[env[i] for i in step.ins])
             for slot, value in zip(step.outs, results, strict=True):
                 env[slot] = value
-            queued.append(results)
+            if limit is not None:
+                queued.append(results)
         self.wait()
 
     # -- the whole program and the choice -------------------------------------

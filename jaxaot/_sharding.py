@@ -247,14 +247,8 @@ def region_placement(value: Any) -> Any:
     """What :func:`region_sharding` gives for a value: ``None`` for host values
     (NumPy arrays, Python scalars) and uncommitted arrays (placed by the call that
     takes them), else its sharding's."""
-    if not isinstance(value, jax.Array):
-        return None
-    try:
-        if not value.committed:
-            return None
-        return region_sharding(value.sharding)
-    except Exception:  # a deleted or otherwise unusual array: placed by the call
-        return None
+    placed = _leaf_sharding(value) if isinstance(value, jax.Array) else None
+    return region_sharding(placed) if isinstance(placed, Sharding) else None
 
 
 def region_sharding_parts(

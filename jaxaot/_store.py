@@ -198,15 +198,11 @@ class Store:
         from ._sharding import MeshContext, region_sharding_parts
 
         memo: Any = key
-        parts = (*executable_parts(()), ("calling_convention", "flat"))
+        sharded = False
         if shardings is not None:
             context = MeshContext()
             if not context.empty or any(s is not None for s in shardings):
-                memo = (key, shardings, context.key())
-                texts, mesh = region_sharding_parts(
-                    shardings, [len(a.shape) for a in entry.in_avals]
-                )
-                parts = (*parts, ("input_shardings", texts), ("context_mesh", mesh))
+                memo, sharded = (key, shardings, context.key()), True
         exe = self.region_executables.get(memo)
         if exe is not None:
             return exe
@@ -218,6 +214,13 @@ class Store:
                 return exe
             # Not the top-level executable of the same entry: that one takes the
             # call's pytrees, this one flat arrays.
+            parts = (*executable_parts(()), ("calling_convention", "flat"))
+            if sharded:
+                assert shardings is not None
+                texts, mesh = region_sharding_parts(
+                    shardings, [len(a.shape) for a in entry.in_avals]
+                )
+                parts = (*parts, ("input_shardings", texts), ("context_mesh", mesh))
             exe_key = key.replace(executable=parts)
             cache = get_cache()
             loaded = load_executable(cache, exe_key) if cache is not None else None
