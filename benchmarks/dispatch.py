@@ -91,7 +91,8 @@ def split_overhead(
 ) -> dict[str, float]:
     """µs per call of a ``jaxaot.jit`` step of ``layers`` transformer blocks: its split
     program, the same executables called back to back with their inputs ready
-    (what the split program cannot go below), its whole-program form,
+    (what the split program cannot go below), its whole-program form and that
+    form's executable called directly (what jaxaot.jit adds to it),
     ``jax.jit`` (unless ``skip_jit``: it compiles slowly), and a scan over stacked
     layers. Contenders alternate round by round; medians of the rounds."""
     from jaxaot import _plan
@@ -144,15 +145,20 @@ def split_overhead(
         return jnp.mean(h**2)
 
     scanned = jax.jit(scan_loss if inference else jax.value_and_grad(scan_loss))
+    def whole_alone() -> Any:
+        assert plan.whole is not None
+        return plan.whole.result()(*leaves, *plan.consts)
+
     contenders = {
         "split program": form(_plan.SPLIT),
         "its executables alone": executables,
         "whole program": form(_plan.WHOLE),
+        "its executable alone": whole_alone,
         "jax.jit": lambda: jitted(blocks, x),
         "scan over stacked layers": lambda: scanned(stacked, x),
     }
     if plan.whole is None or plan.whole.exception() is not None:
-        del contenders["whole program"]
+        del contenders["whole program"], contenders["its executable alone"]
     if skip_jit:
         del contenders["jax.jit"]
     samples: dict[str, list[float]] = {name: [] for name in contenders}
@@ -212,6 +218,9 @@ def main() -> None:
             f"\ntime outside the executables{clock}: {outside:.0f} µs a call, "
             f"{outside / n:.1f} µs an executable"
         )
+        if "whole program" in r:
+            outside = r["whole program" + clock] - r["its executable alone" + clock]
+            print(f"time outside the whole-program executable{clock}: {outside:.0f} µs a call")
     if args.split_only:
         return
     d = dispatch_overhead(args.calls, args.repeats)

@@ -96,12 +96,24 @@ def _block(out: Any) -> Any:
     return jax.block_until_ready(out)
 
 
+# A steady-step round runs back-to-back calls for at least this long (seconds), so
+# that a step of a millisecond is not timed by one call on a shared machine.
+ROUND_SECONDS = 0.2
+
+
 def _steady(fn: Callable[[], Any], repeats: int) -> float:
+    """Seconds a call: the median over ``repeats`` rounds of back-to-back calls,
+    each call waited for before the next, a round lasting ``ROUND_SECONDS`` or
+    one call."""
+    t0 = time.perf_counter()
+    _block(fn())
+    calls = max(1, int(ROUND_SECONDS / max(time.perf_counter() - t0, 1e-6)))
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        _block(fn())
-        times.append(time.perf_counter() - t0)
+        for _ in range(calls):
+            _block(fn())
+        times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
 
 

@@ -101,6 +101,7 @@ class Plan:
         self.n_inputs = n_inputs
         self.fixed = list(fixed)
         self.n_consts = n_consts  # the first ``n_consts`` of ``fixed`` are the program's constants
+        self.consts = tuple(self.fixed[:n_consts])
         self.blank = [None] * (n_slots - n_inputs - len(self.fixed))
         self.steps = steps
         self.out_slots = tuple(out_slots)
@@ -175,7 +176,7 @@ class Plan:
 
     def run_whole(self, exe: Any, leaves: Sequence[Any]) -> list[Any]:
         """Runs the whole-program executable; its flat outputs."""
-        out = list(exe(*leaves, *self.fixed[: self.n_consts]))
+        out = list(exe(*leaves, *self.consts))
         if self.donated:
             _delete(leaves, self.donated, out)
         return out

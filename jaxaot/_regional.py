@@ -499,6 +499,8 @@ class RegionalFunction:
             **placement,
         )
         self._plans: dict[Any, Plan | None] = {}
+        # The last call's signature, in parts, and its plan (see ``_lookup``).
+        self._last: tuple[Any, ...] | None = None
         self._lock = threading.Lock()
         self.__name__ = getattr(fun, "__name__", "function")
         self.__doc__ = getattr(fun, "__doc__", None)
@@ -571,6 +573,48 @@ class RegionalFunction:
                 return self._jitted(*args, **kwargs)
             leaves = placed
             arrays = set(map(type, leaves)) <= _ARRAY_TYPES
+        plan = self._lookup(args, kwargs, leaves, treedef, statics, donated, arrays)
+        if plan is None:
+            return self._jitted(*args, **kwargs)
+        try:
+            out = plan(leaves)  # type: ignore[operator]
+        except PlanFailed as e:  # nothing donated yet: jax.jit gives the result
+            self._give_up(self._signature(leaves, treedef, statics, arrays), e)
+            return self._jitted(*args, **kwargs)
+        if plan.out_shardings is not None:  # type: ignore[union-attr]
+            out = _reshard(out, plan.out_shardings)  # type: ignore[union-attr]
+        return jax.tree_util.tree_unflatten(plan.out_tree, out)  # type: ignore[union-attr]
+
+    def _lookup(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        treedef: Any,
+        statics: tuple[Any, ...],
+        donated: list[int],
+        arrays: bool,
+    ) -> Plan | None:
+        """The plan for these leaves (made on the first call of its signature).
+
+        A step loop calls with the same signature every time: for plain arrays,
+        the last call's signature is compared part by part (each part's elements
+        are mostly the very objects of the last call, which compare at once),
+        before the full signature is built and hashed."""
+        if arrays:
+            shardings: tuple[Any, ...] = tuple(map(_SHARDING, leaves))
+            types = tuple(map(_AVAL, leaves))
+            mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
+            last = self._last
+            if (
+                last is not None
+                and last[0] == treedef
+                and last[1] == types
+                and last[2] == shardings
+                and last[3] == mesh
+                and last[4] == statics
+            ):
+                return last[5]  # type: ignore[no-any-return]
         sig = self._signature(leaves, treedef, statics, arrays)
         plan = self._plans.get(sig, False)
         if plan is False:
@@ -580,20 +624,14 @@ class RegionalFunction:
                     plan = self._plan(args, kwargs, donated, leaves)
                     plan = self._agreed(plan)
                     self._plans[sig] = plan
-        if plan is None:
-            return self._jitted(*args, **kwargs)
-        try:
-            out = plan(leaves)  # type: ignore[operator]
-        except PlanFailed as e:  # nothing donated yet: jax.jit gives the result
-            self._give_up(sig, e)
-            return self._jitted(*args, **kwargs)
-        if plan.out_shardings is not None:  # type: ignore[union-attr]
-            out = _reshard(out, plan.out_shardings)  # type: ignore[union-attr]
-        return jax.tree_util.tree_unflatten(plan.out_tree, out)  # type: ignore[union-attr]
+        if arrays:
+            self._last = (treedef, types, shardings, mesh, statics, plan)
+        return plan  # type: ignore[return-value]
 
     @staticmethod
     def _signature(leaves: Sequence[Any], treedef: Any, statics: Any, arrays: bool) -> Any:
-        """What tells plans apart: the types, shardings and the mesh in context."""
+        """What tells plans apart: the types, shardings and the mesh in context
+        (for plain arrays, a function of each leaf's ``aval`` and ``sharding``)."""
         if arrays:
             shardings: tuple[Any, ...] = tuple(map(_SHARDING, leaves))
         else:
@@ -625,6 +663,7 @@ class RegionalFunction:
         logger.debug("jaxaot.jit %s: not split (%s); using jax.jit", self.__name__, error)
         with self._lock:
             self._plans[sig] = None
+            self._last = None
 
     def precompile(self, *args: Any, **kwargs: Any) -> None:
         """Traces, splits and loads or compiles every executable for this signature,

@@ -28,7 +28,7 @@ from ._optimize import _bind
 from ._rules import component_p
 
 # Part of the whole program's cache key: bump when the rewrite below changes.
-WHOLE_VERSION = 1
+WHOLE_VERSION = 2
 
 
 @dataclass
@@ -104,31 +104,147 @@ def _same(vs: Sequence[Any]) -> bool:
     return all(v is first for v in vs)
 
 
+@dataclass(frozen=True)
+class _From:
+    """A stacked column read from an earlier stack: ``stack[start:start + n]``,
+    reversed along the layer axis if ``flip``."""
+
+    stack: int
+    start: int
+    flip: bool
+
+
+@dataclass
+class _Loop:
+    """How one run becomes a ``lax.scan``, worked out before tracing.
+
+    ``reverse``: the scan runs from its last index to its first, so that member
+    ``k`` of the run is index ``n - 1 - k`` (a backward pass, whose layers come
+    in the reverse order of the forward pass that made its residuals, reads
+    them in place). Each stacked input column is read from an earlier stack
+    (``_From``) or stacked afresh from single values (then it is stack
+    ``fresh[q]``); output ``r`` of every member is stack ``ys[r]``, in index
+    order."""
+
+    reverse: bool
+    invariant: tuple[int, ...]
+    columns: dict[int, _From | None]
+    fresh: dict[int, int]
+    ys: dict[int, int]
+
+
+class _Stacks:
+    """Where each variable lies in a stack (layer-axis position), as the runs are laid out."""
+
+    def __init__(self) -> None:
+        self.at: dict[Any, tuple[int, int]] = {}
+        self.count = 0
+
+    def add(self, column: Sequence[Any]) -> int:
+        sid = self.count
+        self.count += 1
+        for pos, v in enumerate(column):
+            if not isinstance(v, Literal | DropVar):
+                self.at[v] = (sid, pos)
+        return sid
+
+    def in_place(self, column: Sequence[Any]) -> bool:
+        """Whether ``column`` is a slice of one stack, in its order."""
+        found = self.find(column)
+        return found is not None and not found.flip
+
+    def find(self, column: Sequence[Any]) -> _From | None:
+        """``column`` as a slice of one stack, in order or reversed; ``None`` if it is not."""
+        if any(isinstance(v, Literal) or v not in self.at for v in column):
+            return None
+        places = [self.at[v] for v in column]
+        sid, first = places[0]
+        if any(s != sid for s, _ in places):
+            return None
+        positions = [p for _, p in places]
+        n = len(column)
+        if positions == list(range(first, first + n)):
+            return _From(sid, first, False)
+        if positions == list(range(first, first - n, -1)):
+            return _From(sid, first - n + 1, True)
+        return None
+
+
+def _layout(items: Sequence[Any], used: set[Any]) -> tuple[dict[int, _Loop], set[Any]]:
+    """Each run's loop (by item index), and the variables some equation or the
+    program's outputs read one by one (the others live only in stacks)."""
+    stacks = _Stacks()
+    single: set[Any] = set()
+    loops: dict[int, _Loop] = {}
+    for i, item in enumerate(items):
+        if not isinstance(item, _Run):
+            single.update(v for v in item.invars if not isinstance(v, Literal))
+            continue
+        first = item.eqns[0]
+        carried = dict(item.carry)
+        single.update(first.invars[q] for q in carried if not isinstance(first.invars[q], Literal))
+        invariant, stacked = [], []
+        for q in range(len(first.invars)):
+            if q in carried:
+                continue
+            column = [eqn.invars[q] for eqn in item.eqns]
+            if _same(column):
+                invariant.append(q)
+                if not isinstance(column[0], Literal):
+                    single.add(column[0])
+            else:
+                stacked.append((q, column))
+        # Scanned forwards, how many columns lie in place in an earlier stack; and backwards.
+        forward = sum(stacks.in_place(c) for _, c in stacked)
+        backward = sum(stacks.in_place(c[::-1]) for _, c in stacked)
+        reverse = backward > forward
+        columns: dict[int, _From | None] = {}
+        fresh: dict[int, int] = {}
+        for q, column in stacked:
+            in_order = column[::-1] if reverse else column
+            columns[q] = stacks.find(in_order)
+            if columns[q] is None:
+                fresh[q] = stacks.add(in_order)
+                single.update(v for v in in_order if not isinstance(v, Literal))
+        order = item.eqns[::-1] if reverse else item.eqns
+        carried_out = set(carried.values())
+        ys: dict[int, int] = {}
+        for r in range(len(first.outvars)):
+            members = item.eqns[:-1] if r in carried_out else item.eqns
+            if any(e.outvars[r] in used for e in members):  # the last one's carry is the result
+                ys[r] = stacks.add([e.outvars[r] for e in order])
+        loops[i] = _Loop(reverse, tuple(invariant), columns, fresh, ys)
+    return loops, single
+
+
 def _scan(
-    run: _Run, read: Callable[[Any], Any], write: Callable[[Any, Any], None], used: set[Any]
+    run: _Run,
+    loop: _Loop,
+    read: Callable[[Any], Any],
+    write: Callable[[Any, Any], None],
+    stacks: dict[int, Any],
+    single: set[Any],
 ) -> None:
     first = run.eqns[0]
-    n_in = len(first.invars)
+    n, n_in = len(run.eqns), len(first.invars)
     carried = dict(run.carry)  # input position -> output position
-    invariant: dict[int, Any] = {}
-    stacked: list[int] = []
+    invariant = {q: read(first.invars[q]) for q in loop.invariant}
+    stacked = sorted(loop.columns)
     xs: list[Any] = []
-    for q in range(n_in):
-        if q in carried:
-            continue
-        column = [eqn.invars[q] for eqn in run.eqns]
-        if _same(column):
-            invariant[q] = read(column[0])
+    for q in stacked:
+        source = loop.columns[q]
+        if source is None:
+            order = run.eqns[::-1] if loop.reverse else run.eqns
+            x = jnp.stack([read(eqn.invars[q]) for eqn in order])
+            stacks[loop.fresh[q]] = x
         else:
-            stacked.append(q)
-            xs.append(jnp.stack([read(v) for v in column]))
-    carried_out = set(carried.values())
-    members = run.eqns[:-1]
-    ys_at = [  # outputs read outside the run; the last call's carried ones are the final carry
-        r
-        for r in range(len(first.outvars))
-        if any(e.outvars[r] in used for e in (members if r in carried_out else run.eqns))
-    ]
+            x = stacks[source.stack]
+            if source.start != 0 or x.shape[0] != n:
+                x = x[source.start : source.start + n]
+            if source.flip:
+                x = jnp.flip(x, 0)
+        xs.append(x)
+    ys_at = sorted(loop.ys)
     carry_q = sorted(carried)
 
     def body(carry: tuple[Any, ...], x: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -141,11 +257,13 @@ def _scan(
         return tuple(outs[carried[q]] for q in carry_q), tuple(outs[r] for r in ys_at)
 
     init = tuple(read(first.invars[q]) for q in carry_q)
-    final, ys = jax.lax.scan(body, init, tuple(xs), length=len(run.eqns))
-    for k, eqn in enumerate(run.eqns):
-        for r, y in zip(ys_at, ys, strict=True):
-            if not isinstance(eqn.outvars[r], DropVar) and eqn.outvars[r] in used:
-                write(eqn.outvars[r], y[k])
+    final, ys = jax.lax.scan(body, init, tuple(xs), length=n, reverse=loop.reverse)
+    for r, y in zip(ys_at, ys, strict=True):
+        stacks[loop.ys[r]] = y
+        for k, eqn in enumerate(run.eqns):
+            v = eqn.outvars[r]
+            if not isinstance(v, DropVar) and v in single:
+                write(v, y[n - 1 - k] if loop.reverse else y[k])
     last = run.eqns[-1]
     for q, c in zip(carry_q, final, strict=True):
         if not isinstance(last.outvars[carried[q]], DropVar):
@@ -154,12 +272,20 @@ def _scan(
 
 def program(jaxpr: Any) -> tuple[Callable[..., list[Any]], int]:
     """A function of (inputs..., consts...) computing ``jaxpr`` with its runs as
-    scans, and how many component calls it binds once traced."""
+    scans, and how many component calls it binds once traced.
+
+    A value one run makes for every layer and a later run reads for every layer
+    (the residuals a forward loop leaves for the backward loop, or the
+    parameters both read) stays one stacked array between them: it is never cut
+    into layers and stacked again."""
     items = runs(jaxpr.eqns)
     used = _used_outside(items, jaxpr.outvars)
+    loops, single = _layout(items, used)
+    single.update(v for v in jaxpr.outvars if not isinstance(v, Literal))
 
     def fun(*args: Any) -> list[Any]:
         env: dict[Any, Any] = {}
+        stacks: dict[int, Any] = {}
 
         def read(v: Any) -> Any:
             return v.val if isinstance(v, Literal) else env[v]
@@ -168,9 +294,9 @@ def program(jaxpr: Any) -> tuple[Callable[..., list[Any]], int]:
             env[v] = x
 
         env.update(zip([*jaxpr.invars, *jaxpr.constvars], args, strict=True))
-        for item in items:
+        for i, item in enumerate(items):
             if isinstance(item, _Run):
-                _scan(item, read, write, used)
+                _scan(item, loops[i], read, write, stacks, single)
             else:
                 outs = _bind(item, [read(v) for v in item.invars])
                 for v, x in zip(item.outvars, outs, strict=True):

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
+import jax
 import pytest
 
 # Before jaxaot is imported anywhere: point every default location at a
@@ -19,7 +21,7 @@ os.environ.pop("JAXAOT_CACHE_HMAC_KEY", None)
 os.environ.pop("JAXAOT_EXPLAIN_MISSES", None)
 
 import jaxaot  # noqa: E402
-from jaxaot import _stats  # noqa: E402
+from jaxaot import _regional, _stats  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -45,3 +47,27 @@ def subprocess_env(tmp_path: os.PathLike[str]) -> dict[str, str]:
     )
     env["JAX_PLATFORMS"] = "cpu"
     return env
+
+
+@pytest.fixture(autouse=True)
+def _no_background_work_left() -> Iterator[None]:
+    """Whole-program compiles run in the background: none outlives its test (so
+    none counts in another test's compiles)."""
+    yield
+    _regional.wait_for_background()
+
+
+@pytest.fixture
+def compiles() -> Iterator[list[str]]:
+    """Counts every XLA backend compilation, as JAX reports them."""
+    events: list[str] = []
+
+    def listener(event: str, duration: float, **kwargs: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            events.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)

@@ -2,111 +2,53 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
+from _steps import BATCH, WIDTH, block, close, loss, setup, train_step_factory
 from jax import lax
 
 import jaxaot
-from jaxaot import _plan, _regional, _whole
+from jaxaot import _regional
 from jaxaot.cli import _model
-
-WIDTH, SEQ, BATCH = 16, 8, 2
-
-
-@pytest.fixture(autouse=True)
-def _no_background_work_left() -> Iterator[None]:
-    """Whole-program compiles run in the background: none outlives its test (so
-    none counts in another test's compiles)."""
-    yield
-    _regional.wait_for_background()
-
-
-@pytest.fixture
-def compiles() -> Iterator[list[str]]:
-    """Counts every XLA backend compilation, as JAX reports them."""
-    events: list[str] = []
-
-    def listener(event: str, duration: float, **kwargs: Any) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            events.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield events
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-
-
-block = jaxaot.component(_model.block, static_argnames=("heads", "causal"))
-
-
-def _loss(blocks: list[dict[str, jax.Array]], x: jax.Array, block_fn: Any) -> jax.Array:
-    for p in blocks:
-        x = block_fn(p, x)
-    return jnp.mean(x**2)
-
-
-def _train_step_factory(block_fn: Any) -> tuple[Any, Any]:
-    optimizer = optax.adam(1e-2)
-
-    def step(blocks: Any, opt_state: Any, x: jax.Array) -> Any:
-        loss, grads = jax.value_and_grad(_loss)(blocks, x, block_fn)
-        updates, opt_state = optimizer.update(grads, opt_state, blocks)
-        return optax.apply_updates(blocks, updates), opt_state, loss
-
-    return step, optimizer
-
-
-def _setup(layers: int) -> tuple[Any, jax.Array]:
-    blocks = _model.init_blocks(jax.random.key(0), layers, WIDTH)
-    x = jax.random.normal(jax.random.key(1), (BATCH, SEQ, WIDTH))
-    return blocks, x
-
-
-def _close(a: Any, b: Any, tol: float = 5e-5) -> None:
-    jax.tree_util.tree_map(lambda u, v: np.testing.assert_allclose(u, v, rtol=tol, atol=tol), a, b)
 
 
 def test_train_step_matches_jax_jit() -> None:
-    step, optimizer = _train_step_factory(block)
-    plain, _ = _train_step_factory(_model.block)
-    blocks, x = _setup(3)
+    step, optimizer = train_step_factory(block)
+    plain, _ = train_step_factory(_model.block)
+    blocks, x = setup(3)
     state = optimizer.init(blocks)
     regional = jaxaot.jit(step)
     want = jax.jit(plain)(blocks, state, x)
     got = regional(blocks, state, x)
-    _close(got, want)
+    close(got, want)
     # A few steps in a row stay in agreement.
     a, b = got, want
     for _ in range(2):
         a = regional(a[0], a[1], x)
         b = jax.jit(plain)(b[0], b[1], x)
-    _close(a, b, tol=1e-4)
+    close(a, b, tol=1e-4)
 
 
 def test_gradients_match() -> None:
-    blocks, x = _setup(2)
-    grad = jaxaot.jit(jax.grad(lambda bs, x: _loss(bs, x, block), argnums=(0, 1)))
-    want = jax.jit(jax.grad(lambda bs, x: _loss(bs, x, _model.block), argnums=(0, 1)))(blocks, x)
-    _close(grad(blocks, x), want)
+    blocks, x = setup(2)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block), argnums=(0, 1)))
+    want = jax.jit(jax.grad(lambda bs, x: loss(bs, x, _model.block), argnums=(0, 1)))(blocks, x)
+    close(grad(blocks, x), want)
 
 
 def _compiles_for(layers: int, compiles: list[str]) -> int:
-    step, optimizer = _train_step_factory(block)
-    blocks, x = _setup(layers)
+    step, optimizer = train_step_factory(block)
+    blocks, x = setup(layers)
     state = optimizer.init(blocks)
     with jaxaot.using_cache(jaxaot.MemoryCache()):
         block.clear_cache()
@@ -127,8 +69,8 @@ def test_plain_jit_compiles_more_as_depth_grows(compiles: list[str]) -> None:
     """The same step under plain jax.jit: one whole-program compile each time, for
     contrast (the count is 1, but its size grows); jaxaot.jit's compiles are
     per block kind, checked above."""
-    step, optimizer = _train_step_factory(block)
-    blocks, x = _setup(2)
+    step, optimizer = train_step_factory(block)
+    blocks, x = setup(2)
     before = len(compiles)
     jax.jit(step)(blocks, optimizer.init(blocks), x)
     assert len(compiles) - before == 1
@@ -181,7 +123,7 @@ def test_heterogeneous_model_compiles_each_kind_once(repeats: int, compiles: lis
         before = len(compiles)
         got = regional(params, x)
         total = len(compiles) - before
-    _close(got, want, tol=1e-4)
+    close(got, want, tol=1e-4)
     # Each kind: one forward entry (outputs and residuals) and the transpose of its
     # linear entry, shared by every layer of the kind (the first layer, whose
     # input is not differentiated, included).
@@ -193,13 +135,13 @@ def test_heterogeneous_model_compiles_each_kind_once(repeats: int, compiles: lis
 
 
 def test_donation() -> None:
-    step, optimizer = _train_step_factory(block)
-    blocks, x = _setup(2)
+    step, optimizer = train_step_factory(block)
+    blocks, x = setup(2)
     state = optimizer.init(blocks)
     expected = jax.jit(step)(blocks, state, x)
     regional = jaxaot.jit(step, donate_argnums=(0, 1))
     got = regional(blocks, state, x)
-    _close(got, expected)
+    close(got, expected)
     assert all(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(blocks))
     assert all(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(state))
     assert not x.is_deleted()
@@ -219,7 +161,7 @@ def test_vmap_and_nested_components() -> None:
     w, xs = jnp.ones((3, 3)) * 0.3, jnp.arange(12.0).reshape(4, 3) / 12
     got = jaxaot.jit(jax.value_and_grad(f))(w, xs)
     want = jax.value_and_grad(f)(w, xs)
-    _close(got, want)
+    close(got, want)
 
 
 def test_component_under_scan_still_correct(caplog: pytest.LogCaptureFixture) -> None:
@@ -230,7 +172,7 @@ def test_component_under_scan_still_correct(caplog: pytest.LogCaptureFixture) ->
 
     xs = jnp.arange(12.0).reshape(4, 3)
     caplog.set_level("DEBUG", logger="jaxaot")
-    _close(jaxaot.jit(f)(xs), jax.jit(f)(xs))
+    close(jaxaot.jit(f)(xs), jax.jit(f)(xs))
     assert any("compiled inline" in r.getMessage() for r in caplog.records)
 
 
@@ -238,14 +180,46 @@ def test_program_without_components_and_static_args() -> None:
     f = jaxaot.jit(lambda x, n: x * n, static_argnums=1)
     np.testing.assert_allclose(f(jnp.ones(3), 4), 4 * np.ones(3))
     g = jaxaot.jit(lambda x, n: block(x["p"], x["x"]) * n, static_argnums=1)
-    blocks, x = _setup(1)
-    _close(g({"p": blocks[0], "x": x}, 2), 2 * _model.block(blocks[0], x))
+    blocks, x = setup(1)
+    close(g({"p": blocks[0], "x": x}, 2), 2 * _model.block(blocks[0], x))
+
+
+def test_each_call_runs_the_plan_of_its_own_signature() -> None:
+    """A step loop calls with one signature again and again; a call whose types,
+    weak types, shapes, structure or placement differ from the last call's gets
+    its own plan (and jax.jit's result and dtype), however the calls alternate."""
+    scale = jaxaot.component(lambda w, s: jnp.tanh(w * s))
+
+    def f(ws: Any, s: jax.Array) -> Any:
+        return [scale(w, s) for w in ws]
+
+    regional, plain = jaxaot.jit(f), jax.jit(f)
+    w16 = [jnp.full((3,), 0.5, jnp.bfloat16)] * 2
+    weak, strong = jnp.asarray(2.0), jnp.asarray(2.0, jnp.float32)
+    assert jax.typeof(weak).weak_type and not jax.typeof(strong).weak_type
+    cases = [
+        (w16, weak),  # bfloat16 result
+        (w16, strong),  # the same values and dtypes, but a strong float32: float32 result
+        (w16, weak),
+        ([w.astype(jnp.float32) for w in w16], weak),
+        (w16 * 2, weak),  # four layers: another structure
+        ([jnp.full((4,), 0.5, jnp.bfloat16)] * 2, weak),
+        (w16, jax.device_put(weak, jax.devices()[0])),  # committed where it was: the same plan
+        (w16, strong),
+    ]
+    for ws, s in cases * 2:
+        got, want = regional(ws, s), plain(ws, s)
+        assert [g.dtype for g in got] == [v.dtype for v in want], (ws[0].dtype, s)
+        assert [g.shape for g in got] == [v.shape for v in want]
+        assert [jax.typeof(g).weak_type for g in got] == [jax.typeof(v).weak_type for v in want]
+        close(got, want, tol=1e-2)
+    assert len(regional._plans) == 5
 
 
 def test_inside_jax_jit_behaves_as_jax_jit() -> None:
     f = jaxaot.jit(lambda p, x: block(p, x) * 3)
-    blocks, x = _setup(1)
-    _close(jax.jit(f)(blocks[0], x), 3 * _model.block(blocks[0], x))
+    blocks, x = setup(1)
+    close(jax.jit(f)(blocks[0], x), 3 * _model.block(blocks[0], x))
 
 
 WARM_MODULE = textwrap.dedent(
@@ -340,7 +314,7 @@ def test_a_failed_executable_falls_back_to_jax_jit_with_inputs_intact(
     caplog.set_level("DEBUG", logger="jaxaot")
     regional = jaxaot.jit(step, donate_argnums=0)
     got = regional(ws, v)
-    _close(got, want)
+    close(got, want)
     assert calls["n"] >= 1
     assert any("not split" in r.getMessage() for r in caplog.records)
     # The fallback ran with the donated inputs: jax.jit gave them up, not a half-run plan.
@@ -348,20 +322,20 @@ def test_a_failed_executable_falls_back_to_jax_jit_with_inputs_intact(
     # Later calls go straight to jax.jit.
     n = calls["n"]
     ws2 = [jnp.eye(3) * 0.5, jnp.eye(3) * 0.25]
-    _close(regional(ws2, v), want)
+    close(regional(ws2, v), want)
     assert calls["n"] == n
 
 
 def test_precompile_waits_for_every_executable() -> None:
-    blocks, x = _setup(3)
-    grad = jaxaot.jit(jax.grad(lambda bs, x: _loss(bs, x, block)))
+    blocks, x = setup(3)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
     with jaxaot.using_cache(jaxaot.MemoryCache()):
         block.clear_cache()
         grad.precompile(blocks, x)
         (plan,) = grad._plans.values()
         assert plan is not None and plan.ready
         assert all(step.job.done() for step in plan.steps)
-        _close(grad(blocks, x), jax.grad(lambda bs, x: _loss(bs, x, _model.block))(blocks, x))
+        close(grad(blocks, x), jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x))
 
 
 def test_autodiff_executables_start_compiling_during_the_trace(
@@ -391,7 +365,7 @@ def test_autodiff_executables_start_compiling_during_the_trace(
     v = jnp.ones((2, 3))
     with jaxaot.using_cache(jaxaot.MemoryCache()):
         got = jaxaot.jit(jax.grad(loss))(ws, v)
-    _close(got, jax.grad(loss)(ws, v))
+    close(got, jax.grad(loss)(ws, v))
     assert events.index("submit linearize") < events.index("traced layer 2")
     assert events.count("submit linearize") == 1 and events.count("submit transpose") == 1
     assert comp.cache_info().compiles == 2
@@ -413,7 +387,7 @@ def test_no_input_is_donated_before_every_executable_exists(
     a, w = jnp.ones((2, 3)), jnp.eye(3)
     want = jax.jit(f)(a, w)
     got = jaxaot.jit(f, donate_argnums=0)(a, w)
-    _close(got, want)
+    close(got, want)
     assert a.is_deleted()
 
 
@@ -428,190 +402,12 @@ def test_a_component_used_at_top_level_and_in_jaxaot_jit_shares_one_cache(
     x = jnp.arange(6.0).reshape(2, 3)
     want = jnp.tanh(x @ p["w"]) + p["b"]
     with jaxaot.using_cache(jaxaot.DirectoryCache(tmp_path / "cache")):
-        _close(comp(p, x), want)
+        close(comp(p, x), want)
         jaxaot.wait_for_writes()
         comp.clear_cache()  # as a fresh process would: everything comes from the directory
-        _close(jaxaot.jit(lambda p, x: comp(p, x) * 2)(p, x), 2 * want)
+        close(jaxaot.jit(lambda p, x: comp(p, x) * 2)(p, x), 2 * want)
         comp.clear_cache()
-        _close(comp(p, x), want)
-
-
-# -- the steady state: the whole-program form ------------------------------------
-
-
-def _settle(fn: Any, make_args: Any, limit: float = 300.0) -> Any:
-    """Calls ``fn`` (with fresh arguments each time) until it has chosen between its
-    split and whole-program forms; returns its plan."""
-    import time
-
-    deadline = time.monotonic() + limit
-    jax.block_until_ready(fn(*make_args()))
-    (plan,) = fn._plans.values()
-    while plan.pending():
-        assert time.monotonic() < deadline, "the steady state was never chosen"
-        if plan.whole is not None:
-            concurrent.futures.wait([plan.whole])
-        jax.block_until_ready(fn(*make_args()))
-    return plan
-
-
-def test_whole_program_gives_jax_jit_results_and_the_faster_form_is_kept() -> None:
-    step, optimizer = _train_step_factory(block)
-    plain, _ = _train_step_factory(_model.block)
-    blocks, x = _setup(4)
-    state = optimizer.init(blocks)
-    regional = jaxaot.jit(step)
-    with jaxaot.using_cache(jaxaot.MemoryCache()):
-        plan = _settle(regional, lambda: (blocks, state, x))
-    assert plan.whole is not None and plan.whole.exception() is None
-    split, whole = plan.timings[_plan.SPLIT][1:], plan.timings[_plan.WHOLE][1:]
-    assert len(split) >= _plan.SAMPLES and len(whole) >= _plan.SAMPLES
-    faster = _plan.WHOLE if min(whole) < min(split) else _plan.SPLIT
-    assert plan.mode == faster
-    want = jax.jit(plain)(blocks, state, x)
-    for mode in (_plan.WHOLE, _plan.SPLIT):
-        plan.mode = mode
-        a, b = regional(blocks, state, x), want
-        _close(a, b)
-        for _ in range(2):  # steps in a row stay in agreement
-            a = regional(a[0], a[1], x)
-            b = jax.jit(plain)(b[0], b[1], x)
-        _close(a, b, tol=1e-4)
-
-
-def _whole_calls_and_compiles(layers: int, compiles: list[str]) -> tuple[Any, int]:
-    grad = jaxaot.jit(jax.value_and_grad(lambda bs, x: _loss(bs, x, block)))
-    blocks, x = _setup(layers)
-    jax.block_until_ready(grad(blocks, x))
-    (plan,) = grad._plans.values()
-    before = len(compiles)
-    jax.block_until_ready(grad(blocks, x))  # the program has run: the whole program starts
-    assert plan.whole is not None
-    plan.whole.result()
-    compiled = len(compiles) - before
-    return plan.whole_calls, compiled
-
-
-def test_whole_program_compiles_one_layer_whatever_the_depth(compiles: list[str]) -> None:
-    """Repeated layers are one loop in the whole program: its size (the component
-    calls it binds) and its compile count do not grow with depth."""
-    with jaxaot.using_cache(jaxaot.MemoryCache()):
-        shallow = _whole_calls_and_compiles(3, compiles)
-        deep = _whole_calls_and_compiles(12, compiles)
-    assert shallow == deep, (shallow, deep)
-    calls, compiled = deep
-    assert compiled == 1
-    assert 0 < calls <= 4  # the first layer (input not differentiated) and the loop, each way
-
-
-def test_whole_program_never_blocks_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    import threading
-
-    release = threading.Event()
-    program = _regional.WHOLE.program
-
-    def slow(*args: Any) -> Any:
-        assert release.wait(60)
-        return program(*args)
-
-    monkeypatch.setattr(_regional.WHOLE, "program", slow)
-    blocks, x = _setup(3)
-    grad = jaxaot.jit(jax.grad(lambda bs, x: _loss(bs, x, block)))
-    want = jax.grad(lambda bs, x: _loss(bs, x, _model.block))(blocks, x)
-    for _ in range(4):  # the whole program is stuck compiling: the split program answers
-        _close(grad(blocks, x), want)
-    (plan,) = grad._plans.values()
-    assert plan.whole is not None and not plan.whole.done() and plan.pending()
-    release.set()
-    plan = _settle(grad, lambda: (blocks, x))
-    _close(grad(blocks, x), want)
-
-
-def test_a_failed_whole_program_leaves_the_split_program(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    def broken(*args: Any) -> Any:
-        raise RuntimeError("no whole program today")
-
-    monkeypatch.setattr(_regional.WHOLE, "program", broken)
-    caplog.set_level("DEBUG", logger="jaxaot")
-    blocks, x = _setup(2)
-    grad = jaxaot.jit(jax.grad(lambda bs, x: _loss(bs, x, block)))
-    plan = _settle(grad, lambda: (blocks, x))
-    assert plan.mode == _plan.SPLIT
-    assert any("no whole-program executable" in r.getMessage() for r in caplog.records)
-    _close(grad(blocks, x), jax.grad(lambda bs, x: _loss(bs, x, _model.block))(blocks, x))
-
-
-def test_whole_program_donates_like_jax_jit() -> None:
-    step, optimizer = _train_step_factory(block)
-    blocks, x = _setup(3)
-    state = optimizer.init(blocks)
-    expected = jax.jit(step)(blocks, state, x)
-    regional = jaxaot.jit(step, donate_argnums=(0, 1))
-
-    def fresh() -> tuple[Any, Any, jax.Array]:
-        copy = jax.tree_util.tree_map(jnp.copy, (blocks, state))
-        return copy[0], copy[1], x
-
-    plan = _settle(regional, fresh)
-    plan.mode = _plan.WHOLE
-    b, s, _ = fresh()
-    got = regional(b, s, x)
-    _close(got, expected)
-    assert all(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves((b, s)))
-    assert not x.is_deleted()
-
-
-def test_whole_program_off_on_request() -> None:
-    blocks, x = _setup(2)
-    grad = jaxaot.jit(jax.grad(lambda bs, x: _loss(bs, x, block)), whole_program=False)
-    for _ in range(4):
-        grad(blocks, x)
-    (plan,) = grad._plans.values()
-    assert plan.whole is None and plan.mode == _plan.SPLIT
-
-
-def test_runs_of_one_entry_become_one_loop() -> None:
-    """Chained calls of one entry are a run; a call of another entry, or one that
-    reads an older member's output, ends it."""
-    a = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
-    b = jaxaot.component(lambda w, v: jnp.sin(v @ w))
-    w = jnp.eye(3) * 0.5
-
-    def f(v: jax.Array) -> jax.Array:
-        h1 = a(w, v)
-        h2 = a(w, h1)
-        h3 = a(w, h2)
-        h4 = b(w, h3)
-        return a(w, h4 + h1)  # reads h1: not chained to the run above
-
-    v = jnp.ones((2, 3))
-    jaxpr = jax.make_jaxpr(f)(v).jaxpr
-    items = _whole.runs(jaxpr.eqns)
-    kinds = [len(i.eqns) if isinstance(i, _whole._Run) else i.primitive.name for i in items]
-    assert kinds == [3, "jaxaot_component", "add", "jaxaot_component"], kinds
-    fn, calls = _whole.program(jaxpr)
-    assert calls == 3
-    consts = jax.make_jaxpr(f)(v).consts
-    _close(jax.jit(fn)(v, *consts)[0], f(v))
-
-
-def test_no_whole_program_when_it_would_still_be_long(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A program whose calls do not form loops would compile, whole, as long as
-    jax.jit does: past ``MAX_WHOLE_CALLS`` calls, none is made."""
-    monkeypatch.setattr(_regional, "MAX_WHOLE_CALLS", 1)
-    caplog.set_level("DEBUG", logger="jaxaot")
-    blocks, x = _setup(2)
-    grad = jaxaot.jit(jax.grad(lambda bs, x: _loss(bs, x, block)))
-    want = jax.grad(lambda bs, x: _loss(bs, x, _model.block))(blocks, x)
-    for _ in range(3):
-        _close(grad(blocks, x), want)
-    (plan,) = grad._plans.values()
-    assert plan.whole is None and plan.mode == _plan.SPLIT
-    assert any("no whole program" in r.getMessage() for r in caplog.records)
+        close(comp(p, x), want)
 
 
 # -- sharded programs (8 simulated CPU devices, in a fresh interpreter) --------------------

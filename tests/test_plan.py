@@ -1,0 +1,107 @@
+"""The plan of a split program and its steady state: the choice between the split
+program and its whole-program form (``jaxaot._plan``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from _steps import block, close, loss, settle, setup, train_step_factory
+
+import jaxaot
+from jaxaot import _plan, _regional
+from jaxaot.cli import _model
+
+
+def test_whole_program_gives_jax_jit_results_and_the_faster_form_is_kept() -> None:
+    step, optimizer = train_step_factory(block)
+    plain, _ = train_step_factory(_model.block)
+    blocks, x = setup(4)
+    state = optimizer.init(blocks)
+    regional = jaxaot.jit(step)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        plan = settle(regional, lambda: (blocks, state, x))
+    assert plan.whole is not None and plan.whole.exception() is None
+    split, whole = plan.timings[_plan.SPLIT][1:], plan.timings[_plan.WHOLE][1:]
+    assert len(split) >= _plan.SAMPLES and len(whole) >= _plan.SAMPLES
+    faster = _plan.WHOLE if min(whole) < min(split) else _plan.SPLIT
+    assert plan.mode == faster
+    want = jax.jit(plain)(blocks, state, x)
+    for mode in (_plan.WHOLE, _plan.SPLIT):
+        plan.mode = mode
+        a, b = regional(blocks, state, x), want
+        close(a, b)
+        for _ in range(2):  # steps in a row stay in agreement
+            a = regional(a[0], a[1], x)
+            b = jax.jit(plain)(b[0], b[1], x)
+        close(a, b, tol=1e-4)
+
+
+def test_whole_program_never_blocks_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    release = threading.Event()
+    program = _regional.WHOLE.program
+
+    def slow(*args: Any) -> Any:
+        assert release.wait(60)
+        return program(*args)
+
+    monkeypatch.setattr(_regional.WHOLE, "program", slow)
+    blocks, x = setup(3)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
+    want = jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x)
+    for _ in range(4):  # the whole program is stuck compiling: the split program answers
+        close(grad(blocks, x), want)
+    (plan,) = grad._plans.values()
+    assert plan.whole is not None and not plan.whole.done() and plan.pending()
+    release.set()
+    plan = settle(grad, lambda: (blocks, x))
+    close(grad(blocks, x), want)
+
+
+def test_a_failed_whole_program_leaves_the_split_program(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("no whole program today")
+
+    monkeypatch.setattr(_regional.WHOLE, "program", broken)
+    caplog.set_level("DEBUG", logger="jaxaot")
+    blocks, x = setup(2)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
+    plan = settle(grad, lambda: (blocks, x))
+    assert plan.mode == _plan.SPLIT
+    assert any("no whole-program executable" in r.getMessage() for r in caplog.records)
+    close(grad(blocks, x), jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x))
+
+
+def test_whole_program_donates_like_jax_jit() -> None:
+    step, optimizer = train_step_factory(block)
+    blocks, x = setup(3)
+    state = optimizer.init(blocks)
+    expected = jax.jit(step)(blocks, state, x)
+    regional = jaxaot.jit(step, donate_argnums=(0, 1))
+
+    def fresh() -> tuple[Any, Any, jax.Array]:
+        copy = jax.tree_util.tree_map(jnp.copy, (blocks, state))
+        return copy[0], copy[1], x
+
+    plan = settle(regional, fresh)
+    plan.mode = _plan.WHOLE
+    b, s, _ = fresh()
+    got = regional(b, s, x)
+    close(got, expected)
+    assert all(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves((b, s)))
+    assert not x.is_deleted()
+
+
+def test_whole_program_off_on_request() -> None:
+    blocks, x = setup(2)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)), whole_program=False)
+    for _ in range(4):
+        grad(blocks, x)
+    (plan,) = grad._plans.values()
+    assert plan.whole is None and plan.mode == _plan.SPLIT

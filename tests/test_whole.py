@@ -1,0 +1,171 @@
+"""The whole-program form of a split program, repeated layers as loops
+(``jaxaot._whole``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from _steps import block, close, loss, setup
+
+import jaxaot
+from jaxaot import _plan, _regional, _whole
+from jaxaot.cli import _model
+
+
+def _whole_calls_and_compiles(layers: int, compiles: list[str]) -> tuple[Any, int]:
+    grad = jaxaot.jit(jax.value_and_grad(lambda bs, x: loss(bs, x, block)))
+    blocks, x = setup(layers)
+    jax.block_until_ready(grad(blocks, x))
+    (plan,) = grad._plans.values()
+    before = len(compiles)
+    jax.block_until_ready(grad(blocks, x))  # the program has run: the whole program starts
+    assert plan.whole is not None
+    plan.whole.result()
+    compiled = len(compiles) - before
+    return plan.whole_calls, compiled
+
+
+def test_whole_program_compiles_one_layer_whatever_the_depth(compiles: list[str]) -> None:
+    """Repeated layers are one loop in the whole program: its size (the component
+    calls it binds) and its compile count do not grow with depth."""
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        shallow = _whole_calls_and_compiles(3, compiles)
+        deep = _whole_calls_and_compiles(12, compiles)
+    assert shallow == deep, (shallow, deep)
+    calls, compiled = deep
+    assert compiled == 1
+    assert 0 < calls <= 4  # the first layer (input not differentiated) and the loop, each way
+
+
+def test_runs_of_one_entry_become_one_loop() -> None:
+    """Chained calls of one entry are a run; a call of another entry, or one that
+    reads an older member's output, ends it."""
+    a = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
+    b = jaxaot.component(lambda w, v: jnp.sin(v @ w))
+    w = jnp.eye(3) * 0.5
+
+    def f(v: jax.Array) -> jax.Array:
+        h1 = a(w, v)
+        h2 = a(w, h1)
+        h3 = a(w, h2)
+        h4 = b(w, h3)
+        return a(w, h4 + h1)  # reads h1: not chained to the run above
+
+    v = jnp.ones((2, 3))
+    jaxpr = jax.make_jaxpr(f)(v).jaxpr
+    items = _whole.runs(jaxpr.eqns)
+    kinds = [len(i.eqns) if isinstance(i, _whole._Run) else i.primitive.name for i in items]
+    assert kinds == [3, "jaxaot_component", "add", "jaxaot_component"], kinds
+    fn, calls = _whole.program(jaxpr)
+    assert calls == 3
+    consts = jax.make_jaxpr(f)(v).consts
+    close(jax.jit(fn)(v, *consts)[0], f(v))
+
+
+def test_no_whole_program_when_it_would_still_be_long(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A program whose calls do not form loops would compile, whole, as long as
+    jax.jit does: past ``MAX_WHOLE_CALLS`` calls, none is made."""
+    monkeypatch.setattr(_regional, "MAX_WHOLE_CALLS", 1)
+    caplog.set_level("DEBUG", logger="jaxaot")
+    blocks, x = setup(2)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
+    want = jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x)
+    for _ in range(3):
+        close(grad(blocks, x), want)
+    (plan,) = grad._plans.values()
+    assert plan.whole is None and plan.mode == _plan.SPLIT
+    assert any("no whole program" in r.getMessage() for r in caplog.records)
+
+
+def _whole_jit(f: Any, *args: Any) -> Any:
+    """``f``'s whole-program form (from its jaxpr), compiled, called on ``args``."""
+    closed = jax.make_jaxpr(f)(*args)
+    fn, _ = _whole.program(closed.jaxpr)
+    flat = jax.tree_util.tree_leaves(args)
+    out = jax.jit(fn)(*flat, *closed.consts)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(jax.eval_shape(f, *args)), out)
+
+
+def test_whole_program_gives_the_programs_values_however_its_loops_meet() -> None:
+    """Loops that hand stacks to each other in order, reversed, in part or
+    shuffled, and layer values also read one by one, all give the program's values."""
+    layer = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
+    other = jaxaot.component(lambda w, v: jnp.sin(v @ w) + v)
+    mix = jaxaot.component(lambda w, u, h: jnp.tanh(u @ w) * h)
+    mix2 = jaxaot.component(lambda u, a, b: jnp.tanh(u * a) + b)
+    eye = jnp.eye(4) * 0.9
+    ws = [jax.random.normal(jax.random.key(i), (4, 4)) * 0.5 for i in range(6)]
+    v = jax.random.normal(jax.random.key(9), (3, 4))
+
+    def chain(ws: Any, v: jax.Array, f: Any = layer) -> jax.Array:
+        for w in ws:
+            v = f(w, v)
+        return v
+
+    def every_layer(ws: Any, v: jax.Array) -> jax.Array:
+        hs = []
+        for w in ws:
+            v = layer(w, v)
+            hs.append(v)
+        return v + sum(h * (i + 1) for i, h in enumerate(hs))  # each layer's output, one by one
+
+    def two_loops(ws: Any, v: jax.Array) -> Any:
+        hs = []
+        for w in ws:
+            v = layer(w, v)
+            hs.append(v)
+        u, out = jnp.ones_like(v), []
+        for h in hs[::-1]:  # a second loop over the first one's outputs, reversed
+            u = mix(eye, u, h)
+            out.append(u)
+        s = jnp.ones_like(v)
+        for h in [hs[2], hs[0], hs[4], hs[1]]:  # and in no order: stacked afresh
+            s = mix(eye, s, h)
+        return u, s, out[1:4]
+
+    def both_ways(ws: Any, v: jax.Array) -> jax.Array:
+        hs = []
+        for w in ws:
+            v = layer(w, v)
+            hs.append(v)
+        u = jnp.ones_like(v)
+        for a, b in zip(hs, hs[::-1], strict=True):  # one column in order, one reversed
+            u = mix2(u, a, b)
+        return u
+
+    cases = [
+        (both_ways, (ws, v)),
+        (jax.grad(lambda ws, v: jnp.sum(both_ways(ws, v))), (ws, v)),
+        (chain, (ws, v)),
+        (jax.grad(lambda ws, v: jnp.sum(chain(ws, v) ** 2), argnums=(0, 1)), (ws, v)),
+        (
+            jax.value_and_grad(lambda ws, v: jnp.sum(chain(ws[1:], chain(ws[:1], v, other)))),
+            (ws, v),
+        ),
+        (every_layer, (ws, v)),
+        (jax.grad(lambda ws, v: jnp.sum(every_layer(ws, v))), (ws, v)),
+        (two_loops, (ws, v)),
+        (jax.grad(lambda ws, v: jnp.sum(two_loops(ws, v)[1])), (ws, v)),
+    ]
+    for f, args in cases:
+        close(_whole_jit(f, *args), jax.jit(f)(*args))
+
+
+def test_a_backward_loop_reads_the_forward_loops_stacks_in_place() -> None:
+    """In a train step, the backward loop runs in reverse over the stacks the
+    forward loop made (residuals) and read (parameters): nothing is cut into
+    layers and stacked again between them."""
+    blocks, x = setup(6)
+    closed = jax.make_jaxpr(jax.value_and_grad(lambda bs, x: loss(bs, x, block)))(blocks, x)
+    items = _whole.runs(closed.jaxpr.eqns)
+    loops, _ = _whole._layout(items, _whole._used_outside(items, closed.jaxpr.outvars))
+    forward, backward = (loops[i] for i in sorted(loops))
+    assert not forward.reverse and backward.reverse
+    assert forward.fresh and all(q in forward.fresh for q in forward.columns)  # the parameters
+    assert not backward.fresh  # every column is a stack the forward loop left
+    assert all(c is not None and not c.flip for c in backward.columns.values())
