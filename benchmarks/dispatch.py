@@ -145,6 +145,7 @@ def split_overhead(
         return jnp.mean(h**2)
 
     scanned = jax.jit(scan_loss if inference else jax.value_and_grad(scan_loss))
+
     def whole_alone() -> Any:
         assert plan.whole is not None
         return plan.whole.result()(*leaves, *plan.consts)
