@@ -170,11 +170,12 @@ class _Stacks:
         return None
 
 
-def _layout(items: Sequence[Any], used: set[Any]) -> tuple[dict[int, _Loop], set[Any]]:
+def _layout(items: Sequence[Any], outvars: Sequence[Any]) -> tuple[dict[int, _Loop], set[Any]]:
     """Each run's loop (by item index), and the variables some equation or the
-    program's outputs read one by one (the others live only in stacks)."""
+    program's outputs (``outvars``) read one by one (the others live only in stacks)."""
+    used = _used_outside(items, outvars)
     stacks = _Stacks()
-    single: set[Any] = set()
+    single: set[Any] = {v for v in outvars if not isinstance(v, Literal)}
     loops: dict[int, _Loop] = {}
     for i, item in enumerate(items):
         if not isinstance(item, _Run):
@@ -279,9 +280,7 @@ def program(jaxpr: Any) -> tuple[Callable[..., list[Any]], int]:
     parameters both read) stays one stacked array between them: it is never cut
     into layers and stacked again."""
     items = runs(jaxpr.eqns)
-    used = _used_outside(items, jaxpr.outvars)
-    loops, single = _layout(items, used)
-    single.update(v for v in jaxpr.outvars if not isinstance(v, Literal))
+    loops, single = _layout(items, jaxpr.outvars)
 
     def fun(*args: Any) -> list[Any]:
         env: dict[Any, Any] = {}

@@ -163,7 +163,7 @@ def test_a_backward_loop_reads_the_forward_loops_stacks_in_place() -> None:
     blocks, x = setup(6)
     closed = jax.make_jaxpr(jax.value_and_grad(lambda bs, x: loss(bs, x, block)))(blocks, x)
     items = _whole.runs(closed.jaxpr.eqns)
-    loops, _ = _whole._layout(items, _whole._used_outside(items, closed.jaxpr.outvars))
+    loops, _ = _whole._layout(items, closed.jaxpr.outvars)
     forward, backward = (loops[i] for i in sorted(loops))
     assert not forward.reverse and backward.reverse
     assert forward.fresh and all(q in forward.fresh for q in forward.columns)  # the parameters
