@@ -63,7 +63,7 @@ from ._key import (
     stable_repr,
     tree_text,
 )
-from ._optimize import fuse_dot_transposes, prune_residuals
+from ._optimize import forwarded_inputs, fuse_dot_transposes, prune_residuals
 from ._program import program_parts, uses_primitive
 from ._rules import bind, in_regional_trace, naming
 from ._sharding import (
@@ -155,7 +155,9 @@ def is_differentiable(dtype: Any) -> bool:
 #   3: residuals that are elementwise arithmetic of other residuals are recomputed.
 #   4: derived keys hold each parent's input types and the vmap axis's name and
 #      spmd_axis_name; every dtype JAX differentiates gets tangents.
-DERIVE_VERSION = 4
+#   5: forward entries say which residuals are their own inputs
+#      (``extra["forwards"]``, read by ``_whole``).
+DERIVE_VERSION = 5
 
 
 def _base_parts(platform: str) -> dict[str, Any]:
@@ -361,7 +363,8 @@ class Call:
 
         def make_fwd() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
             known, _ = parent._linearized_jaxprs(mask)
-            return jaxpr_as_fun(known), {}
+            n_primal_out = len(parent.entry.out_avals)
+            return jaxpr_as_fun(known), {"forwards": forwarded_inputs(known, n_primal_out)}
 
         fwd = self._derive(("linearize", mask, "forward"), args, make_fwd, self.entry.arg_names)
         n_out = len(self.entry.out_avals)

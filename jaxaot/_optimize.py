@@ -162,6 +162,21 @@ def _nbytes(v: Any) -> int:
     return int(v.aval.size) * v.aval.dtype.itemsize
 
 
+def forwarded_inputs(known: Any, n_out: int) -> list[list[int]]:
+    """``[r, q]`` for each residual output ``r`` of the forward jaxpr ``known``
+    (whose first ``n_out`` outputs are the primal outputs) that is its own input
+    ``q``, unchanged: a weight the backward pass multiplies by, say. The entry
+    still returns it (a copy); a program that has the input at hand can read it
+    there instead (``_whole``)."""
+    jaxpr = known.jaxpr
+    position = {v: q for q, v in enumerate(jaxpr.invars)}
+    return [
+        [r, position[v]]
+        for r, v in enumerate(jaxpr.outvars)
+        if r >= n_out and not isinstance(v, Literal) and v in position
+    ]
+
+
 def prune_residuals(known: Any, unknown: Any, n_out: int) -> tuple[Any, Any]:
     """Writes fewer residuals: those that are elementwise arithmetic of other
     residuals are recomputed at the start of the linear part, and residuals that

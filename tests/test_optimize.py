@@ -218,3 +218,39 @@ def test_benchmark_block_writes_the_same_residuals_on_every_jax() -> None:
     got = jaxpr_as_fun(new_unknown)(*new[1:], *tangents)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_forward_entries_say_which_residuals_are_their_own_inputs(tmp_path: Any) -> None:
+    """The forward entry of ``tanh(v @ w)`` returns ``w`` and ``v`` as residuals
+    (the backward pass multiplies by them) and says so; a computed residual is
+    not named. The fact is kept with the entry: a warm process reads the same."""
+    from jaxaot._optimize import forwarded_inputs
+
+    def f(w: jax.Array, v: jax.Array) -> jax.Array:
+        return jnp.tanh(v @ w)
+
+    w = jnp.ones((4, 4)) * 0.3
+    v = jnp.ones((2, 4))
+    known = jax.make_jaxpr(lambda w, v: (f(w, v), w, jnp.tanh(v @ w), v))(w, v)
+    assert forwarded_inputs(known, 1) == [[1, 0], [3, 1]]
+
+    def forward_fact() -> Any:
+        layer = jaxaot.component(f, key="forwards-layer")
+        captured: list[Any] = []
+
+        def grab(w: jax.Array, v: jax.Array) -> jax.Array:
+            return jnp.sum(layer(w, v))
+
+        closed = jax.make_jaxpr(jax.grad(grab))(w, v)
+        for eqn in closed.jaxpr.eqns:
+            call = eqn.params.get("call")
+            if call is not None and "forwards" in call.entry.extra:
+                captured.append(call.entry.extra["forwards"])
+        return captured
+
+    with jaxaot.using_cache(jaxaot.DirectoryCache(tmp_path)):
+        cold = forward_fact()
+        warm = forward_fact()
+    # Outputs 1 and 2 (residuals) are inputs 0 and 1 (w, v); the one computed
+    # from tanh (output 3) is not named.
+    assert cold == warm == [[[1, 0], [2, 1]]]

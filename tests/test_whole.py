@@ -162,10 +162,18 @@ def test_a_backward_loop_reads_the_forward_loops_stacks_in_place() -> None:
     layers and stacked again between them."""
     blocks, x = setup(6)
     closed = jax.make_jaxpr(jax.value_and_grad(lambda bs, x: loss(bs, x, block)))(blocks, x)
-    items = _whole.runs(closed.jaxpr.eqns)
-    loops, _ = _whole._layout(items, closed.jaxpr.outvars)
-    forward, backward = (loops[i] for i in sorted(loops))
+    items, outvars = _whole.rewritten(closed.jaxpr)
+    loops, _ = _whole._layout(items, outvars)
+    (i_forward, forward), (_, backward) = sorted(loops.items())
     assert not forward.reverse and backward.reverse
     assert forward.fresh and all(q in forward.fresh for q in forward.columns)  # the parameters
     assert not backward.fresh  # every column is a stack the forward loop left
     assert all(c is not None and not c.flip for c in backward.columns.values())
+    # The residuals that are a layer's weights are read from the parameter stacks
+    # the forward loop reads: the forward loop writes no copy of them.
+    pairs = items[i_forward].eqns[0].params["call"].entry.extra["forwards"]
+    weights = [r for r, q in pairs if q in forward.columns]
+    assert weights and not set(weights) & set(forward.ys)
+    parameter_stacks = set(forward.fresh.values())
+    read_back = {c.stack for c in backward.columns.values() if c is not None}
+    assert len(read_back & parameter_stacks) >= len(weights)
