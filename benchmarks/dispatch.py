@@ -4,7 +4,8 @@ time a ``jaxaot.jit`` split program spends outside its executables.
 
 Run: ``python benchmarks/dispatch.py`` (prints Markdown tables);
 ``python benchmarks/dispatch.py --split-only --width 32 --layers 32`` for the
-last table alone (``--inference`` for the forward pass).
+last table alone (``--inference`` for the forward pass, ``--blocked`` to wait
+for every call before the next).
 """
 
 from __future__ import annotations
@@ -88,13 +89,16 @@ def split_overhead(
     calls: int,
     repeats: int,
     skip_jit: bool = False,
+    blocked: bool = False,
 ) -> dict[str, float]:
     """µs per call of a ``jaxaot.jit`` step of ``layers`` transformer blocks: its split
     program, the same executables called back to back with their inputs ready
     (what the split program cannot go below), its whole-program form and that
     form's executable called directly (what jaxaot.jit adds to it),
     ``jax.jit`` (unless ``skip_jit``: it compiles slowly), and a scan over stacked
-    layers. Contenders alternate round by round; medians of the rounds."""
+    layers. Contenders alternate round by round; medians of the rounds. With
+    ``blocked``, each call is waited for before the next (as ``jaxaot bench``
+    times a steady step), so nothing overlaps from one call to the next."""
     from jaxaot import _plan
     from jaxaot.cli import _model
 
@@ -171,6 +175,8 @@ def split_overhead(
             start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(calls):
                 out = run()
+                if blocked:
+                    jax.block_until_ready(out)
             jax.block_until_ready(out)
             samples[name].append((time.perf_counter() - start) / calls * 1e6)
             cpu[name].append((time.process_time() - start_cpu) / calls * 1e6)
@@ -191,6 +197,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--inference", action="store_true")
     parser.add_argument("--skip-jit", action="store_true", help="no jax.jit contender")
+    parser.add_argument(
+        "--blocked", action="store_true", help="wait for each call before the next"
+    )
     args = parser.parse_args()
     r = split_overhead(
         args.width,
@@ -201,6 +210,7 @@ def main() -> None:
         20,
         args.repeats,
         skip_jit=args.skip_jit,
+        blocked=args.blocked,
     )
     n = r.pop("executables per call")
     print(

@@ -118,11 +118,73 @@ class Plan:
         # The steady state: which form runs, and what was measured to choose it.
         self._lock = threading.Lock()
         self._start_whole = start_whole
-        self.mode: str | None = None if start_whole is not None else SPLIT
+        # Called when the mode leaves WHOLE (a C++ dispatcher sending calls
+        # straight to the whole-program executable forgets them then).
+        self.on_leave_whole: Callable[[], None] | None = None
+        self._mode: str | None = None if start_whole is not None else SPLIT
         self.whole: concurrent.futures.Future[Any] | None = None
         self.whole_calls: int | None = None  # component calls the whole program binds
         self.calls = 0
         self.timings: dict[str, list[float]] = {SPLIT: [], WHOLE: []}
+        # The whole-program executable taking the program's arguments as a tree
+        # (for JAX's C++ dispatch), by the tree's structure; see ``structured``.
+        self._structured: dict[Any, concurrent.futures.Future[Any]] = {}
+
+    @property
+    def mode(self) -> str | None:
+        """``SPLIT`` or ``WHOLE`` once chosen, ``None`` while choosing."""
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: str | None) -> None:
+        left = self._mode is WHOLE and value is not WHOLE
+        self._mode = value
+        if left and self.on_leave_whole is not None:
+            self.on_leave_whole()
+
+    def structured(
+        self,
+        in_tree: Any,
+        submit: Callable[[Callable[[], Any]], concurrent.futures.Future[Any]],
+        payload: Callable[[Any], bytes | None],
+    ) -> Any | None:
+        """The whole-program executable as a ``jax.stages.Compiled`` taking the
+        arguments whose ``(args, kwargs)`` tree is ``in_tree`` and returning the
+        program's output tree: the same executable, loaded again with those trees
+        from ``payload(executable)`` (the bytes it was loaded from) or else from
+        its serialization; ``submit`` runs that on a background thread. ``None``
+        until it is ready, or if it cannot be made (constants, no whole program)."""
+        whole = self.whole
+        if self.consts or whole is None or not whole.done() or whole.exception() is not None:
+            return None
+        with self._lock:
+            job = self._structured.get(in_tree)
+            if job is None:
+                flat = whole.result()
+                out_tree = self.out_tree
+
+                def load() -> Any:
+                    from ._jaxcompat import deserialize_executable, serialize_executable
+
+                    data = payload(flat)
+                    if data is None:
+                        data = serialize_executable(flat)[0]
+                    exe = deserialize_executable(data, in_tree, out_tree)
+                    # Run once on zeros before any call relies on it: an executable
+                    # loaded from the cache and serialized again can lack its
+                    # kernels on XLA:CPU ("Function ... not found" when it runs).
+                    zeros = [
+                        jax.numpy.zeros(info.shape, info.dtype)
+                        for info in jax.tree_util.tree_leaves(flat.args_info)
+                    ]
+                    args, kwargs = jax.tree_util.tree_unflatten(in_tree, zeros)
+                    jax.block_until_ready(exe(*args, **kwargs))
+                    return exe
+
+                job = self._structured[in_tree] = submit(load)
+        if not job.done() or job.exception() is not None:
+            return None
+        return job.result()
 
     # -- the split program ----------------------------------------------------
 

@@ -66,7 +66,7 @@ from typing import Any
 
 import jax
 
-from . import _component, _distributed, _entry, _sharding, _stats, _whole
+from . import _component, _distributed, _entry, _plan, _sharding, _stats, _whole
 from ._config import get_cache
 from ._jaxcompat import (
     CALL_PRIMITIVES,
@@ -77,8 +77,11 @@ from ._jaxcompat import (
     Tracer,
     call_body,
     component_calls_in,
+    cpp_dispatcher,
+    fastpath_miss,
     jaxpr_as_fun,
     join_effects,
+    trace_context,
     trace_state_clean,
 )
 from ._key import ComponentKey, aval_str
@@ -157,7 +160,21 @@ class _ProgramCache:
         self.kind = kind
         self._locks = _stats.KeyedLocks()
         self._exes: dict[tuple[Any, ...], Any] = {}
+        # Executables loaded from a cache, by id: the cache and key they came from.
+        self._loaded: dict[int, tuple[Any, ComponentKey]] = {}
         self.counters = _stats.Counters(parent=_stats.PROCESS)
+
+    def payload(self, exe: Any) -> bytes | None:
+        """The serialized executable ``exe`` was loaded from (read from its cache
+        again), or ``None`` if it was compiled here. A loaded executable cannot be
+        serialized again on XLA:CPU (its kernels are not kept)."""
+        source = self._loaded.get(id(exe))
+        if source is None:
+            return None
+        from ._store import read
+
+        entry = read(*source)
+        return None if entry is None else entry.executable
 
     def get(
         self,
@@ -214,6 +231,7 @@ class _ProgramCache:
             loaded = _component._load_executable(cache, key) if cache is not None else None
             if loaded is not None:
                 exe = loaded[0]
+                self._loaded[id(exe)] = (cache, key)
                 self.counters.add("hits")
             else:
                 self.counters.add("misses")
@@ -499,11 +517,23 @@ class RegionalFunction:
             **placement,
         )
         self._plans: dict[Any, Plan | None] = {}
+        # Calls of plain arguments whose plan runs its whole-program form go
+        # through JAX's C++ dispatcher straight to that executable (see
+        # ``_dispatch_miss``); not with static arguments, donation or placements.
+        self._simple = (
+            not self._static_argnums
+            and not self._static_argnames
+            and not self._donate_argnums
+            and in_shardings is _UNSET
+            and out_shardings is _UNSET
+        )
+        self._dispatch: Callable[..., Any] | None = None
         # The last call's signature, in parts, and its plan (see ``_lookup``).
         self._last: tuple[Any, ...] | None = None
         self._lock = threading.Lock()
         self.__name__ = getattr(fun, "__name__", "function")
         self.__doc__ = getattr(fun, "__doc__", None)
+        self._reset_dispatch()
 
     def __repr__(self) -> str:
         return f"<jaxaot.jit {self.__name__}>"
@@ -559,8 +589,52 @@ class RegionalFunction:
                 placed[i] = jax.device_put(leaf, target)
         return placed
 
+    def _reset_dispatch(self) -> None:
+        """A fresh C++ dispatcher: it knows no executable."""
+        self._dispatch = cpp_dispatcher(self.__name__, self._dispatch_miss) if self._simple else None
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, treedef, statics, donated = self._dynamic(args, kwargs)
+        dispatch = self._dispatch
+        if dispatch is not None and trace_state_clean():
+            # Hot path: a signature seen before whose plan runs the whole program
+            # runs in C++; every other call comes back to ``_dispatch_miss``.
+            return dispatch(*args, **kwargs)
+        return self._call_slow(args, kwargs, *self._dynamic(args, kwargs))
+
+    def _dispatch_miss(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
+        """A call the C++ dispatcher has no fast path for. It gets one (the
+        whole-program executable, taking the call's argument tree) when this
+        call's plan, found as the Python path finds it, runs the whole program:
+        the dispatcher's signature (tree, types with weak types, shardings,
+        committedness, configuration) then stands for this plan's. Otherwise the
+        call runs the Python path, and the next one with its signature comes back
+        here. A plan that leaves the whole program resets the dispatcher."""
+        parts = self._dynamic(args, kwargs)
+        leaves, treedef, statics, donated = parts
+        if (
+            trace_state_clean()
+            and set(map(type, leaves)) <= _ARRAY_TYPES
+            and _sharding.MeshContext().empty
+        ):
+            plan = self._lookup(args, kwargs, leaves, treedef, statics, donated, True)
+            if plan is not None and plan.mode is _plan.WHOLE and not plan.donated:
+                exe = plan.structured(treedef, _submit_background, WHOLE.payload)
+                if exe is not None:
+                    plan.on_leave_whole = self._reset_dispatch
+                    return fastpath_miss(exe, args, kwargs)  # type: ignore[no-any-return]
+        # No fast path for this signature yet: the dispatcher forgets it (True),
+        # so that a later call can give it one.
+        return self._call_slow(args, kwargs, *parts), None, True
+
+    def _call_slow(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        treedef: Any,
+        statics: tuple[Any, ...],
+        donated: list[int],
+    ) -> Any:
         arrays = set(map(type, leaves)) <= _ARRAY_TYPES  # so no tracer among them
         if not trace_state_clean() or (not arrays and any(isinstance(x, Tracer) for x in leaves)):
             return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
@@ -605,6 +679,7 @@ class RegionalFunction:
             shardings: tuple[Any, ...] = tuple(map(_SHARDING, leaves))
             types = tuple(map(_AVAL, leaves))
             mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
+            context = trace_context()
             last = self._last
             if (
                 last is not None
@@ -613,8 +688,9 @@ class RegionalFunction:
                 and last[2] == shardings
                 and last[3] == mesh
                 and last[4] == statics
+                and last[5] == context
             ):
-                return last[5]  # type: ignore[no-any-return]
+                return last[6]  # type: ignore[no-any-return]
         sig = self._signature(leaves, treedef, statics, arrays)
         plan = self._plans.get(sig, False)
         if plan is False:
@@ -625,19 +701,21 @@ class RegionalFunction:
                     plan = self._agreed(plan)
                     self._plans[sig] = plan
         if arrays:
-            self._last = (treedef, types, shardings, mesh, statics, plan)
+            self._last = (treedef, types, shardings, mesh, statics, context, plan)
         return plan  # type: ignore[return-value]
 
     @staticmethod
     def _signature(leaves: Sequence[Any], treedef: Any, statics: Any, arrays: bool) -> Any:
-        """What tells plans apart: the types, shardings and the mesh in context
-        (for plain arrays, a function of each leaf's ``aval`` and ``sharding``)."""
+        """What tells plans apart: the types, shardings, the mesh in context and
+        the configuration ``jax.jit`` traces again for (x64, matmul precision,
+        dtype promotion, ...); for plain arrays, a function of each leaf's
+        ``aval`` and ``sharding``."""
         if arrays:
             shardings: tuple[Any, ...] = tuple(map(_SHARDING, leaves))
         else:
             shardings = tuple(getattr(x, "sharding", None) for x in leaves)
         mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
-        return (treedef, _avals(leaves, arrays), statics, shardings, mesh)
+        return (treedef, _avals(leaves, arrays), statics, shardings, mesh, trace_context())
 
     def _agreed(self, plan: Plan | None) -> Plan | None:
         """In a multi-process job, the plan if every process could split the program
@@ -664,6 +742,7 @@ class RegionalFunction:
         with self._lock:
             self._plans[sig] = None
             self._last = None
+            self._reset_dispatch()
 
     def precompile(self, *args: Any, **kwargs: Any) -> None:
         """Traces, splits and loads or compiles every executable for this signature,
@@ -895,13 +974,18 @@ class RegionalFunction:
             fn,
             lambda: calls_back or _has_callbacks(ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars))),
         )
-        future = _submit_jobs({"whole": job})["whole"]
-        with _POOL_LOCK:
-            _BACKGROUND[:] = [f for f in _BACKGROUND if not f.done()] + [future]
-        return future, calls
+        return _submit_background(job), calls
 
 
 _BACKGROUND: list[concurrent.futures.Future[Any]] = []
+
+
+def _submit_background(job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+    """Runs ``job`` on the background threads; ``wait_for_background`` waits for it."""
+    future = _submit_jobs({"background": job})["background"]
+    with _POOL_LOCK:
+        _BACKGROUND[:] = [f for f in _BACKGROUND if not f.done()] + [future]
+    return future
 
 # A whole program that still binds more component calls than this once its
 # repeated layers are loops is not made: unrolled, it would compile for as long

@@ -216,6 +216,114 @@ def test_each_call_runs_the_plan_of_its_own_signature() -> None:
     assert len(regional._plans) == 5
 
 
+def test_calls_whose_plan_runs_the_whole_program_dispatch_in_cpp() -> None:
+    """Once a signature's plan runs its whole-program form, calls of that
+    signature go from JAX's C++ dispatcher straight to the executable. Calls of
+    any other signature (a weak or strong scalar, a dtype, a structure), calls
+    inside a trace, and calls after the plan has left the whole program come back
+    to Python, and each gets what jax.jit gives."""
+    from _steps import settle
+
+    from jaxaot import _plan
+
+    layer = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
+
+    def loss_of(ws: Any, v: jax.Array, s: Any) -> jax.Array:
+        for w in ws:
+            v = layer(w, v) * s
+        return jnp.sum(v**2)
+
+    def step(ws: Any, v: jax.Array, s: Any) -> Any:
+        value, grads = jax.value_and_grad(loss_of)(ws, v, s)
+        return value, grads, s * 2  # weak if ``s`` is
+
+    ws = [jax.random.normal(jax.random.key(i), (4, 4)) * 0.5 for i in range(4)]
+    v = jax.random.normal(jax.random.key(9), (3, 4))
+    strong = jnp.asarray(0.9, jnp.float32)
+    regional, plain = jaxaot.jit(step), jax.jit(step)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        plan = settle(regional, lambda: (ws, v, strong))
+        plan.mode = _plan.WHOLE  # whichever measured faster here: this is about dispatch
+        misses: list[Any] = []
+        miss = regional._dispatch_miss
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            misses.append(args[2])
+            return miss(*args, **kwargs)
+
+        regional._dispatch_miss = counted  # type: ignore[method-assign]
+        regional._reset_dispatch()
+        regional(ws, v, strong)
+        _regional.wait_for_background()  # the executable taking the argument tree
+        regional(ws, v, strong)
+        misses.clear()
+
+        def check(*args: Any) -> None:
+            got, want = regional(*args), plain(*args)
+            for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+                assert (g.dtype, g.shape) == (w.dtype, w.shape), args[2]
+                assert jax.typeof(g).weak_type == jax.typeof(w).weak_type, args[2]
+            close(got, want, tol=1e-2)
+
+        for _ in range(3):
+            check(ws, v, strong)
+        assert misses == []  # in C++
+        others = [
+            (ws, v, 0.9),  # a Python float: weak
+            (ws, v, jnp.asarray(0.9)),  # a weak array
+            (ws, v.astype(jnp.bfloat16), strong),
+            (ws[:3], v, strong),
+            (ws, v, jnp.asarray(0.9, jnp.bfloat16)),
+        ]
+        for args in others:
+            check(*args)
+        assert len(misses) == len(others)
+        check(ws, v, strong)
+        assert len(misses) == len(others)  # its fast path stayed
+        close(jax.jit(regional)(ws, v, strong), plain(ws, v, strong))  # inside a trace
+        plan.mode = _plan.SPLIT  # leaves the whole program: the split program answers
+        check(ws, v, strong)
+        check(ws, v, strong)
+        assert len(misses) == len(others) + 2  # in Python, every call
+
+
+def test_a_call_under_another_configuration_is_traced_under_it() -> None:
+    """A configuration jax.jit traces again for (here strict dtype promotion) gets
+    its own plan, before and after the whole program runs in C++: mixing
+    bfloat16 and float32 raises as under jax.jit, and the default configuration
+    still computes."""
+    from jaxaot import _plan
+
+    layer = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
+
+    def f(ws: Any, v: jax.Array, h: jax.Array) -> jax.Array:
+        for w in ws:
+            v = layer(w, v)
+        return jnp.sum(v + h)  # float32 + bfloat16
+
+    ws = [jnp.eye(4) * 0.5] * 3
+    v, h = jnp.ones((2, 4)), jnp.ones((2, 4), jnp.bfloat16)
+    regional, plain = jaxaot.jit(f), jax.jit(f)
+    for fast in (False, True):
+        if fast:  # the whole program, then its calls in C++
+            (plan,) = [p for p in regional._plans.values() if p is not None]
+            while plan.pending():
+                if plan.whole is not None:
+                    plan.whole.exception()  # waits for it
+                regional(ws, v, h)
+            plan.mode = _plan.WHOLE
+            for _ in range(2):
+                regional(ws, v, h)
+                _regional.wait_for_background()
+        close(regional(ws, v, h), plain(ws, v, h))
+        with jax.numpy_dtype_promotion("strict"):
+            with pytest.raises(jax.dtypes.TypePromotionError):
+                plain(ws, v, h)
+            with pytest.raises(jax.dtypes.TypePromotionError):
+                regional(ws, v, h)
+        close(regional(ws, v, h), plain(ws, v, h))
+
+
 def test_inside_jax_jit_behaves_as_jax_jit() -> None:
     f = jaxaot.jit(lambda p, x: block(p, x) * 3)
     blocks, x = setup(1)
