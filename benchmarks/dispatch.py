@@ -197,9 +197,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--inference", action="store_true")
     parser.add_argument("--skip-jit", action="store_true", help="no jax.jit contender")
-    parser.add_argument(
-        "--blocked", action="store_true", help="wait for each call before the next"
-    )
+    parser.add_argument("--blocked", action="store_true", help="wait for each call before the next")
     args = parser.parse_args()
     r = split_overhead(
         args.width,

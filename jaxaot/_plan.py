@@ -93,7 +93,7 @@ class Plan:
         out_tree: Any,
         delete_after: Sequence[int],
         donated: Sequence[int],
-        start_whole: Callable[[], tuple[concurrent.futures.Future[Any], int] | None] | None,
+        start_whole: Callable[[], tuple[concurrent.futures.Future[Any], int, bool] | None] | None,
         out_shardings: Sequence[Any] | None = None,
         in_flight: int | None = None,
     ) -> None:
@@ -124,6 +124,7 @@ class Plan:
         self._mode: str | None = None if start_whole is not None else SPLIT
         self.whole: concurrent.futures.Future[Any] | None = None
         self.whole_calls: int | None = None  # component calls the whole program binds
+        self.whole_calls_back = False  # whether it calls back into Python
         self.calls = 0
         self.timings: dict[str, list[float]] = {SPLIT: [], WHOLE: []}
         # The whole-program executable taking the program's arguments as a tree
@@ -153,9 +154,12 @@ class Plan:
         program's output tree: the same executable, loaded again with those trees
         from ``payload(executable)`` (the bytes it was loaded from) or else from
         its serialization; ``submit`` runs that on a background thread. ``None``
-        until it is ready, or if it cannot be made (constants, no whole program)."""
+        until it is ready, or if it is not made (constants, host callbacks, no
+        whole program)."""
         whole = self.whole
-        if self.consts or whole is None or not whole.done() or whole.exception() is not None:
+        if self.consts or self.whole_calls_back or whole is None:
+            return None  # (a program calling back would run its callbacks on the zeros below)
+        if not whole.done() or whole.exception() is not None:
             return None
         with self._lock:
             job = self._structured.get(in_tree)
@@ -262,7 +266,7 @@ class Plan:
                 if started is None:
                     self.mode = SPLIT
                 else:
-                    whole, self.whole_calls = started
+                    whole, self.whole_calls, self.whole_calls_back = started
                     self.whole = whole
         if whole is None or not whole.done():
             return self.run(leaves)

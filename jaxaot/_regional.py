@@ -591,7 +591,9 @@ class RegionalFunction:
 
     def _reset_dispatch(self) -> None:
         """A fresh C++ dispatcher: it knows no executable."""
-        self._dispatch = cpp_dispatcher(self.__name__, self._dispatch_miss) if self._simple else None
+        self._dispatch = (
+            cpp_dispatcher(self.__name__, self._dispatch_miss) if self._simple else None
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         dispatch = self._dispatch
@@ -939,11 +941,11 @@ class RegionalFunction:
 
     def _start_whole(
         self, jaxpr: Any, donated: tuple[int, ...]
-    ) -> tuple[concurrent.futures.Future[Any], int] | None:
+    ) -> tuple[concurrent.futures.Future[Any], int, bool] | None:
         """Starts loading or compiling the whole-program form of ``jaxpr`` (its
-        inputs, then its constants) on the background threads; the job, and how
-        many component calls the whole program binds. None when it would bind
-        more than ``MAX_WHOLE_CALLS``."""
+        inputs, then its constants) on the background threads; the job, how many
+        component calls the whole program binds, and whether it calls back into
+        Python. None when it would bind more than ``MAX_WHOLE_CALLS``."""
         fn, calls = _whole.program(jaxpr)
         if calls > MAX_WHOLE_CALLS:
             logger.debug(
@@ -965,6 +967,7 @@ class RegionalFunction:
             self.__name__,
             calls,
         )
+        calls_back = calls_back or _has_callbacks(ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars)))
         job = functools.partial(
             WHOLE.program,
             _whole.digest(jaxpr),
@@ -972,9 +975,9 @@ class RegionalFunction:
             out_avals,
             donated,
             fn,
-            lambda: calls_back or _has_callbacks(ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars))),
+            lambda: calls_back,
         )
-        return _submit_background(job), calls
+        return _submit_background(job), calls, calls_back
 
 
 _BACKGROUND: list[concurrent.futures.Future[Any]] = []
@@ -986,6 +989,7 @@ def _submit_background(job: Callable[[], Any]) -> concurrent.futures.Future[Any]
     with _POOL_LOCK:
         _BACKGROUND[:] = [f for f in _BACKGROUND if not f.done()] + [future]
     return future
+
 
 # A whole program that still binds more component calls than this once its
 # repeated layers are loops is not made: unrolled, it would compile for as long

@@ -260,7 +260,9 @@ def test_calls_whose_plan_runs_the_whole_program_dispatch_in_cpp() -> None:
 
         def check(*args: Any) -> None:
             got, want = regional(*args), plain(*args)
-            for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            for g, w in zip(
+                jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True
+            ):
                 assert (g.dtype, g.shape) == (w.dtype, w.shape), args[2]
                 assert jax.typeof(g).weak_type == jax.typeof(w).weak_type, args[2]
             close(got, want, tol=1e-2)
@@ -285,6 +287,46 @@ def test_calls_whose_plan_runs_the_whole_program_dispatch_in_cpp() -> None:
         check(ws, v, strong)
         check(ws, v, strong)
         assert len(misses) == len(others) + 2  # in Python, every call
+
+
+def test_a_whole_program_calling_back_keeps_its_calls_in_python() -> None:
+    """A whole program whose layers call back into Python never gets the C++ fast
+    path (loading it would run the program once on zeros): every call comes back
+    to Python, and the callback only ever sees the program's own values."""
+    import numpy as np
+
+    from jaxaot import _plan
+
+    seen: list[float] = []
+
+    def host(v: Any) -> Any:
+        seen.append(float(np.abs(v).min()))
+        return np.asarray(v)
+
+    layer = jaxaot.component(
+        lambda w, v: jax.pure_callback(host, jax.ShapeDtypeStruct(v.shape, v.dtype), v @ w) + 1.0
+    )
+
+    def f(ws: Any, v: jax.Array) -> jax.Array:
+        for w in ws:
+            v = layer(w, v)
+        return v
+
+    ws = [jnp.eye(3)] * 3
+    v = jnp.ones((2, 3))
+    regional = jaxaot.jit(f)
+    regional(ws, v)
+    (plan,) = regional._plans.values()
+    while plan.pending():
+        if plan.whole is not None:
+            plan.whole.exception()
+        regional(ws, v)
+    plan.mode = _plan.WHOLE
+    for _ in range(3):
+        close(regional(ws, v), jax.jit(f)(ws, v))
+        _regional.wait_for_background()
+    assert plan.whole_calls_back and not plan._structured
+    assert seen and min(seen) >= 1.0  # never the zeros
 
 
 def test_a_call_under_another_configuration_is_traced_under_it() -> None:
