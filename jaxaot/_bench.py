@@ -127,6 +127,9 @@ def _settle(step: Any, args: tuple[Any, ...], result: dict[str, Any]) -> None:
     while plan is not None and plan.pending() and time.perf_counter() - start < SETTLE_SECONDS:
         _block(step(*args))
     result["settle"] = time.perf_counter() - start
+    # The steady state is what a long run sees: no cache write, no whole-program
+    # compile and no fast-path load still running on the background threads.
+    _quiesce()
     if plan is None:
         return
     result["steps"] = len(plan.steps)
@@ -137,8 +140,27 @@ def _settle(step: Any, args: tuple[Any, ...], result: dict[str, Any]) -> None:
         if mode == _plan.WHOLE and (plan.whole is None or plan.whole.exception() is not None):
             continue
         plan.mode = mode
-        result[f"steady_{mode}"] = _steady(lambda: step(*args), 5)
+        result[f"steady_{mode}"] = _steady_after_warmup(lambda: step(*args), 5)
     plan.mode = chosen
+
+
+def _steady_after_warmup(fn: Callable[[], Any], repeats: int) -> float:
+    """:func:`_steady` of a ``jaxaot.jit`` step once the background work its first
+    call in this state starts (a C++ fast path being loaded) is done."""
+    _block(fn())
+    _quiesce()
+    return _steady(fn, repeats)
+
+
+def _quiesce() -> None:
+    """Waits for jaxaot's background work (cache writes, whole-program
+    executables, C++ fast paths being loaded)."""
+    import jaxaot
+
+    from . import _regional
+
+    _regional.wait_for_background()
+    jaxaot.wait_for_writes()
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -234,7 +256,7 @@ def worker(
         _, first_call = _timed(lambda: _block(step(blocks, x)))
         result["first_run"] = first_call - result["trace"]
         _settle(step, (blocks, x), result)
-        result["steady"] = _steady(lambda: step(blocks, x), repeats)
+        result["steady"] = _steady_after_warmup(lambda: step(blocks, x), repeats)
         result["stats"] = jaxaot.stats()
     elif contender == "export_prepare":
         from jax import export
@@ -330,32 +352,60 @@ def run_contenders(
     log: Callable[[str], None],
     skip: Callable[[str, int], bool] = lambda name, depth: False,
     run_worker: WorkerRunner | None = None,
+    trials: int = 1,
 ) -> list[dict[str, Any]]:
     """Runs each contender of ``table`` at each depth (``run_worker``, default
-    :func:`_run_worker`, looked up when called)."""
+    :func:`_run_worker`, looked up when called). With ``trials`` over 1 the whole
+    sequence of contenders runs that many times at each depth, interleaved (each
+    trial in its own work folder, so cold is cold again), and each row is the
+    :func:`median_row` of a contender's trials."""
     import tempfile
 
     run = run_worker if run_worker is not None else _run_worker
 
     rows: list[dict[str, Any]] = []
     for depth in layers:
-        with tempfile.TemporaryDirectory(prefix="jaxaot-bench-") as tmp:
-            work = Path(tmp)
-            prepared: set[str] = set()
-            for name, (_, prep) in table.items():
-                if skip(name, depth):
-                    log(f"L={depth}: {name} skipped")
-                    continue
-                if prep is not None and prep not in prepared:
-                    log(f"L={depth}: preparing {prep}")
-                    run(prep, depth, work, repeats)
-                    prepared.add(prep)
-                log(f"L={depth}: {name}")
-                row = run(name, depth, work, repeats)
-                row["label"] = table[name][0]
-                rows.append(row)
-                prepared.add(name)
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for trial in range(trials):
+            tag = f"L={depth}" + (f", trial {trial + 1}/{trials}" if trials > 1 else "")
+            with tempfile.TemporaryDirectory(prefix="jaxaot-bench-") as tmp:
+                work = Path(tmp)
+                prepared: set[str] = set()
+                for name, (_, prep) in table.items():
+                    if skip(name, depth):
+                        if trial == 0:
+                            log(f"L={depth}: {name} skipped")
+                        continue
+                    if prep is not None and prep not in prepared:
+                        log(f"{tag}: preparing {prep}")
+                        run(prep, depth, work, repeats)
+                        prepared.add(prep)
+                    log(f"{tag}: {name}")
+                    row = run(name, depth, work, repeats)
+                    row["label"] = table[name][0]
+                    runs.setdefault(name, []).append(row)
+                    prepared.add(name)
+        rows += [median_row(trial_rows) for trial_rows in runs.values()]
     return rows
+
+
+def median_row(trial_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One contender's row from its trials: the median of each number (a field
+    missing from some trials, or None in any, is taken from the first trial),
+    everything else from the first trial; with more than one trial, ``trials``
+    keeps each trial's first result and steady step."""
+    first = trial_rows[0]
+    if len(trial_rows) == 1:
+        return dict(first)
+    row: dict[str, Any] = {}
+    for field, value in first.items():
+        values = [r.get(field) for r in trial_rows]
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        row[field] = statistics.median(values) if numbers else value  # type: ignore[type-var]
+    row["trials"] = [
+        {"first_result": r.get("first_result"), "steady": r.get("steady")} for r in trial_rows
+    ]
+    return row
 
 
 def _fmt(t: float | None) -> str:
@@ -532,6 +582,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="steady-state repeats (default 3)")
     parser.add_argument(
+        "--trials",
+        type=int,
+        default=1,
+        help="regional: run the contenders this many times, interleaved, each in a fresh "
+        "process, and report each one's median (default 1)",
+    )
+    parser.add_argument(
         "--width", type=int, default=None, help=f"regional: model width (default {WIDTH})"
     )
     parser.add_argument(
@@ -606,7 +663,9 @@ def regional_markdown(rows: list[dict[str, Any]]) -> str:
         "jaxaot.jit's trace column is its first call's trace and split; the rest of "
         "that call (compiling or loading executables on background threads while the steps "
         "whose executables are ready already run) is its first run. Its steady step is "
-        "measured once it has chosen between its split program and its whole-program form.",
+        "measured once it has chosen between its split program and its whole-program form"
+        " and its background work (cache writes, executables being loaded) is done."
+        + trials_sentence(rows),
         "",
         *stage_table(rows),
     ]
@@ -627,8 +686,33 @@ def regional_markdown(rows: list[dict[str, Any]]) -> str:
             f"steady step / best of jit and scan = {steady}, "
             f"/ jax.jit = {ratio(regional, row('jit_cold'), 'steady')}"
         )
+        if regional and "trials" in regional:
+            lines.append(
+                "  - per trial, jaxaot.jit / scan: first result "
+                f"{trial_ratios(regional, row('scan_cold'), 'first_result')}; steady step "
+                f"{trial_ratios(regional, row('scan_cold'), 'steady')}"
+            )
         lines += steady_state_line(regional)
     return "\n".join(lines) + "\n"
+
+
+def trials_sentence(rows: Sequence[Row]) -> str:
+    """Says how many trials each figure is the median of ('' for one trial)."""
+    n = max((len(r.get("trials", ())) for r in rows), default=0)
+    if n < 2:
+        return ""
+    return (
+        f" Each figure is the median of {n} trials: the contenders ran in turn, each in a "
+        "fresh process, then again."
+    )
+
+
+def trial_ratios(a: Row | None, b: Row | None, field: str) -> str:
+    """``a[field] / b[field]`` trial by trial, to two decimals ('–' without trials)."""
+    if not a or not b or "trials" not in a or "trials" not in b:
+        return "–"
+    pairs = zip(a["trials"], b["trials"], strict=False)
+    return ", ".join(f"{float(x[field]) / float(y[field]):.2f}" for x, y in pairs)
 
 
 def depth_axes(
@@ -723,7 +807,7 @@ def _run_regional(args: argparse.Namespace, out: Path, log: Callable[[str], None
             return True
         return name in ("jit_cold", "jit_components_cold", "pcc_warm") and depth > max_jit
 
-    rows = run_contenders(REGIONAL, layers, args.repeats, log, skip)
+    rows = run_contenders(REGIONAL, layers, args.repeats, log, skip, trials=args.trials)
     (out / "regional.json").write_text(json.dumps(rows, indent=1))
     text = regional_markdown(rows)
     (out / "regional.md").write_text(text)

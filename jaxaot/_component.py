@@ -110,7 +110,13 @@ def _aval_of(x: Any) -> Any:
             if sharded_type(typed):
                 return typed
         return ShapedArray(x.shape, x.dtype, weak_type=weak)
-    aval = jax.typeof(x)
+    return _type_of(jax.typeof(x))
+
+
+@functools.lru_cache(maxsize=4096)
+def _type_of(aval: Any) -> Any:
+    """``aval`` as a type (``_aval_of``): memoized, as a deep network passes the same
+    few types to every layer (equal avals give equal types)."""
     if sharded_type(aval):
         return ShapedArray(aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=aval.sharding)
     return ShapedArray(aval.shape, aval.dtype, weak_type=aval.weak_type)
@@ -174,6 +180,20 @@ def _base_parts(platform: str) -> dict[str, Any]:
         # The abstract mesh tracing sees (executable keys add the concrete one).
         "mesh": mesh_text(jax.sharding.get_abstract_mesh()),
     }
+
+
+@functools.lru_cache(maxsize=4096)
+def _derived_key(
+    parent: ComponentKey, transform: tuple[Any, ...], in_avals: tuple[Any, ...]
+) -> ComponentKey:
+    """The key of a transformation of ``parent``'s computation taking ``in_avals``:
+    the whole lineage, each transformation with the input types of the computation it
+    transforms, so no two signatures share a derived entry. Memoized (a pure
+    function of its arguments): every layer of a deep network derives the same keys."""
+    return parent.replace(
+        args=_avals_text(in_avals),
+        transform=(*parent.parts["transform"], (*transform, parent.parts["args"])),
+    )
 
 
 class Call:
@@ -254,12 +274,10 @@ class Call:
         """A call of a transformation of this computation. ``make_fn`` returns the
         transformed flat function and facts to keep in the entry's ``extra``."""
         in_avals = [_aval_of(a) for a in args]
-        # The whole lineage: each transformation with the input types of the
-        # computation it transforms, so no two signatures share a derived entry.
-        key = self.key.replace(
-            args=_avals_text(in_avals),
-            transform=(*self.key.parts["transform"], (*transform, self.key.parts["args"])),
-        )
+        try:
+            key = _derived_key(self.key, transform, tuple(in_avals))
+        except TypeError:  # an unhashable part (a list): the same key, not memoized
+            key = _derived_key.__wrapped__(self.key, transform, tuple(in_avals))
         name = self.entry.name
         component = self.component
         extra: dict[str, Any] = {}
@@ -820,9 +838,15 @@ class Component(Generic[P, R]):
         return fresh
 
     def _root_call(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], allow_sds: bool
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        allow_sds: bool,
+        resolved: tuple[ComponentKey, Any, list[Any], tuple[Any, ...]] | None = None,
     ) -> tuple[Call, list[Any]]:
-        key, traced, leaves, _ = self._resolve(args, kwargs, allow_sds)
+        """The call of the root entry; ``resolved`` is this call's ``_resolve``
+        when the caller has it already."""
+        key, traced, leaves, _ = resolved or self._resolve(args, kwargs, allow_sds)
 
         def trace() -> Any:
             return self._trace_root(args, kwargs)
@@ -866,11 +890,12 @@ class Component(Generic[P, R]):
         return str(plain) if plain else None
 
     def _call_traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        _, traced, leaves, sig = self._resolve(args, kwargs, allow_sds=False)
+        resolved = self._resolve(args, kwargs, allow_sds=False)
+        _, traced, leaves, sig = resolved
         made: list[Call] = []
 
         def root() -> Entry:
-            made.append(self._root_call(args, kwargs, allow_sds=False)[0])
+            made.append(self._root_call(args, kwargs, False, resolved)[0])
             return made[-1].entry
 
         reason = self._plain_reason(sig, traced, leaves, root)
@@ -884,7 +909,7 @@ class Component(Generic[P, R]):
             return jax.tree_util.tree_unflatten(
                 jax.tree_util.tree_structure(traced.out_info), list(outs)
             )
-        call = made[-1] if made else self._root_call(args, kwargs, allow_sds=False)[0]
+        call = made[-1] if made else self._root_call(args, kwargs, False, resolved)[0]
         outs = bind(call, leaves)
         return jax.tree_util.tree_unflatten(call.entry.out_tree, outs)
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from jaxaot import _bench
+from jaxaot import _bench_sharded as _bench_sharded  # built from REGIONAL: before tests patch it
 from jaxaot.cli import main
 
 # ``jaxaot bench`` runs every contender in a fresh process (about 10 s each on 2 CPUs,
@@ -319,3 +320,44 @@ def test_bench_sharded_quick_in_a_subprocess(
         assert f"| {layout} | 2 | scan over stacked layers, cold |" in text
         assert f"- {layout}, L=2: first result, jaxaot.jit cold / scan cold = " in text
     assert (out / "sharded.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_regional_trials_interleave_fresh_work_folders_and_report_medians(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--trials 3``: the contenders run in turn three times, each trial in its own work
+    folder (so a cold contender is cold again and a warm one reads its own trial's
+    preparation); each row is the median of its trials, and the table says so."""
+    calls: list[tuple[str, int, Path]] = []
+    base = _fake_worker(calls)
+    # Trial by trial, jaxaot.jit's steady step is 0.012, 0.006, 0.008 s: median 0.008.
+    steady = iter([0.012, 0.006, 0.008])
+
+    def run(contender: str, layers: int, work: Path, repeats: int) -> dict[str, object]:
+        row = base(contender, layers, work, repeats)  # type: ignore[operator]
+        if contender == "regional_cold":
+            row["steady"] = next(steady)
+        return row  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(_bench, "_run_worker", run)
+    out = tmp_path / "out"
+    argv = ["bench", "regional", "--layers", "2", "--repeats", "1", "--trials", "3"]
+    assert main([*argv, "--out", str(out)]) == 0
+    names = [c for c, _, _ in calls]
+    regional = list(_bench.REGIONAL)
+    # Interleaved: each trial runs every contender before the next trial starts.
+    order = [n for n in names if n in regional]
+    assert order == regional * 3
+    folders = {c: [w for n, _, w in calls if n == c] for c in ("regional_cold", "regional_warm")}
+    assert len(set(folders["regional_cold"])) == 3
+    assert folders["regional_warm"] == folders["regional_cold"]  # warm reads its own trial's
+    rows = json.loads((out / "regional.json").read_text())
+    assert len(rows) == len(regional)
+    row = next(r for r in rows if r["contender"] == "regional_cold")
+    assert row["steady"] == pytest.approx(0.008)
+    assert [t["steady"] for t in row["trials"]] == pytest.approx([0.012, 0.006, 0.008])
+    text = (out / "regional.md").read_text()
+    assert "median of 3 trials" in text
+    # scan's steady step is 0.010 in every trial.
+    assert "first result 0.50, 0.50, 0.50; steady step 1.20, 0.60, 0.80" in text
+    assert "steady step / best of jit and scan = 0.80" in text
