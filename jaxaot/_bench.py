@@ -390,9 +390,9 @@ def run_contenders(
 
 
 def median_row(trial_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One contender's row from its trials: the median of each number (a field
-    missing from some trials, or None in any, is taken from the first trial),
-    everything else from the first trial; with more than one trial, ``trials``
+    """One contender's row from its trials: the median of each number that differs
+    between trials (a field missing from some trials, or None in any, is taken from
+    the first trial), everything else from the first trial; with more than one trial, ``trials``
     keeps each trial's first result and steady step."""
     first = trial_rows[0]
     if len(trial_rows) == 1:
@@ -401,7 +401,10 @@ def median_row(trial_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for field, value in first.items():
         values = [r.get(field) for r in trial_rows]
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-        row[field] = statistics.median(values) if numbers else value  # type: ignore[type-var]
+        if numbers and any(v != value for v in values):
+            row[field] = statistics.median(values)  # type: ignore[type-var]
+        else:  # the same in every trial (the depth, a step count), or not a number
+            row[field] = value
     row["trials"] = [
         {"first_result": r.get("first_result"), "steady": r.get("steady")} for r in trial_rows
     ]

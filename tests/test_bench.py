@@ -361,3 +361,17 @@ def test_bench_regional_trials_interleave_fresh_work_folders_and_report_medians(
     # scan's steady step is 0.010 in every trial.
     assert "first result 0.50, 0.50, 0.50; steady step 1.20, 0.60, 0.80" in text
     assert "steady step / best of jit and scan = 0.80" in text
+
+
+def test_median_row_keeps_what_every_trial_agrees_on() -> None:
+    """Two trials: timings are their median; the depth and the step count, equal in
+    both, stay as they are (not 48.0), and text comes from the first trial."""
+    a = {"layers": 48, "steps": 97, "steady": 0.4, "mode": "split", "compile": None}
+    b = {"layers": 48, "steps": 97, "steady": 0.6, "mode": "whole", "compile": 1.0}
+    row = _bench.median_row([a, b])
+    assert row["layers"] == 48 and type(row["layers"]) is int
+    assert row["steps"] == 97 and type(row["steps"]) is int
+    assert row["steady"] == pytest.approx(0.5)
+    assert row["mode"] == "split" and row["compile"] is None
+    assert [t["steady"] for t in row["trials"]] == [0.4, 0.6]
+    assert _bench.median_row([a]) == a
