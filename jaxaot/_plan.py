@@ -31,6 +31,11 @@ logger = logging.getLogger("jaxaot")
 # Timed calls of each form before choosing (after one untimed warm-up call each).
 # The fastest of each decides: on a busy machine the others measure the neighbours.
 SAMPLES = 5
+# While choosing, each form runs this many calls in a row, and the first call of
+# each run is not timed: a call measured right after the other form's measures
+# some of that form's costs too (its buffers being freed, caches it evicted),
+# which in back-to-back steps it would not pay.
+RUN = 3
 
 SPLIT = "split"
 WHOLE = "whole"
@@ -127,6 +132,8 @@ class Plan:
         self.whole_calls_back = False  # whether it calls back into Python
         self.calls = 0
         self.timings: dict[str, list[float]] = {SPLIT: [], WHOLE: []}
+        self._previous: str | None = None  # the form of the last timed-or-not call
+        self._streak = 0  # calls of that form in a row
         # The whole-program executable taking the program's arguments as a tree
         # (for JAX's C++ dispatch), by the tree's structure; see ``structured``.
         self._structured: dict[Any, concurrent.futures.Future[Any]] = {}
@@ -281,14 +288,22 @@ class Plan:
             self.mode = SPLIT
             return self.run(leaves)
         with self._lock:
-            form = WHOLE if len(self.timings[WHOLE]) <= len(self.timings[SPLIT]) else SPLIT
+            if self._previous is None or self._streak >= RUN:
+                form = WHOLE if len(self.timings[WHOLE]) <= len(self.timings[SPLIT]) else SPLIT
+                self._streak = 0
+            else:
+                form = self._previous
+            timed = form == self._previous
+            self._previous = form
+            self._streak += 1
         jax.block_until_ready(leaves)
         start = time.perf_counter()
         out = self.run_whole(whole.result(), leaves) if form is WHOLE else self.run(leaves)
         jax.block_until_ready(out)
         seconds = time.perf_counter() - start
         with self._lock:
-            self.timings[form].append(seconds)
+            if timed:
+                self.timings[form].append(seconds)
             split, whole_t = self.timings[SPLIT][1:], self.timings[WHOLE][1:]
             if self.mode is None and len(split) >= SAMPLES and len(whole_t) >= SAMPLES:
                 faster = min(whole_t) < min(split)

@@ -3,6 +3,7 @@ program and its whole-program form (``jaxaot._plan``)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import jax
@@ -105,3 +106,44 @@ def test_whole_program_off_on_request() -> None:
         grad(blocks, x)
     (plan,) = grad._plans.values()
     assert plan.whole is None and plan.mode == _plan.SPLIT
+
+
+def test_the_choice_times_each_form_after_a_call_of_the_same_form(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A form's call right after the other form's pays some of that form's costs:
+    here every whole-program call that follows a split call takes 60 ms more (the
+    split program's leftovers), while back to back it is the faster form. The choice
+    times each form in runs of calls of the same form, not those first calls, so it
+    keeps the whole program; alternating single calls would have kept the split one."""
+    import time
+
+    blocks, x = setup(3)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
+    want = jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x)
+    close(grad(blocks, x), want)
+    (plan,) = grad._plans.values()
+    forms: list[str] = []
+    run, run_whole = plan.run, plan.run_whole
+
+    def split_run(leaves: Any) -> Any:
+        forms.append(_plan.SPLIT)
+        time.sleep(0.03)
+        return run(leaves)
+
+    def whole_run(exe: Any, leaves: Any) -> Any:
+        after_split = bool(forms) and forms[-1] == _plan.SPLIT
+        forms.append(_plan.WHOLE)
+        time.sleep(0.07 if after_split else 0.01)
+        return run_whole(exe, leaves)
+
+    monkeypatch.setattr(plan, "run", split_run)
+    monkeypatch.setattr(plan, "run_whole", whole_run)
+    settle(grad, lambda: (blocks, x))
+    assert plan.mode == _plan.WHOLE
+    # Runs of the same form while choosing (the split calls before the whole program
+    # was ready come first).
+    first_whole = forms.index(_plan.WHOLE)
+    runs = [len(list(g)) for _, g in itertools.groupby(forms[first_whole:])]
+    assert all(n == _plan.RUN for n in runs[:-1]) and len(runs) >= 4
+    close(grad(blocks, x), want)
