@@ -181,6 +181,7 @@ def test_component_body_that_relies_on_the_cache_survives_a_damaged_local_copy(
 
     with jaxaot.using_cache(TieredCache(jaxaot.DirectoryCache(local), shared)):
         expected = f1(x)
+        jaxaot.wait_for_writes()  # the executable entry is written in the background
     entries = [p for p in local.rglob("*") if p.is_file() and len(p.name) == 64]
     assert entries
     for p in entries:  # flip a bit in every local entry
@@ -192,6 +193,7 @@ def test_component_body_that_relies_on_the_cache_survives_a_damaged_local_copy(
 
     with jaxaot.using_cache(TieredCache(jaxaot.DirectoryCache(local), shared)):
         assert jnp.allclose(f2(x), expected)
+        jaxaot.wait_for_writes()
     assert sorted(shared.keys()) == sorted(p.name for p in entries)  # shared copies all kept
 
 
