@@ -127,9 +127,6 @@ def _settle(step: Any, args: tuple[Any, ...], result: dict[str, Any]) -> None:
     while plan is not None and plan.pending() and time.perf_counter() - start < SETTLE_SECONDS:
         _block(step(*args))
     result["settle"] = time.perf_counter() - start
-    # The steady state is what a long run sees: no cache write, no whole-program
-    # compile and no fast-path load still running on the background threads.
-    _quiesce()
     if plan is None:
         return
     result["steps"] = len(plan.steps)
@@ -145,8 +142,9 @@ def _settle(step: Any, args: tuple[Any, ...], result: dict[str, Any]) -> None:
 
 
 def _steady_after_warmup(fn: Callable[[], Any], repeats: int) -> float:
-    """:func:`_steady` of a ``jaxaot.jit`` step once the background work its first
-    call in this state starts (a C++ fast path being loaded) is done."""
+    """:func:`_steady` of a ``jaxaot.jit`` step once its background work is done,
+    as in a long run: cache writes, a whole-program compile, and the C++ fast path
+    the first call in this state starts loading."""
     _block(fn())
     _quiesce()
     return _steady(fn, repeats)

@@ -28,8 +28,9 @@ import jax
 
 logger = logging.getLogger("jaxaot")
 
-# Timed calls of each form before choosing (after one untimed warm-up call each).
-# The fastest of each decides: on a busy machine the others measure the neighbours.
+# Timed calls of each form before choosing (the first call of each run of calls,
+# below, is not timed). The fastest of each decides: on a busy machine the others
+# measure the neighbours.
 SAMPLES = 5
 # While choosing, each form runs this many calls in a row, and the first call of
 # each run is not timed: a call measured right after the other form's measures
@@ -304,7 +305,7 @@ class Plan:
         with self._lock:
             if timed:
                 self.timings[form].append(seconds)
-            split, whole_t = self.timings[SPLIT][1:], self.timings[WHOLE][1:]
+            split, whole_t = self.timings[SPLIT], self.timings[WHOLE]
             if self.mode is None and len(split) >= SAMPLES and len(whole_t) >= SAMPLES:
                 faster = min(whole_t) < min(split)
                 self.mode = WHOLE if faster else SPLIT
