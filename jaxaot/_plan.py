@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import operator
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,8 +30,10 @@ import jax
 logger = logging.getLogger("jaxaot")
 
 # Timed calls of each form before choosing (the first call of each run of calls,
-# below, is not timed). The fastest of each decides: on a busy machine the others
-# measure the neighbours.
+# below, is not timed). The median of each decides: a form whose calls vary (a
+# split program of many small executables, now and then overlapping well) has a
+# fastest call far below its typical one, and the typical one is what every later
+# step pays; a few calls slowed by a busy machine move the median little.
 SAMPLES = 5
 # While choosing, each form runs this many calls in a row, and the first call of
 # each run is not timed: a call measured right after the other form's measures
@@ -119,7 +122,15 @@ class Plan:
         self.ready = False
         # At most this many steps queued before waiting for the oldest (None: no limit).
         self.in_flight = in_flight
-        self._fast: list[tuple[Any, Callable[[list[Any]], Sequence[Any]], tuple[int, ...]]] = []
+        # Per step, the slots to drop once it has run: the intermediates it is the
+        # last to read (or writes and nothing reads), so a step's memory is
+        # released as soon as nothing needs it, as in one XLA program, not when
+        # the call returns (an inference pass would otherwise hold every layer's
+        # activations).
+        self._dead = _last_uses(steps, n_inputs + len(self.fixed), self.out_slots)
+        self._fast: list[
+            tuple[Any, Callable[[list[Any]], Sequence[Any]], tuple[int, ...], tuple[int, ...]]
+        ] = []
         self._get_out = _getter(self.out_slots)
         # The steady state: which form runs, and what was measured to choose it.
         self._lock = threading.Lock()
@@ -203,7 +214,10 @@ class Plan:
     def wait(self) -> None:
         """Waits for every executable; raises ``PlanFailed`` if one could not be made."""
         if not self.ready:
-            fast = [(step.executable(), _getter(step.ins), step.outs) for step in self.steps]
+            fast = [
+                (step.executable(), _getter(step.ins), step.outs, dead)
+                for step, dead in zip(self.steps, self._dead, strict=True)
+            ]
             self._fast = fast
             self.ready = True
 
@@ -217,9 +231,11 @@ class Plan:
         """Runs the split program; its flat outputs."""
         env = self._env(leaves)
         if self.ready and self.in_flight is None:
-            for exe, get, outs in self._fast:
+            for exe, get, outs, dead in self._fast:
                 for slot, value in zip(outs, exe(*get(env)), strict=True):
                     env[slot] = value
+                for slot in dead:
+                    env[slot] = None
         else:
             self._run_steps(env, self.in_flight)
         out = list(self._get_out(env))
@@ -234,7 +250,7 @@ class Plan:
         them queued (``None``: no limit); then waits for every executable: from
         then on, the fast loop (where there is no limit)."""
         queued: list[Sequence[Any]] = []
-        for step in self.steps:
+        for step, dead in zip(self.steps, self._dead, strict=True):
             if step.donates:
                 self.wait()
             if limit is not None and len(queued) >= limit:
@@ -242,6 +258,8 @@ class Plan:
             results = step.executable()(*[env[i] for i in step.ins])
             for slot, value in zip(step.outs, results, strict=True):
                 env[slot] = value
+            for slot in dead:
+                env[slot] = None
             if limit is not None:
                 queued.append(results)
         self.wait()
@@ -307,14 +325,15 @@ class Plan:
                 self.timings[form].append(seconds)
             split, whole_t = self.timings[SPLIT], self.timings[WHOLE]
             if self.mode is None and len(split) >= SAMPLES and len(whole_t) >= SAMPLES:
-                faster = min(whole_t) < min(split)
-                self.mode = WHOLE if faster else SPLIT
+                whole_ms = statistics.median(whole_t) * 1e3
+                split_ms = statistics.median(split) * 1e3
+                self.mode = WHOLE if whole_ms < split_ms else SPLIT
                 logger.debug(
-                    "jaxaot.jit %s: whole program %.3g ms, split program %.3g ms a call; "
-                    "running the %s program",
+                    "jaxaot.jit %s: whole program %.3g ms, split program %.3g ms a call "
+                    "(medians); running the %s program",
                     self.name,
-                    min(whole_t) * 1e3,
-                    min(split) * 1e3,
+                    whole_ms,
+                    split_ms,
                     self.mode,
                 )
         return out
@@ -322,6 +341,21 @@ class Plan:
     def pending(self) -> bool:
         """Whether the steady state is still being chosen."""
         return self.mode is None
+
+
+def _last_uses(steps: Sequence[Step], n_kept: int, keep: Sequence[int]) -> list[tuple[int, ...]]:
+    """Per step, the slots from ``n_kept`` on, other than ``keep`` (the
+    program's outputs), that no later step reads or writes."""
+    last: dict[int, int] = {}
+    for k, step in enumerate(steps):
+        for slot in (*step.ins, *step.outs):
+            last[slot] = k
+    kept = set(keep)
+    dead: list[list[int]] = [[] for _ in steps]
+    for slot, k in last.items():
+        if slot >= n_kept and slot not in kept:
+            dead[k].append(slot)
+    return [tuple(d) for d in dead]
 
 
 def _delete(leaves: Sequence[Any], positions: Sequence[int], out: Sequence[Any]) -> None:
