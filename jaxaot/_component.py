@@ -163,7 +163,10 @@ def is_differentiable(dtype: Any) -> bool:
 #      spmd_axis_name; every dtype JAX differentiates gets tangents.
 #   5: forward entries say which residuals are their own inputs
 #      (``extra["forwards"]``, read by ``_whole``).
-DERIVE_VERSION = 5
+#   6: forward entries do not return the residuals that are their own inputs
+#      (a layer's weights): ``extra["forwarded"]`` says where they go among the
+#      residuals, and the caller passes the inputs themselves on.
+DERIVE_VERSION = 6
 
 
 def _base_parts(platform: str) -> dict[str, Any]:
@@ -380,12 +383,20 @@ class Call:
         parent = self
 
         def make_fwd() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
+            # Residuals that are the entry's own inputs (a layer's weights) are not
+            # returned, which would copy them: the caller has them at hand.
             known, _ = parent._linearized_jaxprs(mask)
             n_primal_out = len(parent.entry.out_avals)
-            return jaxpr_as_fun(known), {"forwards": forwarded_inputs(known, n_primal_out)}
+            pairs = forwarded_inputs(known, n_primal_out)
+            dropped = {r for r, _ in pairs}
+            everything = jaxpr_as_fun(known)
+
+            def forward(*xs: Any) -> list[Any]:
+                return [o for r, o in enumerate(everything(*xs)) if r not in dropped]
+
+            return forward, {"forwarded": [[r - n_primal_out, q] for r, q in pairs]}
 
         fwd = self._derive(("linearize", mask, "forward"), args, make_fwd, self.entry.arg_names)
-        n_out = len(self.entry.out_avals)
         live_names = [
             f"tangent of {nm}" if nm else "" for nm, m in zip(self._names(), mask, strict=True) if m
         ]
@@ -399,7 +410,7 @@ class Call:
                 a.to_tangent_aval() for a, m in zip(self.entry.in_avals, mask, strict=True) if m
             ]
             args = [*residuals, *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in live]]
-            names = ["residual"] * (len(fwd.entry.out_avals) - n_out) + live_names
+            names = ["residual"] * len(residuals) + live_names
             return parent._derive(("linearize", mask, "linear"), args, make, names)
 
         return fwd, make_lin

@@ -165,9 +165,9 @@ def _nbytes(v: Any) -> int:
 def forwarded_inputs(known: Any, n_out: int) -> list[list[int]]:
     """``[r, q]`` for each residual output ``r`` of the forward jaxpr ``known``
     (whose first ``n_out`` outputs are the primal outputs) that is its own input
-    ``q``, unchanged: a weight the backward pass multiplies by, say. The entry
-    still returns it (a copy); a program that has the input at hand can read it
-    there instead (``_whole``)."""
+    ``q``, unchanged: a weight the backward pass multiplies by, say. A forward
+    entry does not return those (it would return a copy): whoever binds it has
+    the input at hand (``_rules._linearize``)."""
     jaxpr = known.jaxpr
     position = {v: q for q, v in enumerate(jaxpr.invars)}
     return [

@@ -209,7 +209,8 @@ def _linearize(is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, call: Any)
     fwd, make_lin = call.linearize(mask, primals)
     _prefetch(fwd)
     results = bind(fwd, primals)
-    outs, residuals = results[: len(out_avals)], results[len(out_avals) :]
+    outs = results[: len(out_avals)]
+    residuals = _residuals(results[len(out_avals) :], primals, fwd.entry.extra.get("forwarded"))
     lin = make_lin(residuals)
 
     def linearized(residuals: Sequence[Any], *tangents: Any) -> list[Any]:
@@ -222,6 +223,17 @@ def _linearize(is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, call: Any)
 
 
 register_linearization(component_p, _linearize)
+
+
+def _residuals(
+    returned: Sequence[Any], primals: Sequence[Any], forwarded: Sequence[Sequence[int]] | None
+) -> list[Any]:
+    """The linear entry's residuals: those the forward entry returned, with the
+    forward entry's inputs that are residuals too (``[position, input]`` pairs of
+    ``forwarded``) put in their places."""
+    taken = {int(i): primals[int(q)] for i, q in forwarded or ()}
+    rest = iter(returned)
+    return [taken[i] if i in taken else next(rest) for i in range(len(returned) + len(taken))]
 
 
 def _transpose(cts: Sequence[Any], *args: Any, call: Any) -> list[Any]:

@@ -82,50 +82,6 @@ def runs(eqns: Sequence[Any], min_length: int = 2) -> list[Any]:
     return items
 
 
-def _forwarded(items: Sequence[Any]) -> dict[Any, Any]:
-    """The residual outputs of forward entries in runs that are the entry's own
-    input at a position the run does not carry (a layer's weights), each mapped
-    to that input: a backward loop then reads the forward loop's stacked input
-    in place, and the forward loop writes no copy of it."""
-    alias: dict[Any, Any] = {}
-    for item in items:
-        if not isinstance(item, _Run):
-            continue
-        pairs = item.eqns[0].params["call"].entry.extra.get("forwards") or ()
-        carried = {q for q, _ in item.carry}
-        for eqn in item.eqns:
-            for r, q in pairs:
-                if q in carried or not (0 <= r < len(eqn.outvars) and 0 <= q < len(eqn.invars)):
-                    continue
-                out, source = eqn.outvars[r], eqn.invars[q]
-                if not isinstance(out, DropVar) and out.aval == source.aval:
-                    alias[out] = source
-    return alias
-
-
-def _substitute(jaxpr: Any, alias: dict[Any, Any]) -> tuple[list[Any], list[Any]]:
-    """``jaxpr``'s equations and outputs reading each aliased variable's source."""
-
-    def source(v: Any) -> Any:
-        while not isinstance(v, Literal) and v in alias:
-            v = alias[v]
-        return v
-
-    eqns = [eqn.replace(invars=[source(v) for v in eqn.invars]) for eqn in jaxpr.eqns]
-    return eqns, [source(v) for v in jaxpr.outvars]
-
-
-def rewritten(jaxpr: Any) -> tuple[list[Any], list[Any]]:
-    """``jaxpr``'s equations, runs of calls grouped (``runs``), and its outputs,
-    where every residual ``_forwarded`` names is read at its source."""
-    items = runs(jaxpr.eqns)
-    alias = _forwarded(items)
-    if not alias:
-        return items, list(jaxpr.outvars)
-    eqns, outvars = _substitute(jaxpr, alias)
-    return runs(eqns), outvars
-
-
 def _used_outside(items: Sequence[Any], outvars: Sequence[Any]) -> set[Any]:
     """Variables read by something other than the next member of their own run."""
     used = {v for v in outvars if not isinstance(v, Literal)}
@@ -322,9 +278,9 @@ def program(jaxpr: Any) -> tuple[Callable[..., list[Any]], int]:
     A value one run makes for every layer and a later run reads for every layer
     (the residuals a forward loop leaves for the backward loop, or the
     parameters both read) stays one stacked array between them: it is never cut
-    into layers and stacked again. A residual that is a layer's own input (its
-    weights) is read from that input's stack (``_forwarded``)."""
-    items, outvars = rewritten(jaxpr)
+    into layers and stacked again. (A residual that is a layer's own input, its
+    weights, is that input in the jaxpr: forward entries do not return it.)"""
+    items, outvars = runs(jaxpr.eqns), list(jaxpr.outvars)
     loops, single = _layout(items, outvars)
 
     def fun(*args: Any) -> list[Any]:

@@ -220,37 +220,43 @@ def test_benchmark_block_writes_the_same_residuals_on_every_jax() -> None:
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_forward_entries_say_which_residuals_are_their_own_inputs(tmp_path: Any) -> None:
-    """The forward entry of ``tanh(v @ w)`` returns ``w`` and ``v`` as residuals
-    (the backward pass multiplies by them) and says so; a computed residual is
-    not named. The fact is kept with the entry: a warm process reads the same."""
+def test_forward_entries_return_no_copy_of_their_own_inputs(tmp_path: Any) -> None:
+    """The backward pass of ``tanh(v @ w)`` multiplies by ``w`` and ``v``: they are
+    residuals. The forward entry returns only the residual it computes (from
+    tanh), not a copy of its inputs, and says where ``w`` and ``v`` go among the
+    residuals. The fact is kept with the entry: a warm process reads the same,
+    and the gradients are ``jax.grad``'s."""
     from jaxaot._optimize import forwarded_inputs
 
     def f(w: jax.Array, v: jax.Array) -> jax.Array:
         return jnp.tanh(v @ w)
 
-    w = jnp.ones((4, 4)) * 0.3
-    v = jnp.ones((2, 4))
+    w = jnp.arange(16.0).reshape(4, 4) / 20
+    v = jnp.arange(8.0).reshape(2, 4) / 10
     known = jax.make_jaxpr(lambda w, v: (f(w, v), w, jnp.tanh(v @ w), v))(w, v)
     assert forwarded_inputs(known, 1) == [[1, 0], [3, 1]]
+    want = jax.grad(lambda w, v: jnp.sum(f(w, v)), argnums=(0, 1))(w, v)
 
-    def forward_fact() -> Any:
+    def forward_entry() -> Any:
         layer = jaxaot.component(f, key="forwards-layer")
-        captured: list[Any] = []
 
         def grab(w: jax.Array, v: jax.Array) -> jax.Array:
             return jnp.sum(layer(w, v))
 
-        closed = jax.make_jaxpr(jax.grad(grab))(w, v)
-        for eqn in closed.jaxpr.eqns:
-            call = eqn.params.get("call")
-            if call is not None and "forwards" in call.entry.extra:
-                captured.append(call.entry.extra["forwards"])
-        return captured
+        closed = jax.make_jaxpr(jax.grad(grab, argnums=(0, 1)))(w, v)
+        (entry,) = [
+            eqn.params["call"].entry
+            for eqn in closed.jaxpr.eqns
+            if "call" in eqn.params and "forwarded" in eqn.params["call"].entry.extra
+        ]
+        for got, expected in zip(jax.grad(grab, argnums=(0, 1))(w, v), want, strict=True):
+            np.testing.assert_allclose(got, expected, rtol=1e-6)
+        return entry
 
     with jaxaot.using_cache(jaxaot.DirectoryCache(tmp_path)):
-        cold = forward_fact()
-        warm = forward_fact()
-    # Outputs 1 and 2 (residuals) are inputs 0 and 1 (w, v); the one computed
-    # from tanh (output 3) is not named.
-    assert cold == warm == [[[1, 0], [2, 1]]]
+        cold = forward_entry()
+        warm = forward_entry()
+    # Residuals 0 and 1 are inputs 0 and 1 (w, v); the entry returns its output
+    # and the residual computed from tanh, nothing of the size of w.
+    assert cold.extra["forwarded"] == warm.extra["forwarded"] == [[0, 0], [1, 1]]
+    assert [a.shape for a in cold.out_avals] == [(2, 4), (2, 4)]

@@ -1190,3 +1190,54 @@ def test_collective_outside_its_axis_errors_naming_the_component() -> None:
     comp = jaxaot.component(_batch_norm)
     with pytest.raises(Exception, match="_batch_norm"):
         comp(jnp.ones(3))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_inputs_that_are_residuals_are_passed_on_not_returned(dtype: Any) -> None:
+    """The backward pass of ``tanh(x @ w * scale)`` multiplies by the layer's own
+    inputs ``w`` and ``x`` (and a Python scalar ``scale``, weakly typed): the
+    forward entry does not return them, and the linear entry gets the inputs
+    themselves.
+    Gradients and their dtypes are ``jax.grad``'s, called directly, under
+    ``jax.jit`` and under ``jaxaot.jit`` (3 layers, weights bfloat16 too)."""
+
+    def layer(w: Any, x: Any, scale: Any) -> Any:
+        return jnp.tanh((x @ w) * scale)
+
+    comp = jaxaot.component(layer, key=f"forwarded-{jnp.dtype(dtype).name}")
+    ws = [(arange(N, N, start=0.1 * k) / N).astype(dtype) for k in range(1, 4)]
+    x = arange(2, N, start=0.3).astype(dtype)
+
+    def loss(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(ws: Any, x: Any) -> Any:
+            for w in ws:
+                x = fn(w, x, 0.5)
+            return jnp.sum(x.astype(jnp.float32) ** 2)
+
+        return run
+
+    want = jax.grad(loss(layer), argnums=(0, 1))(ws, x)
+    closed = jax.make_jaxpr(jax.grad(loss(comp), argnums=(0, 1)))(ws, x)
+    forwarded = {
+        tuple(map(tuple, eqn.params["call"].entry.extra["forwarded"]))
+        for eqn in closed.jaxpr.eqns
+        if "call" in eqn.params and "forwarded" in eqn.params["call"].entry.extra
+    }
+    assert len(forwarded) == 1 and {0, 1} <= {q for _, q in next(iter(forwarded))}
+    tol = 2e-2 if dtype == jnp.bfloat16 else 1e-5
+    for run in (
+        jax.grad(loss(comp), argnums=(0, 1)),
+        jax.jit(jax.grad(loss(comp), argnums=(0, 1))),
+        jaxaot.jit(jax.grad(loss(comp), argnums=(0, 1)), whole_program=False),
+    ):
+        got = run(ws, x)
+        assert jax.tree_util.tree_map(lambda a: a.dtype, got) == jax.tree_util.tree_map(
+            lambda a: a.dtype, want
+        )
+        assert all(float(jnp.abs(g.astype(jnp.float32)).max()) > 0 for g in got[0])
+        for g, w in zip(
+            jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True
+        ):
+            np.testing.assert_allclose(
+                np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=tol, atol=tol
+            )
