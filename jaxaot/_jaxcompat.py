@@ -21,6 +21,11 @@ between those versions are all handled here, keyed on the installed version
   ``ClosedJaxpr`` name: ``ClosedJaxpr`` here is whichever class closes a jaxpr.
 * 0.11.2 computes tanh's derivative with a ``one_minus_square`` primitive:
   ``ELEMENTWISE_ARITHMETIC`` lists it with the other cheap elementwise ops.
+* Newer JAX puts a layout on every type, ``AutoLayout`` by default: an instance
+  that compares by identity, of a class that pickling or copying instantiates
+  again. The outputs of an executable loaded from its serialization (a warm
+  process) then have types unequal to the same types of any other array, and
+  every signature built from them misses. ``_one_auto_layout`` keeps it one.
 """
 
 from __future__ import annotations
@@ -91,6 +96,28 @@ not_mapped = None  # batching.NotMapped is type(None): unmapped dims are None
 apply_primitive = _dispatch.apply_primitive
 module_to_bytecode = mlir.module_to_bytecode
 LoweringRuleContext = mlir.LoweringRuleContext
+
+
+def _one_auto_layout() -> None:
+    """Makes JAX's ``AutoLayout`` one object however it is made (unpickled with
+    an executable's metadata, copied), equal to and hashing as itself: the
+    singleton JAX means it to be. Nothing to do where JAX has no such class."""
+    try:
+        from jax._src import layout as _layout
+    except ImportError:  # pragma: no cover - a JAX without layouts
+        return
+    cls = getattr(_layout, "AutoLayoutSingleton", None)
+    one = getattr(_layout, "AutoLayout", None)
+    if cls is None or not isinstance(one, cls) or getattr(cls, "_jaxaot_one", False):
+        return
+    cls.__new__ = lambda c, *args, **kwargs: one  # type: ignore[method-assign, assignment]
+    cls.__eq__ = lambda self, other: isinstance(other, cls)  # type: ignore[method-assign, assignment]
+    cls.__hash__ = lambda self: hash(cls)  # type: ignore[method-assign, assignment]
+    cls.__reduce__ = lambda self: "AutoLayout"  # type: ignore[method-assign, assignment]
+    cls._jaxaot_one = True  # type: ignore[attr-defined]
+
+
+_one_auto_layout()
 
 _CALLBACK_PRIMITIVES = frozenset([pure_callback_p, io_callback_p, debug_callback_p])
 _CALLBACK_NAMES = frozenset(["debug_print", "debug_callback", "pure_callback", "io_callback"])

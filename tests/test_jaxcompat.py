@@ -180,3 +180,21 @@ def test_grad_through_a_component_uses_the_installed_linearization_protocol() ->
     with jaxaot.using_cache(jaxaot.MemoryCache()):
         jax.make_jaxpr(count)(w, x)
     assert lengths == [n_values]
+
+
+def test_types_made_again_by_pickling_or_copying_equal_the_originals() -> None:
+    """An executable loaded from its serialization unpickles its output types
+    (JAX's own format): they must equal, and hash as, the same types of any other
+    array, or every signature built from a warm process's outputs misses. Newer
+    JAX puts an ``AutoLayout`` on every type, which pickling made anew."""
+    import copy
+    import pickle
+
+    for x in (jnp.ones((2, 3)), jnp.ones((4,), jnp.bfloat16), jnp.int32(3)):
+        aval = x.aval
+        for again in (pickle.loads(pickle.dumps(aval)), copy.deepcopy(aval), copy.copy(aval)):
+            assert again == aval and hash(again) == hash(aval)
+            assert {aval: 1}[again] == 1
+    layout = getattr(aval, "layout", None)
+    if layout is not None:  # the JAX versions that carry it: one object
+        assert pickle.loads(pickle.dumps(layout)) is layout

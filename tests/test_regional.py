@@ -400,10 +400,20 @@ WARM_MODULE = textwrap.dedent(
         plan.mode = "whole"
         whole_value, _ = f(ps, x)
         whole = jaxaot._regional.WHOLE.counters.info()
+        # A step loop feeds each step's outputs (made by executables loaded from
+        # the cache, in the warm process) back in: still the first call's plan.
+        sgd = jaxaot.jit(
+            lambda ps, x: [p - 0.1 * g for p, g in zip(ps, jax.grad(loss)(ps, x))],
+            whole_program=False,
+        )
+        qs = ps
+        for _ in range(3):
+            qs = sgd(qs, x)
         return {"value": float(value), "grads": [g.tolist() for g in grads], "traces": info.traces,
                 "compiles": info.compiles, "whole_value": float(whole_value),
                 "whole_compiles": whole.compiles, "whole_hits": whole.hits,
-                "all_compiles": block.cache_info().compiles}
+                "all_compiles": block.cache_info().compiles, "sgd_plans": len(sgd._plans),
+                "sgd": [q.tolist() for q in qs]}
     """
 )
 
@@ -428,6 +438,10 @@ def test_warm_process_compiles_no_component(tmp_path: Path, subprocess_env: dict
     # The whole-program form: compiled once, then loaded; it compiles no component either.
     assert cold["whole_compiles"] == 1 and warm["whole_compiles"] == 0 and warm["whole_hits"] == 1
     assert warm["all_compiles"] == 0
+    # The loop's outputs have the types of its inputs: one plan, cold and warm
+    # (a warm process once saw the loaded executables' output types as others).
+    assert cold["sgd_plans"] == warm["sgd_plans"] == 1
+    np.testing.assert_allclose(warm["sgd"], cold["sgd"], rtol=1e-6)
     np.testing.assert_allclose(warm["whole_value"], cold["value"], rtol=1e-6)
     np.testing.assert_allclose(warm["value"], cold["value"], rtol=1e-6)
     np.testing.assert_allclose(warm["grads"], cold["grads"], rtol=1e-6)
