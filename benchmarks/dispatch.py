@@ -122,7 +122,7 @@ def split_overhead(
     leaves = jax.tree_util.tree_leaves(((blocks, x), {}))
     env = plan._env(leaves)
     replay = []
-    for exe, get, outs in plan._fast:
+    for exe, get, outs, _ in plan._fast:
         ins = get(env)
         for slot, value in zip(outs, exe(*ins), strict=True):
             env[slot] = value
