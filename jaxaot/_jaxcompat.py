@@ -108,13 +108,13 @@ def _one_auto_layout() -> None:
         return
     cls = getattr(_layout, "AutoLayoutSingleton", None)
     one = getattr(_layout, "AutoLayout", None)
-    if cls is None or not isinstance(one, cls) or getattr(cls, "_jaxaot_one", False):
+    if cls is None or not isinstance(one, cls):
         return
+    # Unpickling and copying make it through ``__new__``; instances made before
+    # this ran compare and hash as the one.
     cls.__new__ = lambda c, *args, **kwargs: one  # type: ignore[method-assign, assignment]
     cls.__eq__ = lambda self, other: isinstance(other, cls)  # type: ignore[method-assign, assignment]
     cls.__hash__ = lambda self: hash(cls)  # type: ignore[method-assign, assignment]
-    cls.__reduce__ = lambda self: "AutoLayout"  # type: ignore[method-assign, assignment]
-    cls._jaxaot_one = True  # type: ignore[attr-defined]
 
 
 _one_auto_layout()
