@@ -47,6 +47,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
         affine(x, w)
         jax.vmap(affine, in_axes=(0, None))(jnp.ones((5, 2, 3)), w)
         tree_fn({"w": jnp.ones((2, 3)), "b": (jnp.ones(2),)}, jnp.ones(3))
+    jaxaot.wait_for_writes()  # executables are written in the background: finish before copying
     return root
 
 
@@ -56,6 +57,7 @@ def wide_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cli") / "wide"
     with jaxaot.using_cache(jaxaot.DirectoryCache(root)):
         many(*[jnp.ones((i + 1, 7)) for i in range(60)])
+    jaxaot.wait_for_writes()
     return root
 
 
