@@ -119,7 +119,8 @@ def _steady(fn: Callable[[], Any], repeats: int) -> float:
 
 def _settle(step: Any, args: tuple[Any, ...], result: dict[str, Any]) -> None:
     """Runs a ``jaxaot.jit`` step until it has chosen its steady state (split or
-    whole program), and records the choice and each form's steady step."""
+    whole program), and records the choice and each form's steady step. (The
+    forms are then set from here, so a close choice is not timed again later.)"""
     from . import _plan
 
     start = time.perf_counter()
@@ -391,7 +392,7 @@ def median_row(trial_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One contender's row from its trials: the median of each number that differs
     between trials (a field missing from some trials, or None in any, is taken from
     the first trial), everything else from the first trial; with more than one trial, ``trials``
-    keeps each trial's first result and steady step."""
+    keeps each trial's first result and steady step, and its chosen form (``mode``)."""
     first = trial_rows[0]
     if len(trial_rows) == 1:
         return dict(first)
@@ -403,8 +404,11 @@ def median_row(trial_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             row[field] = statistics.median(values)  # type: ignore[type-var]
         else:  # the same in every trial (the depth, a step count), or not a number
             row[field] = value
+    # (and, for jaxaot.jit, the form each trial chose)
     row["trials"] = [
-        {"first_result": r.get("first_result"), "steady": r.get("steady")} for r in trial_rows
+        {"first_result": r.get("first_result"), "steady": r.get("steady")}
+        | ({"mode": r["mode"]} if "mode" in r else {})
+        for r in trial_rows
     ]
     return row
 
@@ -644,8 +648,14 @@ def steady_state_line(regional: Row | None) -> list[str]:
     """What a ``jaxaot.jit`` contender chose as its steady state, as one list item."""
     if not regional or not regional.get("mode"):
         return []
+    modes = [t.get("mode") for t in regional.get("trials", ())]
+    chosen = (
+        f"the {regional['mode']} program"
+        if len(set(modes)) <= 1
+        else f"per trial, the {', '.join(str(m) for m in modes)} program"
+    )
     return [
-        f"  - jaxaot.jit's steady state: the {regional['mode']} program "
+        f"  - jaxaot.jit's steady state: {chosen} "
         f"(split program: {regional.get('steps')} executables, "
         f"{_ms(regional.get('steady_split'))} ms a step; whole program: "
         f"{regional.get('whole_calls')} component calls, "

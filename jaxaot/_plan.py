@@ -8,9 +8,10 @@ costs little more than the executables it runs.
 Once the split program has run, a whole-program form of it (one executable,
 repeated layers as a loop: see ``_whole``) is compiled in the background.
 When it is ready, the next calls run each form a few times, timed to
-completion, and the faster one (by its fastest call) runs every later call.
-No call waits for the whole program: until it is ready (or if it fails) the
-split program runs.
+completion, and the faster one (by its median call) runs every later call.
+A split program kept over a whole program that measured close to it is timed
+against it again later (``RECHECK_AFTER``). No call waits for the whole
+program: until it is ready (or if it fails) the split program runs.
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ SAMPLES = 5
 # some of that form's costs too (its buffers being freed, caches it evicted),
 # which in back-to-back steps it would not pay.
 RUN = 3
+# A split program kept over a whole program whose median call was within
+# RECHECK_MARGIN times its own is timed against it again, afresh, after this many
+# more calls, then (if still close) after the next number: a split program of
+# millisecond steps varies with what else the machine is doing, and one choice
+# made at start-up would decide every later step. A whole program kept is not
+# timed again (it is one executable, and its calls may bypass Python).
+RECHECK_AFTER = (100, 1000)
+RECHECK_MARGIN = 1.5
 
 SPLIT = "split"
 WHOLE = "whole"
@@ -146,6 +155,10 @@ class Plan:
         self.timings: dict[str, list[float]] = {SPLIT: [], WHOLE: []}
         self._previous: str | None = None  # the form of the last timed-or-not call
         self._streak = 0  # calls of that form in a row
+        # Split calls left before both forms are timed again (None: not again),
+        # and the later intervals still to come.
+        self._recheck_in: int | None = None
+        self._rechecks = list(RECHECK_AFTER)
         # The whole-program executable taking the program's arguments as a tree
         # (for JAX's C++ dispatch), by the tree's structure; see ``structured``.
         self._structured: dict[Any, concurrent.futures.Future[Any]] = {}
@@ -157,8 +170,10 @@ class Plan:
 
     @mode.setter
     def mode(self, value: str | None) -> None:
+        """Sets the form (a form set from outside is kept: no later re-check)."""
         left = self._mode is WHOLE and value is not WHOLE
         self._mode = value
+        self._recheck_in = None
         if left and self.on_leave_whole is not None:
             self.on_leave_whole()
 
@@ -276,6 +291,8 @@ class Plan:
     def __call__(self, leaves: Sequence[Any]) -> list[Any]:
         mode = self.mode
         if mode is SPLIT:
+            if self._recheck_in is not None:
+                self._count_down()
             return self.run(leaves)
         if mode is WHOLE:
             assert self.whole is not None
@@ -328,19 +345,41 @@ class Plan:
                 whole_ms = statistics.median(whole_t) * 1e3
                 split_ms = statistics.median(split) * 1e3
                 self.mode = WHOLE if whole_ms < split_ms else SPLIT
+                again = self.mode is SPLIT and whole_ms < split_ms * RECHECK_MARGIN
+                if again and self._rechecks:
+                    self._recheck_in = self._rechecks.pop(0)
                 logger.debug(
                     "jaxaot.jit %s: whole program %.3g ms, split program %.3g ms a call "
-                    "(medians); running the %s program",
+                    "(medians); running the %s program%s",
                     self.name,
                     whole_ms,
                     split_ms,
                     self.mode,
+                    f", timed again in {self._recheck_in} calls" if self._recheck_in else "",
                 )
         return out
+
+    def _count_down(self) -> None:
+        """Counts a split call; once ``_recheck_in`` are made, both forms are timed
+        again, afresh, and chosen between as at first."""
+        with self._lock:
+            if self._recheck_in is None:
+                return
+            self._recheck_in -= 1
+            if self._recheck_in > 0:
+                return
+            self._recheck_in = None
+            self.timings = {SPLIT: [], WHOLE: []}
+            self._previous, self._streak = None, 0
+            self._mode = None
 
     def pending(self) -> bool:
         """Whether the steady state is still being chosen."""
         return self.mode is None
+
+    def settled(self) -> bool:
+        """Whether the steady state is chosen, with no timing of both forms to come."""
+        return self.mode is not None and self._recheck_in is None
 
 
 def _last_uses(steps: Sequence[Step], n_kept: int, keep: Sequence[int]) -> list[tuple[int, ...]]:

@@ -375,3 +375,11 @@ def test_median_row_keeps_what_every_trial_agrees_on() -> None:
     assert row["mode"] == "split" and row["compile"] is None
     assert [t["steady"] for t in row["trials"]] == [0.4, 0.6]
     assert _bench.median_row([a]) == a
+    # The form each trial chose is kept, and said when the trials differ.
+    assert [t["mode"] for t in row["trials"]] == ["split", "whole"]
+    a.update(steady_split=0.4, steady_whole=0.7, whole_calls=2, settle=3.0)
+    b.update(steady_split=0.5, steady_whole=0.6, whole_calls=2, settle=3.0)
+    (line,) = _bench.steady_state_line(_bench.median_row([a, b]))
+    assert "steady state: per trial, the split, whole program" in line
+    (line,) = _bench.steady_state_line(_bench.median_row([a, dict(a)]))
+    assert "steady state: the split program (" in line
