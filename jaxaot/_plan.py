@@ -48,7 +48,7 @@ RUN = 3
 # made at start-up would decide every later step. A whole program kept is not
 # timed again (it is one executable, and its calls may bypass Python).
 RECHECK_AFTER = (100, 1000)
-RECHECK_MARGIN = 1.5
+RECHECK_MARGIN = 1.25
 
 SPLIT = "split"
 WHOLE = "whole"
