@@ -210,6 +210,19 @@ def _timed_forms(
     return made
 
 
+def _settled_grad(
+    monkeypatch: pytest.MonkeyPatch, seconds: dict[str, float], blocks: Any, x: Any, want: Any
+) -> tuple[Any, _plan.Plan, dict[str, int]]:
+    """A ``jaxaot.jit`` gradient of 3 blocks whose forms take ``seconds`` more a
+    call, run until its first choice: the function, its plan, the calls made."""
+    grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
+    close(grad(blocks, x), want)
+    (plan,) = grad._plans.values()
+    made = _timed_forms(monkeypatch, plan, seconds)
+    settle(grad, lambda: (blocks, x))
+    return grad, plan, made
+
+
 def test_a_close_choice_of_the_split_program_is_timed_again_and_can_change(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -219,13 +232,9 @@ def test_a_close_choice_of_the_split_program_is_timed_again_and_can_change(
     program is chosen; it gives ``jax.grad``'s result."""
     monkeypatch.setattr(_plan, "RECHECK_AFTER", (6, 10))
     blocks, x = setup(3)
-    grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
     want = jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x)
-    close(grad(blocks, x), want)
-    (plan,) = grad._plans.values()
     seconds = {_plan.SPLIT: 0.02, _plan.WHOLE: 0.024}
-    made = _timed_forms(monkeypatch, plan, seconds)
-    settle(grad, lambda: (blocks, x))
+    grad, plan, made = _settled_grad(monkeypatch, seconds, blocks, x, want)
     assert plan.mode == _plan.SPLIT and not plan.settled()
     seconds[_plan.SPLIT] = 0.06
     for _ in range(5):  # the split program runs, and nothing is timed
@@ -245,13 +254,9 @@ def test_a_clear_or_imposed_choice_is_not_timed_again(monkeypatch: pytest.Monkey
     is kept for good; so is a form set from outside after a close choice."""
     monkeypatch.setattr(_plan, "RECHECK_AFTER", (3, 3))
     blocks, x = setup(3)
-    grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
     want = jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x)
-    close(grad(blocks, x), want)
-    (plan,) = grad._plans.values()
     seconds = {_plan.SPLIT: 0.01, _plan.WHOLE: 0.04}
-    made = _timed_forms(monkeypatch, plan, seconds)
-    settle(grad, lambda: (blocks, x))
+    grad, plan, made = _settled_grad(monkeypatch, seconds, blocks, x, want)
     assert plan.mode == _plan.SPLIT and plan.settled()
     before = made[_plan.WHOLE]
     seconds[_plan.SPLIT] = 0.05
@@ -259,11 +264,8 @@ def test_a_clear_or_imposed_choice_is_not_timed_again(monkeypatch: pytest.Monkey
         close(grad(blocks, x), want)
     assert made[_plan.WHOLE] == before and plan.mode == _plan.SPLIT and plan.settled()
     # A close choice, then the form set from outside (as ``jaxaot bench`` does).
-    grad2 = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
-    close(grad2(blocks, x), want)
-    (plan2,) = grad2._plans.values()
-    made2 = _timed_forms(monkeypatch, plan2, {_plan.SPLIT: 0.02, _plan.WHOLE: 0.024})
-    settle(grad2, lambda: (blocks, x))
+    close_seconds = {_plan.SPLIT: 0.02, _plan.WHOLE: 0.024}
+    grad2, plan2, made2 = _settled_grad(monkeypatch, close_seconds, blocks, x, want)
     assert plan2.mode == _plan.SPLIT and not plan2.settled()
     plan2.mode = _plan.SPLIT
     before = made2[_plan.WHOLE]
