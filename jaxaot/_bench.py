@@ -404,7 +404,6 @@ def median_row(trial_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             row[field] = statistics.median(values)  # type: ignore[type-var]
         else:  # the same in every trial (the depth, a step count), or not a number
             row[field] = value
-    # (and, for jaxaot.jit, the form each trial chose)
     row["trials"] = [
         {"first_result": r.get("first_result"), "steady": r.get("steady")}
         | ({"mode": r["mode"]} if "mode" in r else {})
