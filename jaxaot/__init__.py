@@ -19,9 +19,9 @@ _check_installed()  # a JAX outside the supported range: one ImportError, here
 #: Public name -> the private module that defines it. A new public name is one
 #: more line here (and in ``__all__``).
 _NAMES = {
-    "BundleError": "._bundle",
-    "export_bundle": "._bundle",
-    "import_bundle": "._bundle",
+    "BundleError": "._store._bundle",
+    "export_bundle": "._store._bundle",
+    "import_bundle": "._store._bundle",
     "Cache": "._caches",
     "DirectoryCache": "._caches",
     "FsspecCache": "._caches",
@@ -31,15 +31,15 @@ _NAMES = {
     "UnsafeCacheDirError": "._caches",
     "Component": "._component",
     "component": "._component",
-    "wait_for_writes": "._component",
-    "default_cache_dir": "._config",
-    "get_cache": "._config",
-    "set_cache": "._config",
-    "using_cache": "._config",
+    "wait_for_writes": "._store._executables",
+    "default_cache_dir": "._store._active",
+    "get_cache": "._store._active",
+    "set_cache": "._store._active",
+    "using_cache": "._store._active",
     "HostCopy": "._host",
     "to_host_async": "._host",
-    "ClosureError": "._key",
-    "ComponentKey": "._key",
+    "ClosureError": "._keys._closure",
+    "ComponentKey": "._keys._key",
     "RegionalFunction": "._regional",
     "jit": "._regional",
     "CacheInfo": "._stats",
@@ -47,9 +47,6 @@ _NAMES = {
 }
 
 if TYPE_CHECKING:
-    from ._bundle import BundleError as BundleError
-    from ._bundle import export_bundle as export_bundle
-    from ._bundle import import_bundle as import_bundle
     from ._caches import Cache as Cache
     from ._caches import DirectoryCache as DirectoryCache
     from ._caches import FsspecCache as FsspecCache
@@ -59,24 +56,30 @@ if TYPE_CHECKING:
     from ._caches import UnsafeCacheDirError as UnsafeCacheDirError
     from ._component import Component as Component
     from ._component import component as component
-    from ._component import wait_for_writes as wait_for_writes
-    from ._config import default_cache_dir as default_cache_dir
-    from ._config import get_cache as get_cache
-    from ._config import set_cache as set_cache
-    from ._config import using_cache as using_cache
     from ._host import HostCopy as HostCopy
     from ._host import to_host_async as to_host_async
-    from ._key import ClosureError as ClosureError
-    from ._key import ComponentKey as ComponentKey
+    from ._keys._closure import ClosureError as ClosureError
+    from ._keys._key import ComponentKey as ComponentKey
     from ._regional import RegionalFunction as RegionalFunction
     from ._regional import jit as jit
     from ._stats import CacheInfo as CacheInfo
     from ._stats import stats as stats
+    from ._store._active import default_cache_dir as default_cache_dir
+    from ._store._active import get_cache as get_cache
+    from ._store._active import set_cache as set_cache
+    from ._store._active import using_cache as using_cache
+    from ._store._bundle import BundleError as BundleError
+    from ._store._bundle import export_bundle as export_bundle
+    from ._store._bundle import import_bundle as import_bundle
+    from ._store._executables import wait_for_writes as wait_for_writes
 
 
 def __getattr__(name: str) -> Any:
     module = _NAMES.get(name)
     if module is not None:
+        if module == "._caches":
+            # The store installs the entry check the backends verify entries with.
+            importlib.import_module("._store", __name__)
         value = getattr(importlib.import_module(module, __name__), name)
         globals()[name] = value  # later look-ups skip this function
         return value

@@ -121,7 +121,7 @@ def _settle(step: Any, args: tuple[Any, ...], result: dict[str, Any]) -> None:
     """Runs a ``jaxaot.jit`` step until it has chosen its steady state (split or
     whole program), and records the choice and each form's steady step. (The
     forms are then set from here, so a close choice is not timed again later.)"""
-    from . import _plan
+    from ._regional import _plan
 
     start = time.perf_counter()
     (plan,) = step._plans.values()

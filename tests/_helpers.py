@@ -15,7 +15,7 @@ import jax
 import pytest
 
 import jaxaot
-from jaxaot import _entry
+from jaxaot._store import _entry
 
 
 def make_blob(name: str = "t", payload: bytes = b"payload", tag: Any = 0) -> tuple[str, bytes]:

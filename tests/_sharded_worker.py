@@ -294,15 +294,17 @@ def fallback() -> dict[str, Any]:
     repl, data = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
     blk = _block()
 
-    def broken(self: Any, call: Any, shardings: Any = None) -> Any:
+    def broken(call: Any, shardings: Any = None) -> Any:
         raise RuntimeError("no executable today")
 
-    saved = jaxaot.Component._call_executable
-    jaxaot.Component._call_executable = broken  # type: ignore[method-assign]
+    from jaxaot._regional import _planner
+
+    saved = _planner.region_executable
+    _planner.region_executable = broken
     try:
         return _fallback(blk, repl, data)
     finally:
-        jaxaot.Component._call_executable = saved  # type: ignore[method-assign]
+        _planner.region_executable = saved
 
 
 def _fallback(blk: Any, repl: Any, data: Any) -> dict[str, Any]:

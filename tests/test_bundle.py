@@ -19,9 +19,9 @@ import pytest
 from _helpers import make_blob
 
 import jaxaot
-from jaxaot import _bundle, _entry
 from jaxaot import cli as _cli
-from jaxaot._bundle import BundleError, export_bundle, import_bundle
+from jaxaot._store import _bundle, _entry
+from jaxaot._store._bundle import BundleError, export_bundle, import_bundle
 
 COMPONENTS = textwrap.dedent(
     """

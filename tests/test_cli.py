@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import pytest
 
 import jaxaot
-from jaxaot import _entry, cli
+from jaxaot import cli
+from jaxaot._store import _entry
 from jaxaot.cli import _output
 from jaxaot.cli import cache as cli_cache
 

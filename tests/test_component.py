@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot import _entry
-from jaxaot._jaxcompat import default_platform
+from jaxaot._jax import default_platform
+from jaxaot._store import _entry
 
 Point = namedtuple("Point", ["x", "y"])
 
@@ -652,7 +652,7 @@ def _reads_global_params(x: jax.Array) -> jax.Array:
 def test_layers_of_one_type_derive_their_keys_once() -> None:
     """Every layer of a deep network derives the same forward, linear and transposed
     keys: worked out once (memoized), and still told apart by input type."""
-    from jaxaot import _component
+    from jaxaot._component import _parts
 
     @jaxaot.component
     def layer(w: jax.Array, x: jax.Array) -> jax.Array:
@@ -665,9 +665,9 @@ def test_layers_of_one_type_derive_their_keys_once() -> None:
 
     ws = [jnp.full((4, 4), 0.1 * (i + 1), jnp.float32) for i in range(12)]
     x = jnp.ones((2, 4), jnp.float32)
-    _component._derived_key.cache_clear()
+    _parts._derived_key.cache_clear()
     got = jaxaot.jit(jax.grad(loss))(ws, x)
-    info = _component._derived_key.cache_info()
+    info = _parts._derived_key.cache_info()
     assert info.misses == 3 and info.hits == 3 * 11  # forward, linear, transposed
     want = jax.jit(jax.grad(loss))(ws, x)
     for g, w in zip(got, want, strict=True):
@@ -682,4 +682,4 @@ def test_layers_of_one_type_derive_their_keys_once() -> None:
             np.testing.assert_allclose(
                 np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=2e-2, atol=1e-2
             )
-    assert _component._derived_key.cache_info().misses == 9
+    assert _parts._derived_key.cache_info().misses == 9

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxaot import _config
+from jaxaot._store import _active
 from jaxaot.cli import demo as cli_demo
 from jaxaot.cli import main
 
@@ -84,7 +84,7 @@ def test_demo_without_the_redis_package_is_one_line(
 ) -> None:
     monkeypatch.setitem(sys.modules, "redis", None)
     monkeypatch.setenv("JAXAOT_CACHE", "redis://127.0.0.1:1/0")
-    monkeypatch.setattr(_config, "_default", _config._UNSET)
+    monkeypatch.setattr(_active, "_default", _active._UNSET)
     code = main(["demo", "--steps", "2", *TINY, "--quiet"])
     out, err = capsys.readouterr()
     assert code == 1 and out == ""

@@ -27,14 +27,13 @@ from typing import Any
 import _helpers  # noqa: E402
 import pytest
 
-from jaxaot._caches import _directory
+from jaxaot._caches import Cache, _directory
 from jaxaot._caches._directory import (
     DEFAULT_DIRECTORY_BYTES,
     TEMP_MAX_AGE,
     DirectoryCache,
     UnsafeCacheDirError,
 )
-from jaxaot._caches._protocol import Cache
 
 _WORKER_PATH = Path(__file__).with_name("_directory_worker.py")
 _spec = importlib.util.spec_from_file_location("_directory_worker", _WORKER_PATH)
@@ -951,7 +950,7 @@ def test_planted_pickle_never_runs(shared_base: Path) -> None:
     import jax.numpy as jnp
 
     import jaxaot
-    from jaxaot import _entry
+    from jaxaot._store import _entry
 
     root = shared_base / "victim"
     cache = DirectoryCache(root)

@@ -282,11 +282,11 @@ DIVERGING_WORKER = SHARDED_WORKER.replace(
     textwrap.dedent(
         """
         import jaxaot
-        from jaxaot import _component
+        from jaxaot._regional import _planner
         if pid == 1:
-            def _fails(self, *a, **k):
+            def _fails(*a, **k):
                 raise RuntimeError("this process cannot compile")
-            _component.Component._call_executable = _fails
+            _planner.region_executable = _fails
         """
     ),
     1,

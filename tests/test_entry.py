@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot import _entry
-from jaxaot._entry import EntryError, NotPersistable
+from jaxaot._caches import is_removable
+from jaxaot._store import _entry
+from jaxaot._store._entry import EntryError, NotPersistable
 
 Pair = namedtuple("Pair", ["first", "second"])
 
@@ -143,18 +144,20 @@ def test_damage_is_told_apart_from_a_foreign_key(monkeypatch: pytest.MonkeyPatch
             )
             if sound_here:
                 _entry.verify(blob)
-                assert _entry.removable(blob)  # sound: removable when the caller cannot use it
+                assert is_removable(
+                    entry.key.digest, blob
+                )  # sound: removable when the caller cannot use it
             else:
                 with pytest.raises(_entry.SignatureError):
                     _entry.verify(blob)
-                assert not _entry.removable(blob)
+                assert not is_removable(entry.key.digest, blob)
             for pos in (20, len(blob) // 2, len(blob) - 40):
                 damaged = bytearray(blob)
                 damaged[pos] ^= 0x10
                 with pytest.raises(EntryError) as info:
                     _entry.verify(bytes(damaged))
                 assert not isinstance(info.value, _entry.SignatureError)
-                assert info.value.removable and _entry.removable(bytes(damaged))
+                assert info.value.removable and is_removable(entry.key.digest, bytes(damaged))
 
 
 @pytest.mark.parametrize("value", ["", " ", "\t\n"])

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot import _entry, _store
+from jaxaot._store import _entry, _executables, _lookup
 
 STEP_MODULE = textwrap.dedent(
     """
@@ -172,7 +172,7 @@ def test_cost_analysis_none_when_backend_has_none(monkeypatch: pytest.MonkeyPatc
         def cost_analysis(self) -> None:
             return None
 
-    assert _store.cost_dict(NoCosts()) is None
+    assert _executables.cost_dict(NoCosts()) is None
 
 
 def test_executions_are_annotated_for_the_profiler(tmp_path: Path) -> None:
@@ -189,7 +189,7 @@ def test_executions_are_annotated_for_the_profiler(tmp_path: Path) -> None:
 def test_big_executables_are_written_in_the_background(
     fresh_cache: jaxaot.MemoryCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_store, "_BACKGROUND_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(_lookup, "BACKGROUND_AFTER_SECONDS", 0.0)
     comp = jaxaot.component(lambda x: jnp.sinh(x), key="exe-background")
     x = jnp.arange(3.0)
     np.testing.assert_allclose(comp(x), np.sinh(np.arange(3.0)), rtol=1e-6)
@@ -199,4 +199,4 @@ def test_big_executables_are_written_in_the_background(
     assert again.cache_info().compiles == 0
     jaxaot.wait_for_writes()
     assert len(_exe_entries(fresh_cache)) == 1
-    assert not _store._pending
+    assert not _executables._pending

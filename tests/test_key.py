@@ -13,8 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import jaxaot
 from jaxaot._key import (
     ClosureError,
     ComponentKey,
@@ -27,6 +25,8 @@ from jaxaot._key import (
     stable_text,
     tree_text,
 )
+
+import jaxaot
 
 REQUIRED_PARTS = {
     "format",

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot import _entry
+from jaxaot._store import _entry
 
 COMPONENTS = textwrap.dedent(
     """
@@ -269,7 +269,7 @@ def test_host_callback_entries_are_never_written(
 def test_unsafe_default_directory_falls_back_to_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from jaxaot import _config
+    from jaxaot._store import _active
 
     unsafe = tmp_path / "shared"
     unsafe.mkdir()
@@ -277,7 +277,7 @@ def test_unsafe_default_directory_falls_back_to_memory(
     monkeypatch.setenv("JAXAOT_CACHE_DIR", str(unsafe))
     monkeypatch.delenv("JAXAOT_CACHE", raising=False)
     caplog.set_level(logging.WARNING, logger="jaxaot")
-    cache = _config._default_from_env()
+    cache = _active._default_from_env()
     assert isinstance(cache, jaxaot.MemoryCache)
     assert len(caplog.records) == 1 and str(unsafe) in caplog.records[0].getMessage()
     with pytest.raises(jaxaot.UnsafeCacheDirError, match=str(unsafe)):
@@ -292,10 +292,10 @@ def test_default_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert jaxaot.default_cache_dir() == str(tmp_path / "home" / ".cache" / "jaxaot")
     monkeypatch.setenv("JAXAOT_CACHE_DIR", str(tmp_path / "explicit"))
-    from jaxaot import _config
+    from jaxaot._store import _active
 
     monkeypatch.setenv("JAXAOT_CACHE_MAX_BYTES", "12345")
-    cache = _config._default_from_env()
+    cache = _active._default_from_env()
     assert isinstance(cache, jaxaot.DirectoryCache)
     assert cache.stats()["path"] == str(tmp_path / "explicit") and cache.max_bytes == 12345
     assert oct(os.stat(tmp_path / "explicit").st_mode & 0o777) == "0o700"

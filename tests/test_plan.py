@@ -13,7 +13,7 @@ import pytest
 from _steps import block, close, loss, settle, setup, train_step_factory
 
 import jaxaot
-from jaxaot import _plan, _regional
+from jaxaot._regional import _plan, _programs
 from jaxaot.cli import _model
 
 
@@ -45,13 +45,13 @@ def test_whole_program_never_blocks_a_call(monkeypatch: pytest.MonkeyPatch) -> N
     import threading
 
     release = threading.Event()
-    program = _regional.WHOLE.program
+    program = _programs.WHOLE.program
 
     def slow(*args: Any) -> Any:
         assert release.wait(60)
         return program(*args)
 
-    monkeypatch.setattr(_regional.WHOLE, "program", slow)
+    monkeypatch.setattr(_programs.WHOLE, "program", slow)
     blocks, x = setup(3)
     grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
     want = jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x)
@@ -70,7 +70,7 @@ def test_a_failed_whole_program_leaves_the_split_program(
     def broken(*args: Any) -> Any:
         raise RuntimeError("no whole program today")
 
-    monkeypatch.setattr(_regional.WHOLE, "program", broken)
+    monkeypatch.setattr(_programs.WHOLE, "program", broken)
     caplog.set_level("DEBUG", logger="jaxaot")
     blocks, x = setup(2)
     grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))

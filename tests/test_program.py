@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot._program import content_digest, program_parts, strip_addresses
+from jaxaot._keys._program import content_digest, program_parts
+from jaxaot._keys._text import strip_addresses
 
 
 def _parts(f: object, *args: object) -> dict[str, object]:

@@ -32,10 +32,11 @@ import redis
 from _helpers import make_blob
 
 import jaxaot
-from jaxaot import _entry
 from jaxaot import cli as _cli
 from jaxaot._caches._redis import RedisCache
-from jaxaot._caches._tiered import TieredCache, verify_entry
+from jaxaot._caches._tiered import TieredCache
+from jaxaot._store import _entry
+from jaxaot._store._entry import check_stored as verify_entry
 
 SIZES = [1, 1000, 1 << 20, 5 << 20]
 HANG_GUARD_S = 10.0  # "returns within the timeout": a hang guard, not a performance test

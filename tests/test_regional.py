@@ -19,6 +19,7 @@ from jax import lax
 
 import jaxaot
 from jaxaot import _regional
+from jaxaot._regional import _planner, _programs
 from jaxaot.cli import _model
 
 
@@ -52,7 +53,7 @@ def _compiles_for(layers: int, compiles: list[str]) -> int:
     state = optimizer.init(blocks)
     with jaxaot.using_cache(jaxaot.MemoryCache()):
         block.clear_cache()
-        jaxaot._regional.GLUE._exes.clear()
+        _programs.GLUE._exes.clear()
         _regional.wait_for_background()
         before = len(compiles)
         jax.block_until_ready(jaxaot.jit(step)(blocks, state, x))
@@ -119,7 +120,7 @@ def test_heterogeneous_model_compiles_each_kind_once(repeats: int, compiles: lis
         jax.value_and_grad(lambda p, x: _hetero_loss(p, x, kinds, _hetero_block_a, _hetero_block_b))
     )(params, x)
     with jaxaot.using_cache(jaxaot.MemoryCache()):
-        jaxaot._regional.GLUE._exes.clear()
+        _programs.GLUE._exes.clear()
         before = len(compiles)
         got = regional(params, x)
         total = len(compiles) - before
@@ -224,7 +225,7 @@ def test_calls_whose_plan_runs_the_whole_program_dispatch_in_cpp() -> None:
     to Python, and each gets what jax.jit gives."""
     from _steps import settle
 
-    from jaxaot import _plan
+    from jaxaot._regional import _plan
 
     layer = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
 
@@ -295,7 +296,7 @@ def test_a_whole_program_calling_back_keeps_its_calls_in_python() -> None:
     to Python, and the callback only ever sees the program's own values."""
     import numpy as np
 
-    from jaxaot import _plan
+    from jaxaot._regional import _plan
 
     seen: list[float] = []
 
@@ -334,7 +335,7 @@ def test_a_call_under_another_configuration_is_traced_under_it() -> None:
     its own plan, before and after the whole program runs in C++: mixing
     bfloat16 and float32 raises as under jax.jit, and the default configuration
     still computes."""
-    from jaxaot import _plan
+    from jaxaot._regional import _plan
 
     layer = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
 
@@ -376,6 +377,7 @@ WARM_MODULE = textwrap.dedent(
     """
     import os
     import jax, jax.numpy as jnp, jaxaot
+    from jaxaot._regional import _programs
 
     @jaxaot.component(key="regional-warm-block")
     def block(p, x):
@@ -399,7 +401,7 @@ WARM_MODULE = textwrap.dedent(
         plan.whole.result()
         plan.mode = "whole"
         whole_value, _ = f(ps, x)
-        whole = jaxaot._regional.WHOLE.counters.info()
+        whole = _programs.WHOLE.counters.info()
         # A step loop feeds each step's outputs (made by executables loaded from
         # the cache, in the warm process) back in: still the first call's plan.
         sgd = jaxaot.jit(
@@ -458,11 +460,11 @@ def test_a_failed_executable_falls_back_to_jax_jit_with_inputs_intact(
     comp = jaxaot.component(lambda w, v: jnp.tanh(v @ w) + v)
     calls = {"n": 0}
 
-    def broken(self: Any, call: Any) -> Any:
+    def broken(call: Any, shardings: Any = None) -> Any:
         calls["n"] += 1
         raise RuntimeError("no executable today")
 
-    monkeypatch.setattr(jaxaot.Component, "_call_executable", broken)
+    monkeypatch.setattr(_planner, "region_executable", broken)
 
     def step(ws: Any, v: jax.Array) -> Any:
         def loss(ws: Any) -> jax.Array:
@@ -509,16 +511,16 @@ def test_autodiff_executables_start_compiling_during_the_trace(
 ) -> None:
     """The forward and transposed executables are submitted while the program is
     still being traced (and each is compiled once)."""
-    from jaxaot import _regional
+    from jaxaot._regional import _planner
 
     events: list[str] = []
-    submit = _regional._submit_jobs
+    submit = _planner.submit_jobs
 
     def recording(jobs: dict[Any, Any]) -> Any:
         events.extend(f"submit {k.parts['transform'][-1][0]}" for k in jobs if hasattr(k, "parts"))
         return submit(jobs)
 
-    monkeypatch.setattr(_regional, "_submit_jobs", recording)
+    monkeypatch.setattr(_planner, "submit_jobs", recording)
     comp = jaxaot.component(lambda w, v: jnp.sin(v @ w))
 
     def loss(ws: Any, v: jax.Array) -> jax.Array:
@@ -542,10 +544,10 @@ def test_no_input_is_donated_before_every_executable_exists(
 ) -> None:
     comp = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
 
-    def broken(self: Any, call: Any) -> Any:
+    def broken(call: Any, shardings: Any = None) -> Any:
         raise RuntimeError("no executable today")
 
-    monkeypatch.setattr(jaxaot.Component, "_call_executable", broken)
+    monkeypatch.setattr(_planner, "region_executable", broken)
 
     def f(a: jax.Array, w: jax.Array) -> jax.Array:
         return comp(w, a * 2)  # the glue computing a * 2 is a's last use: it donates a

@@ -24,7 +24,7 @@ from jax.experimental import io_callback
 from jax.test_util import check_grads
 
 import jaxaot
-from jaxaot import _entry
+from jaxaot._store import _entry
 
 RTOL = 1e-5
 ATOL = 1e-5
@@ -1060,7 +1060,7 @@ def test_vmap_entries_differ_per_axis_name() -> None:
     xs = jnp.ones((4, 3))
     for name in (None, "batch", "other"):
         np.testing.assert_allclose(jax.vmap(comp, axis_name=name)(xs), jnp.sin(xs) * 2)
-    vmapped = [k for k in comp._store.entries if k.parts["transform"]]
+    vmapped = [k for k in comp.store.entries if k.parts["transform"]]
     assert len(vmapped) == 3
     names = {k.parts["transform"][0][2][0] for k in vmapped}
     assert len(names) == 3 and {"batch", "other"} < names

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import jaxaot
-from jaxaot import _sharding
+from jaxaot._keys import _sharding
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,9 +17,9 @@ import pytest
 
 import jaxaot
 from jaxaot import _stats
-from jaxaot._entry import Entry
-from jaxaot._key import ComponentKey
-from jaxaot._store import Store
+from jaxaot._keys._key import ComponentKey
+from jaxaot._store._entry import Entry
+from jaxaot._store._lookup import Store
 
 
 def _entry(key: ComponentKey) -> Entry:
@@ -120,7 +120,7 @@ def test_entries_this_process_cannot_check_are_a_miss_left_alone(
     """A signed cache read by a process without the key (or with another): every
     call computes locally and matches plain JAX, the entries stay byte for byte,
     and the warning comes once for the cause, not once per entry."""
-    from jaxaot import _entry
+    from jaxaot._store import _entry
 
     def f(w: jax.Array, x: jax.Array) -> jax.Array:
         return jnp.tanh(x @ w) * 2

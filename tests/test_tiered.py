@@ -12,8 +12,9 @@ import pytest
 from _helpers import make_blob
 
 import jaxaot
-from jaxaot import _config, _entry
-from jaxaot._caches._tiered import TieredCache, verify_entry
+from jaxaot._caches._tiered import TieredCache
+from jaxaot._store import _active, _entry
+from jaxaot._store._entry import check_stored as verify_entry
 
 
 def flip(blob: bytes, at: int | None = None) -> bytes:
@@ -286,17 +287,17 @@ def test_env_url_gives_local_directory_in_front_of_the_store(
 
     monkeypatch.setenv("JAXAOT_CACHE_DIR", str(tmp_path / "local"))
     monkeypatch.setenv("JAXAOT_CACHE", "redis://127.0.0.1:1/0")  # never contacted here
-    cache = _config._default_from_env()
+    cache = _active._default_from_env()
     assert isinstance(cache, TieredCache)
     assert isinstance(cache.tiers[0], jaxaot.DirectoryCache)
     assert isinstance(cache.tiers[1], RedisCache)
     for url in (f"file://{tmp_path}/shared", "memory://jaxaot-env-test"):
         monkeypatch.setenv("JAXAOT_CACHE", url)
-        cache = _config._default_from_env()
+        cache = _active._default_from_env()
         assert isinstance(cache, TieredCache) and isinstance(cache.tiers[1], FsspecCache)
     monkeypatch.setenv("JAXAOT_CACHE", "nosuchprotocol://x")
     with pytest.raises(ValueError, match="JAXAOT_CACHE"):
-        _config._default_from_env()
+        _active._default_from_env()
 
 
 def test_env_url_with_unusable_directory_uses_memory_locally(
@@ -306,6 +307,6 @@ def test_env_url_with_unusable_directory_uses_memory_locally(
     monkeypatch.setenv("JAXAOT_CACHE_DIR", str(tmp_path / "file" / "sub"))
     monkeypatch.setenv("JAXAOT_CACHE", "memory://jaxaot-env-test2")
     caplog.set_level(logging.WARNING, logger="jaxaot")
-    cache = _config._default_from_env()
+    cache = _active._default_from_env()
     assert isinstance(cache, TieredCache) and isinstance(cache.tiers[0], jaxaot.MemoryCache)
     assert len(warnings_of(caplog)) == 1

@@ -11,7 +11,7 @@ import pytest
 from _steps import block, close, loss, setup
 
 import jaxaot
-from jaxaot import _plan, _regional, _whole
+from jaxaot._regional import _plan, _planner, _whole
 from jaxaot.cli import _model
 
 
@@ -70,7 +70,7 @@ def test_no_whole_program_when_it_would_still_be_long(
 ) -> None:
     """A program whose calls do not form loops would compile, whole, as long as
     jax.jit does: past ``MAX_WHOLE_CALLS`` calls, none is made."""
-    monkeypatch.setattr(_regional, "MAX_WHOLE_CALLS", 1)
+    monkeypatch.setattr(_planner, "MAX_WHOLE_CALLS", 1)
     caplog.set_level("DEBUG", logger="jaxaot")
     blocks, x = setup(2)
     grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))

@@ -1,20 +1,51 @@
-"""Byte-level cache backends. Every backend implements :class:`Cache`."""
+"""Byte-level cache backends, one a module, behind one small protocol (``_protocol``).
+
+Backends store and return opaque bytes: they know nothing of entries. Where a
+backend must tell a sound entry from a damaged one, it asks the entry check the
+store installs (``_protocol.set_entry_check``) or the one it was given.
+
+* ``_memory``, ``_directory`` (with ``_dirlayout`` and ``_safefs``), ``_fsspec``,
+  ``_redis``: the stores; ``_tiered``: several stores, fastest first;
+* ``_trust``: when bytes from a store may become code in this process;
+* ``_faults``: one warning per cause, and a back-off after an outage.
+"""
 
 from ._directory import DirectoryCache, UnsafeCacheDirError, UntrustedEntryError
 from ._fsspec import FsspecCache
 from ._memory import MemoryCache
-from ._protocol import Cache, check_key
+from ._protocol import (
+    BadEntry,
+    Cache,
+    EntryCheck,
+    HitCounting,
+    LocalFiles,
+    Pingable,
+    Quarantining,
+    check_key,
+    entry_check,
+    is_removable,
+    set_entry_check,
+)
 from ._redis import RedisCache
 from ._tiered import TieredCache
 
 __all__ = [
+    "BadEntry",
     "Cache",
     "DirectoryCache",
+    "EntryCheck",
     "FsspecCache",
+    "HitCounting",
+    "LocalFiles",
     "MemoryCache",
+    "Pingable",
+    "Quarantining",
     "RedisCache",
     "TieredCache",
     "UnsafeCacheDirError",
     "UntrustedEntryError",
     "check_key",
+    "entry_check",
+    "is_removable",
+    "set_entry_check",
 ]

@@ -1,12 +1,7 @@
 """A cache in a local directory, shared safely by many processes.
 
-Layout::
-
-  <root>/.lock                  writers' lock (``filelock``; released when its holder dies)
-  <root>/<key[:2]>/<key>        one file per entry, mode 0600
-  <root>/<key[:2]>/<key>.hits   one byte appended per hit (O_APPEND: safe across processes)
-  <root>/<key[:2]>/.tmp-<pid>-<hex>   a write in flight (or left by a killed writer)
-  <root>/quarantine/<key>.<ns>  entries moved aside by :meth:`DirectoryCache.quarantine`
+The files it keeps (one per entry, sharded by the key's first two hex digits)
+are described in ``_dirlayout``.
 
 Guarantees:
 
@@ -41,20 +36,19 @@ import contextlib
 import errno
 import logging
 import os
-import secrets
 import stat
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import filelock
 
-from . import _safefs
-from ._faults import WarnOnce
-from ._protocol import check_key
-from ._safefs import NotRegularFileError, open_dir, opened_dir, stat_nofollow
+from . import _dirlayout, _safefs
+from ._dirlayout import QUARANTINE_MAX_FILES, TEMP_MAX_AGE
+from ._faults import WarnOnce, errno_cause
+from ._protocol import check_key, is_removable
+from ._safefs import NotRegularFileError, makedirs_private, open_dir, stat_nofollow
 from ._trust import Refused, check_trusted, signing, untrusted_writer
 
 __all__ = [
@@ -71,22 +65,10 @@ logger = logging.getLogger("jaxaot")
 
 #: Default cap on the total size of the entries in a directory cache (10 GiB).
 DEFAULT_DIRECTORY_BYTES = 10 * 2**30
-#: Temp files whose mtime is further than this (seconds) from now are orphans
-#: of a killed writer and are removed during eviction.
-TEMP_MAX_AGE = 3600.0
 #: Seconds a writer waits for ``<root>/.lock`` before skipping its put.
 DEFAULT_LOCK_TIMEOUT = 10.0
-#: Quarantined entries kept at most; past this a bad entry is deleted instead.
-QUARANTINE_MAX_FILES = 16
-#: Entries dated further than this (seconds) in the future come from a skewed
-#: clock; eviction takes them first rather than keeping them for ever.
-FUTURE_SLACK = 86400.0
 
-_TEMP_PREFIX = ".tmp-"
-_HITS_SUFFIX = ".hits"
 _LOCK_NAME = ".lock"
-_QUARANTINE_DIR = "quarantine"
-_HEX = frozenset("0123456789abcdef")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -102,33 +84,6 @@ class UntrustedEntryError(PermissionError):
 
 
 _Refused = Refused
-
-
-class _Entry(NamedTuple):
-    mtime: float
-    size: int
-    shard: str
-    name: str
-
-
-class _Scan(NamedTuple):
-    entries: list[_Entry]
-    temp_files: int
-    temp_bytes: int
-
-
-def _is_key_name(name: str, shard: str) -> bool:
-    return 16 <= len(name) <= 128 and name.startswith(shard) and _HEX.issuperset(name)
-
-
-def _is_shard_name(name: str) -> bool:
-    return len(name) == 2 and _HEX.issuperset(name)
-
-
-def _cause(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.errno is not None:
-        return errno.errorcode.get(exc.errno, f"errno {exc.errno}")
-    return type(exc).__name__
 
 
 def _not_a_real_dir(e: OSError) -> bool:
@@ -154,35 +109,6 @@ def _check_safe(root: str) -> None:
         f"jaxaot cache directory {root} is {why}; run `chmod 700 {root}` or choose another "
         "path (or set $JAXAOT_CACHE_HMAC_KEY so that entries are signed)"
     )
-
-
-def _mkdir_private(path: str) -> None:
-    """Creates ``path`` with mode 0700 (whatever the umask); an existing one is kept."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        return
-    os.chmod(path, 0o700)
-
-
-def _makedirs_private(path: str) -> None:
-    """Creates ``path`` and any missing parents, each new one with mode 0700."""
-    missing: list[str] = []
-    head = path
-    while head and not os.path.isdir(head):
-        missing.append(head)
-        parent = os.path.dirname(head)
-        if parent == head:
-            break
-        head = parent
-    for d in reversed(missing):
-        _mkdir_private(d)
-
-
-def write_and_replace(tmp: str, path: str, value: bytes, mode: int) -> None:
-    """Writes ``value`` to the new file ``tmp`` (mode ``mode``, whatever the umask),
-    fsyncs it and renames it onto ``path``; on any failure ``tmp`` is removed."""
-    _safefs.write_new_and_replace(tmp, path, value, mode)
 
 
 class DirectoryCache(WarnOnce):
@@ -252,14 +178,14 @@ class DirectoryCache(WarnOnce):
             "refused": 0,
         }
         try:
-            _makedirs_private(root)
+            makedirs_private(root)
             _check_safe(root)
         except UnsafeCacheDirError:
             raise  # never a fallback: the caller decides what to use instead
         except OSError as e:
             if not fallback_ok:
                 raise
-            self._warn_once("create", f"cannot use the cache directory ({_cause(e)}: {e})")
+            self._warn_once("create", f"cannot use the cache directory ({errno_cause(e)}: {e})")
 
     def __repr__(self) -> str:
         return f"DirectoryCache({self._root!r}, max_bytes={self.max_bytes})"
@@ -294,7 +220,7 @@ class DirectoryCache(WarnOnce):
         """A descriptor of the root, checked again on every use (it may have been
         opened to others since the cache was made)."""
         if create:
-            _makedirs_private(self._root)
+            makedirs_private(self._root)
         try:
             fd = open_dir(self._root)
         except OSError as e:
@@ -374,7 +300,7 @@ class DirectoryCache(WarnOnce):
                         )
                 finally:
                     os.close(fd)
-                self._record_hit(sfd, key)
+                _dirlayout.record_hit(sfd, key)
         except _Refused as r:
             self._refused(key, r)
             self._count("misses")
@@ -410,24 +336,6 @@ class DirectoryCache(WarnOnce):
         except (FileNotFoundError, NotADirectoryError):
             return None
 
-    def _record_hit(self, shard_fd: int, key: str) -> None:
-        try:
-            fd = os.open(
-                key + _HITS_SUFFIX,
-                os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK,
-                0o600,
-                dir_fd=shard_fd,
-            )
-        except OSError:
-            return  # a read-only cache still serves hits; the count is best effort
-        try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                os.write(fd, b".")
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
     def _stat_in_shard(self, key: str, name: str) -> os.stat_result | None:
         """``lstat`` of ``name`` in ``key``'s shard (never through a symlink), or ``None``."""
         check_key(key)
@@ -439,15 +347,8 @@ class DirectoryCache(WarnOnce):
 
     def hit_count(self, key: str) -> int:
         """How many times ``get`` served ``key`` (from any process) since it was written."""
-        st = self._stat_in_shard(key, key + _HITS_SUFFIX)
+        st = self._stat_in_shard(key, key + _dirlayout.HITS_SUFFIX)
         return st.st_size if st is not None and stat.S_ISREG(st.st_mode) else 0
-
-    @staticmethod
-    def _forget_hits(shard_fd: int, key: str) -> None:
-        try:
-            os.unlink(key + _HITS_SUFFIX, dir_fd=shard_fd)
-        except OSError:
-            pass
 
     def put(self, key: str, value: bytes | bytearray | memoryview) -> None:
         """Stores ``value`` under ``key`` unless an entry is already there.
@@ -480,7 +381,10 @@ class DirectoryCache(WarnOnce):
                     with self._shard_dir(rfd, shard, create=True) as sfd:
                         if self._touch_in(sfd, key):
                             return
-                    if not self._make_room(rfd, len(value)):
+                    fits, evicted = _dirlayout.evict(rfd, self._root, len(value), self.max_bytes)
+                    if evicted:
+                        self._count("evictions", evicted)
+                    if not fits:
                         return
                     with self._shard_dir(rfd, shard, create=True) as sfd:
                         self._write(sfd, key, value)
@@ -498,7 +402,7 @@ class DirectoryCache(WarnOnce):
             return
         except OSError as e:
             self._count("put_errors")
-            self._warn_once(_cause(e), f"put of {key} skipped ({_cause(e)}: {e})")
+            self._warn_once(errno_cause(e), f"put of {key} skipped ({errno_cause(e)}: {e})")
             return
         self._count("puts")
 
@@ -507,7 +411,7 @@ class DirectoryCache(WarnOnce):
         check_key(key)
         try:
             with self._root_dir() as rfd, self._shard_dir(rfd, key[:2]) as sfd:
-                self._forget_hits(sfd, key)
+                _dirlayout.forget_hits(sfd, key)
                 st = stat_nofollow(key, sfd)
                 if stat.S_ISDIR(st.st_mode):
                     return False
@@ -529,22 +433,16 @@ class DirectoryCache(WarnOnce):
         root only: a symlinked shard or quarantine directory is not followed)."""
         try:
             with self._root_dir() as rfd:
-                for e in self._scan(rfd, clean=True).entries:
-                    self._unlink_entry(rfd, e)
+                for e in _dirlayout.scan(rfd, self._root, clean=True).entries:
+                    _dirlayout.unlink_entry(rfd, self._root, e)
                 try:
-                    with opened_dir(_QUARANTINE_DIR, rfd) as qfd:
-                        for name in os.listdir(qfd):
-                            try:
-                                if stat.S_ISREG(stat_nofollow(name, qfd).st_mode):
-                                    os.unlink(name, dir_fd=qfd)
-                            except OSError:
-                                pass
+                    _dirlayout.clear_quarantine(rfd)
                 except OSError as e:
                     if _not_a_real_dir(e):
                         self._warn_once(
                             "quarantine not a directory",
-                            f"{os.path.join(self._root, _QUARANTINE_DIR)} is a symlink or not "
-                            "a directory; not clearing through it",
+                            f"{os.path.join(self._root, _dirlayout.QUARANTINE_DIR)} is a "
+                            "symlink or not a directory; not clearing through it",
                         )
         except _Refused as r:
             self._warn_once(r.cause, f"{r} (clear skipped)")
@@ -596,7 +494,7 @@ class DirectoryCache(WarnOnce):
                         key,
                     )
                     return
-                if self._move_to_quarantine(rfd, sfd, key):
+                if _dirlayout.move_to_quarantine(rfd, sfd, self._root, key):
                     return
         except FileNotFoundError:
             return
@@ -617,34 +515,7 @@ class DirectoryCache(WarnOnce):
             data, _ = _safefs.read_regular(key, shard_fd)
         except NotRegularFileError:
             return True  # not an entry at all
-        from .._entry import removable
-
-        return removable(data)
-
-    def _move_to_quarantine(self, root_fd: int, shard_fd: int, key: str) -> bool:
-        """Renames the entry into the quarantine directory; returns whether it did."""
-        try:
-            qfd = open_dir(_QUARANTINE_DIR, root_fd, create=True)
-        except OSError as e:
-            logger.debug("jaxaot directory cache %s: no quarantine directory: %s", self._root, e)
-            return False
-        try:
-            if untrusted_writer(os.fstat(qfd)) is not None or (
-                len(os.listdir(qfd)) >= QUARANTINE_MAX_FILES
-            ):
-                return False
-            target = f"{key}.{time.time_ns()}"
-            os.rename(key, target, src_dir_fd=shard_fd, dst_dir_fd=qfd)
-            self._forget_hits(shard_fd, key)
-            logger.debug(
-                "jaxaot directory cache %s: quarantined %s to %s",
-                self._root,
-                key,
-                os.path.join(self._root, _QUARANTINE_DIR, target),
-            )
-            return True
-        finally:
-            os.close(qfd)
+        return is_removable(key, data)
 
     def _check_lock_file(self, root_fd: int) -> None:
         """Makes sure ``.lock`` is a regular file (created here, never through a link)
@@ -699,114 +570,15 @@ class DirectoryCache(WarnOnce):
             pass  # present but not touchable (a read-only disk): it still exists
         return True
 
-    def _scan_root(self, *, clean: bool) -> _Scan:
+    def _scan_root(self, *, clean: bool) -> _dirlayout.Scan:
         try:
             with self._root_dir() as rfd:
-                return self._scan(rfd, clean=clean)
+                return _dirlayout.scan(rfd, self._root, clean=clean)
         except (_Refused, OSError):
-            return _Scan([], 0, 0)
-
-    def _scan(self, root_fd: int, *, clean: bool) -> _Scan:
-        """Lists entries (and counts temp files); tolerates files vanishing meanwhile.
-        Only real shard directories and regular files count; nothing is followed.
-
-        With ``clean``, temp files older than :data:`TEMP_MAX_AGE` are removed.
-        """
-        entries: list[_Entry] = []
-        temps = 0
-        temp_bytes = 0
-        now = time.time()
-        try:
-            with os.scandir(root_fd) as it:
-                shards = [
-                    d.name for d in it if _is_shard_name(d.name) and d.is_dir(follow_symlinks=False)
-                ]
-        except OSError:
-            return _Scan(entries, 0, 0)
-        for shard in shards:
-            try:
-                sfd = open_dir(shard, root_fd)
-            except OSError:
-                continue
-            try:
-                with os.scandir(sfd) as it:
-                    files = list(it)
-                for f in files:
-                    name = f.name
-                    try:
-                        st = f.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if not stat.S_ISREG(st.st_mode):
-                        continue
-                    if name.startswith(_TEMP_PREFIX):
-                        if clean and abs(now - st.st_mtime) > TEMP_MAX_AGE:
-                            try:
-                                os.unlink(name, dir_fd=sfd)
-                                logger.debug(
-                                    "jaxaot directory cache %s: removed orphan %s/%s",
-                                    self._root,
-                                    shard,
-                                    name,
-                                )
-                                continue
-                            except OSError:
-                                pass
-                        temps += 1
-                        temp_bytes += st.st_size
-                    elif _is_key_name(name, shard):
-                        entries.append(_Entry(st.st_mtime, st.st_size, shard, name))
-            except OSError:
-                continue
-            finally:
-                os.close(sfd)
-        return _Scan(entries, temps, temp_bytes)
-
-    def _unlink_entry(self, root_fd: int, e: _Entry) -> bool:
-        """Removes a scanned entry (through a freshly opened shard descriptor, so a
-        shard swapped for a symlink meanwhile is not followed)."""
-        try:
-            with opened_dir(e.shard, root_fd) as sfd:
-                self._forget_hits(sfd, e.name)
-                return _safefs.unlink(e.name, sfd)
-        except OSError as exc:
-            if not isinstance(exc, FileNotFoundError):
-                logger.debug(
-                    "jaxaot directory cache %s: cannot delete %s: %s", self._root, e.name, exc
-                )
-            return False
-
-    def _make_room(self, root_fd: int, incoming: int) -> bool:
-        """Evicts least recently used entries until ``incoming`` more bytes fit.
-
-        Called with the writers' lock held. Entries dated more than
-        :data:`FUTURE_SLACK` ahead (a skewed clock) go first. Returns whether
-        the value now fits.
-        """
-        scan = self._scan(root_fd, clean=True)
-        total = sum(e.size for e in scan.entries)
-        if total + incoming <= self.max_bytes:
-            return True
-        horizon = time.time() + FUTURE_SLACK
-        victims = sorted(
-            scan.entries, key=lambda e: (e.mtime <= horizon, e.mtime if e.mtime <= horizon else 0.0)
-        )
-        evicted = 0
-        for e in victims:
-            if total + incoming <= self.max_bytes:
-                break
-            if self._unlink_entry(root_fd, e):
-                evicted += 1
-            # deleted by someone else meanwhile: the space is free all the same
-            total -= e.size
-        if evicted:
-            self._count("evictions", evicted)
-            logger.debug("jaxaot directory cache %s: evicted %d entries", self._root, evicted)
-        return total + incoming <= self.max_bytes
+            return _dirlayout.Scan([], 0, 0)
 
     def _write(self, shard_fd: int, key: str, value: bytes) -> None:
         """Writes ``value`` as the entry ``key`` atomically (temp file, fsync, rename),
         within the shard's descriptor."""
-        tmp = f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
-        _safefs.write_new_and_replace(tmp, key, value, 0o600, dir_fd=shard_fd)
+        _safefs.write_new_and_replace(_dirlayout.temp_name(), key, value, 0o600, dir_fd=shard_fd)
         _safefs.fsync_dir(shard_fd)

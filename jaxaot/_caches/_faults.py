@@ -4,11 +4,20 @@ dead server is not asked again on every call."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
 
 logger = logging.getLogger("jaxaot")
+
+
+def errno_cause(exc: BaseException) -> str:
+    """A fault's cause for one warning per cause: the errno's name (``ENOSPC``) for
+    an ``OSError`` that has one, else the exception's type name."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return errno.errorcode.get(exc.errno, f"errno {exc.errno}")
+    return type(exc).__name__
 
 
 class WarnOnce:

@@ -59,8 +59,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from . import _safefs
-from ._faults import FaultTracking
-from ._protocol import check_key
+from ._faults import FaultTracking, errno_cause
+from ._protocol import check_key, is_removable
 from ._safefs import NotRegularFileError, open_dir, stat_nofollow
 from ._trust import Refused, check_trusted, signing, untrusted_writer, warn_unsigned_remote
 
@@ -103,12 +103,6 @@ def _local_path(url: str) -> str:
 
 
 _TIME_FIELDS = ("mtime", "LastModified", "last_modified", "updated", "modified", "created")
-
-
-def _cause(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.errno is not None:
-        return errno.errorcode.get(e.errno, f"errno {e.errno}")
-    return type(e).__name__
 
 
 def _timestamp(info: dict[str, Any]) -> float | None:
@@ -255,7 +249,7 @@ class FsspecCache(FaultTracking):
     _peer = "store"
 
     def _cause(self, e: BaseException) -> str:
-        return _cause(e)
+        return errno_cause(e)
 
     def _redact_text(self, text: str) -> str:
         for secret in self._secrets:
@@ -438,9 +432,7 @@ class FsspecCache(FaultTracking):
             blob = self.get(key)
             if blob is None:
                 return
-            from .._entry import removable
-
-            if not removable(blob):
+            if not is_removable(key, blob):
                 logger.debug("jaxaot fsspec cache %s: left %s alone", self.url, key[:16])
                 return
         if self.delete(key):

@@ -1,17 +1,41 @@
-"""The byte-level protocol shared by every jaxaot cache backend.
+"""The byte-level protocol shared by every jaxaot cache backend, the optional
+maintenance features some backends add, and the entry check they are given.
 
 A cache maps *keys* to *values*. Keys are lowercase hexadecimal strings (the
 digest of a :class:`jaxaot.ComponentKey`, sometimes with a short hex suffix),
 so they are safe to use as file names, object names or Redis keys. Values are
-opaque ``bytes``: encoding, checksums and signatures live in ``jaxaot._entry``,
-never in a backend. A backend only stores and returns bytes; extra behaviour
-(tiers, read-only wrappers, verification) is layered by wrapping.
+opaque ``bytes``: encoding, checksums and signatures live in the entry format
+(``jaxaot._store``), never in a backend. A backend only stores and returns
+bytes; extra behaviour (tiers, read-only wrappers, verification) is layered by
+wrapping.
+
+Where a backend must tell a sound entry from a damaged one (a tiered cache
+copying a hit into a faster tier, a quarantine that must not destroy entries
+signed with another key), it asks the :class:`EntryCheck` it was given, or the
+one the store installs (:func:`set_entry_check`): backends never read an
+entry's format themselves.
 """
 
 from __future__ import annotations
 
 import re
+import threading
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "BadEntry",
+    "Cache",
+    "EntryCheck",
+    "HitCounting",
+    "LocalFiles",
+    "Pingable",
+    "Quarantining",
+    "check_key",
+    "entry_check",
+    "is_removable",
+    "set_entry_check",
+]
 
 _KEY_RE = re.compile(r"^[0-9a-f]{16,128}$")
 
@@ -45,3 +69,96 @@ class Cache(Protocol):
     def clear(self) -> None: ...
 
     def stats(self) -> dict[str, Any]: ...
+
+
+# -- optional maintenance features (the command line uses these) ---------------------
+
+
+@runtime_checkable
+class Quarantining(Protocol):
+    """Moves a bad entry aside (or deletes it); unless ``force``, leaves alone a
+    sound entry that this process cannot check (signed with another key...)."""
+
+    def quarantine(self, key: str, *, force: bool = False) -> None: ...
+
+
+@runtime_checkable
+class LocalFiles(Protocol):
+    """Entries are local files: their path, a read that counts as no use, and when
+    each was last used."""
+
+    def path_for(self, key: str) -> Path: ...
+
+    def peek(self, key: str) -> bytes | None: ...
+
+    def access_time(self, key: str) -> float | None: ...
+
+
+@runtime_checkable
+class HitCounting(Protocol):
+    """How many times each entry was read."""
+
+    def hit_count(self, key: str) -> int: ...
+
+
+@runtime_checkable
+class Pingable(Protocol):
+    """A remote store that can be asked whether it answers (raises ``ConnectionError``)."""
+
+    def ping(self) -> None: ...
+
+
+# -- the entry check -----------------------------------------------------------------
+
+
+class BadEntry(ValueError):
+    """Stored bytes that are not a sound entry for their key. ``cause`` names the
+    kind of problem (for one warning per cause); ``removable`` says whether the
+    entry is bad for every process (damage: it may be quarantined), or only
+    unusable by this one (signed with another key, another format version)."""
+
+    cause = "damaged"
+
+    @property
+    def removable(self) -> bool:
+        return True
+
+
+class EntryCheck(Protocol):
+    """Raises :class:`BadEntry` unless ``blob`` is a sound entry stored under ``key``."""
+
+    def __call__(self, key: str, blob: bytes) -> Any: ...
+
+
+_check: EntryCheck | None = None
+_check_lock = threading.Lock()
+
+
+def set_entry_check(check: EntryCheck) -> None:
+    """Installs the check backends use by default (the store installs the entry
+    format's verification when it is imported)."""
+    global _check
+    with _check_lock:
+        _check = check
+
+
+def entry_check() -> EntryCheck | None:
+    """The check installed by :func:`set_entry_check`, or ``None``."""
+    return _check
+
+
+def is_removable(key: str, blob: bytes, check: EntryCheck | None = None) -> bool:
+    """Whether ``blob`` (stored under ``key``) may be quarantined or deleted as bad:
+    anything but a sound entry this process cannot check. A sound entry is
+    removable too (the caller found it unusable for another reason). Without any
+    check, nothing is decided to be removable. Never raises."""
+    check = check or _check
+    if check is None:
+        return False
+    try:
+        check(key, blob)
+    except BadEntry as e:
+        return e.removable
+    except Exception:  # e.g. an empty $JAXAOT_CACHE_HMAC_KEY: decide nothing
+        return False
+    return True

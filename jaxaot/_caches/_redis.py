@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._faults import FaultTracking
-from ._protocol import check_key
+from ._protocol import check_key, is_removable
 from ._trust import warn_unsigned_remote
 
 __all__ = ["DEFAULT_BACKOFF", "LIST_DEADLINE_FACTOR", "RedisCache", "redact_url"]
@@ -467,9 +467,7 @@ class RedisCache(FaultTracking):
             blob = self.get(key)
             if blob is None:
                 return
-            from .._entry import removable
-
-            if not removable(blob):
+            if not is_removable(key, blob):
                 logger.debug("jaxaot redis cache %s: left %s alone", self.url, key[:16])
                 return
         if self.delete(key):

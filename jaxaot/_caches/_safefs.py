@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 __all__ = [
     "NotRegularFileError",
+    "makedirs_private",
     "fsync_dir",
     "open_dir",
     "open_regular",
@@ -203,3 +204,26 @@ def unlink(name: str, dir_fd: int) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def _mkdir_private(path: str) -> None:
+    """Creates ``path`` with mode 0700 (whatever the umask); an existing one is kept."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return
+    os.chmod(path, 0o700)
+
+
+def makedirs_private(path: str) -> None:
+    """Creates ``path`` and any missing parents, each new one with mode 0700."""
+    missing: list[str] = []
+    head = path
+    while head and not os.path.isdir(head):
+        missing.append(head)
+        parent = os.path.dirname(head)
+        if parent == head:
+            break
+        head = parent
+    for d in reversed(missing):
+        _mkdir_private(d)

@@ -20,37 +20,13 @@ from collections import OrderedDict
 from typing import Any
 
 from ._faults import WarnOnce
-from ._protocol import Cache, check_key
+from ._protocol import BadEntry, Cache, EntryCheck, Quarantining, check_key, entry_check
 
-__all__ = ["TieredCache", "verify_entry"]
+__all__ = ["TieredCache"]
 
 logger = logging.getLogger("jaxaot")
 
 _SERVED_MAX = 4096
-
-
-def verify_entry(key: str, blob: bytes) -> dict[str, Any]:
-    """Checks that ``blob`` is a sound entry for cache key ``key``; returns its header.
-
-    Verifies the checksum (the HMAC signature when ``$JAXAOT_CACHE_HMAC_KEY``
-    is set), the format, and that the digest recorded in the header, and the
-    digest of the key parts recorded in the header, both name ``key``.
-
-    Raises:
-      jaxaot._entry.EntryError: the entry is damaged, unsigned, foreign, of
-        another format version, or stored under another key.
-    """
-    from .._entry import EntryError, verify
-    from .._key import ComponentKey
-
-    header, _ = verify(blob)
-    try:
-        digest = ComponentKey.from_json(header["key"]).digest
-    except (KeyError, TypeError, ValueError) as e:
-        raise EntryError(f"malformed key parts: {e}") from e
-    if header.get("digest") != digest or not key.startswith(digest):
-        raise EntryError(f"stored under the wrong key (its key digest is {digest[:12]})")
-    return header
 
 
 class TieredCache(WarnOnce):
@@ -58,9 +34,11 @@ class TieredCache(WarnOnce):
 
     Args:
       *caches: the tiers, fastest (most local) first.
+      check: what verifies a hit (raises ``BadEntry``); by default the entry
+        format's own verification (checksum, signature, header, and that the
+        entry's key digest names the key it is stored under).
 
-    * ``get`` tries each tier in order and verifies each hit with
-      :func:`verify_entry`: a sound entry is copied into every faster tier
+    * ``get`` tries each tier in order and verifies each hit: a sound entry is copied into every faster tier
       and returned; a damaged one counts as that tier's miss, is removed from
       that tier only, and the next tier is tried; a sound entry this process
       cannot check (another key, unsigned...) is left alone, with one warning
@@ -79,7 +57,7 @@ class TieredCache(WarnOnce):
                                    RedisCache("redis://cache:6379/0")))
     """
 
-    def __init__(self, *caches: Cache) -> None:
+    def __init__(self, *caches: Cache, check: EntryCheck | None = None) -> None:
         if not caches:
             raise ValueError("TieredCache needs at least one cache")
         for i, c in enumerate(caches):
@@ -89,6 +67,7 @@ class TieredCache(WarnOnce):
                     f"(get/put/delete/keys/clear/stats): {type(c).__name__}"
                 )
         self.tiers: tuple[Cache, ...] = tuple(caches)
+        self._check = check
         self._state_lock = threading.Lock()
         self._warned: set[str] = set()
         self._counters = {
@@ -120,19 +99,52 @@ class TieredCache(WarnOnce):
 
     def _remove_bad(self, i: int, key: str, *, force: bool = False) -> None:
         tier = self.tiers[i]
-        quarantine = getattr(tier, "quarantine", None)
         try:
-            if quarantine is None:
+            if not isinstance(tier, Quarantining):
                 tier.delete(key)
             elif force:
                 try:
-                    quarantine(key, force=True)
+                    tier.quarantine(key, force=True)
                 except TypeError:  # a tier whose quarantine takes no ``force``
-                    quarantine(key)
+                    tier.quarantine(key)  # type: ignore[call-arg]
             else:
-                quarantine(key)
+                tier.quarantine(key)
         except Exception as e:  # removal is best effort
             self._tier_failed(i, "removing a bad entry", e)
+
+    def _sound(self, i: int, key: str, blob: bytes, check: EntryCheck) -> bool:
+        """Whether tier ``i``'s ``blob`` passes the check; a damaged one is removed from
+        that tier, one this process cannot check is left alone (one warning per cause)."""
+        try:
+            check(key, blob)
+        except BadEntry as e:
+            self._count("refused")
+            tier = self.tiers[i]
+            if e.removable:
+                self._warn_once(
+                    f"refused:{i}:{e.cause}",
+                    f"refused entry {key[:16]} from tier {i} ({tier!r}): {e}; "
+                    "removed from that tier, trying the next",
+                )
+                self._remove_bad(i, key)
+            else:
+                self._warn_once(
+                    f"unusable:{e.cause}",
+                    f"entry {key[:16]} from tier {i} ({tier!r}) cannot be used by this "
+                    f"process ({e}); a miss here, left alone",
+                )
+            return False
+        return True
+
+    def _promote(self, i: int, key: str, blob: bytes) -> None:
+        """Copies a verified hit from tier ``i`` into every faster tier."""
+        for j in range(i):
+            try:
+                self.tiers[j].put(key, blob)
+            except Exception as e:
+                self._tier_failed(j, "put", e)
+            else:
+                self._count("promotions")
 
     def _remember(self, key: str, tier: int) -> None:
         with self._state_lock:
@@ -144,10 +156,12 @@ class TieredCache(WarnOnce):
     # -- protocol ------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
-        """The first sound copy of ``key`` from the fastest tier that has one, or ``None``."""
-        from .._entry import EntryError
+        """The first sound copy of ``key`` from the fastest tier that has one, or ``None``.
 
+        Without an entry check (none given, none installed), the first copy found
+        is returned unverified and not copied into the faster tiers."""
         check_key(key)
+        check = self._check or entry_check()
         for i, tier in enumerate(self.tiers):
             try:
                 blob = tier.get(key)
@@ -157,31 +171,12 @@ class TieredCache(WarnOnce):
             if blob is None:
                 continue
             blob = bytes(blob)
-            try:
-                verify_entry(key, blob)
-            except EntryError as e:
-                self._count("refused")
-                if e.removable:
-                    self._warn_once(
-                        f"refused:{i}:{e.cause}",
-                        f"refused entry {key[:16]} from tier {i} ({tier!r}): {e}; "
-                        "removed from that tier, trying the next",
-                    )
-                    self._remove_bad(i, key)
-                else:
-                    self._warn_once(
-                        f"unusable:{e.cause}",
-                        f"entry {key[:16]} from tier {i} ({tier!r}) cannot be used by this "
-                        f"process ({e}); a miss here, left alone",
-                    )
+            if check is None:
+                pass  # nothing to verify with: returned as found, never promoted
+            elif self._sound(i, key, blob, check):
+                self._promote(i, key, blob)
+            else:
                 continue
-            for j in range(i):
-                try:
-                    self.tiers[j].put(key, blob)
-                except Exception as e:
-                    self._tier_failed(j, "put", e)
-                else:
-                    self._count("promotions")
             self._remember(key, i)
             with self._state_lock:
                 self._counters["hits"] += 1

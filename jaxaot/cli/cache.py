@@ -236,24 +236,9 @@ _CONFIG_SHOWN = frozenset(
 )
 
 
-def check_entry(key: str, blob: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """``_entry.verify`` plus: the entry's own key digest names this cache key."""
-    from .. import _entry
-    from .._key import ComponentKey
-
-    header, sections = _entry.verify(blob)
-    try:
-        digest = ComponentKey.from_json(header["key"]).digest
-    except (KeyError, TypeError, ValueError) as e:
-        raise _entry.EntryError(f"malformed key parts: {e}") from e
-    if header.get("digest") != digest or not key.startswith(digest):
-        raise _entry.EntryError(f"stored under the wrong key (its key digest is {digest[:12]})")
-    return header, sections
-
-
 def load_record(view: CacheView, key: str, *, with_header: bool = True) -> Record | None:
     """The record for ``key``, or ``None`` if the entry vanished meanwhile."""
-    from .. import _entry
+    from .._store import _entry
 
     try:
         blob = view.read(key) if with_header else None
@@ -265,7 +250,7 @@ def load_record(view: CacheView, key: str, *, with_header: bool = True) -> Recor
     record = Record(key, size, hits=view.hits(key), last_used=view.last_used(key))
     if blob is not None:
         try:
-            header, sections = check_entry(key, blob)
+            header, sections = _entry.check_stored(key, blob)
         except _entry.EntryError as e:
             record.error = str(e)
             record.removable = e.removable
@@ -285,7 +270,7 @@ def open_url(url: str, *, create: bool = False) -> CacheView:
     """The shared store at ``url`` (Redis or any fsspec URL); a Redis server must answer,
     and a ``file://`` directory must exist (as for ``--dir``) unless ``create``."""
     from .._caches._redis import redact_url
-    from .._config import remote_cache_from_url, url_scheme
+    from .._store._active import remote_cache_from_url, url_scheme
 
     shown = redact_url(url)
     if url_scheme(url) == "file":
@@ -312,7 +297,7 @@ def open_cache(args: argparse.Namespace, *, create: bool = False) -> CacheView:
     """The cache a command works on: ``--url URL``, ``--dir PATH``, else the default
     cache directory. With ``create``, a missing directory is created (``import``)."""
     from .._caches import DirectoryCache, UnsafeCacheDirError
-    from .._config import default_cache_dir, default_max_bytes, url_scheme
+    from .._store._active import cache_setting, default_cache_dir, default_max_bytes
 
     if getattr(args, "url", None) is not None:
         return open_url(args.url, create=create)
@@ -326,21 +311,19 @@ def open_cache(args: argparse.Namespace, *, create: bool = False) -> CacheView:
             raise CLIError(f"no such directory: {path}")
     else:
         raw = os.environ.get("JAXAOT_CACHE", "dir").strip()
-        choice = "dir" if url_scheme(raw) is not None else raw.lower()
-        if choice in ("off", "none", "0", "false"):
+        try:
+            setting = cache_setting(raw)
+        except ValueError as e:
+            raise CLIError(str(e)) from None
+        if setting.kind == "off":
             raise CLIError(
-                f"JAXAOT_CACHE={choice}: caching is off, there is no persistent cache "
+                f"JAXAOT_CACHE={raw.lower()}: caching is off, there is no persistent cache "
                 "(use --dir PATH to inspect a cache directory)"
             )
-        if choice in ("memory", "mem"):
+        if setting.kind == "memory":
             raise CLIError(
-                f"JAXAOT_CACHE={choice}: the cache lives in each process's memory, there is "
+                f"JAXAOT_CACHE={raw.lower()}: the cache lives in each process's memory, there is "
                 "no persistent cache (use --dir PATH to inspect a cache directory)"
-            )
-        if choice not in ("dir", "directory", "disk", ""):
-            raise CLIError(
-                "JAXAOT_CACHE must be 'dir', 'memory', 'off' or a store URL (redis://, "
-                f"rediss://, gs://, s3://, file://, memory://), got {raw!r}"
             )
         path = default_cache_dir()
         if not os.path.lexists(path) and not create:
@@ -770,8 +753,7 @@ def _verify_configure(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace, out: Output) -> int:
-    from .._caches._trust import signing
-    from .._entry import HMAC_ENV
+    from .._caches._trust import HMAC_ENV, signing
 
     if args.force and not args.fix:
         raise CLIError("--force only goes with --fix")
@@ -957,7 +939,7 @@ def _export_configure(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_export(args: argparse.Namespace, out: Output) -> int:
-    from .._bundle import export_bundle
+    from .._store._bundle import export_bundle
 
     view = open_cache(args)
     target = os.path.abspath(os.path.expanduser(args.bundle))
@@ -1012,7 +994,7 @@ def _import_configure(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_import(args: argparse.Namespace, out: Output) -> int:
-    from .._bundle import BundleError, import_bundle
+    from .._store._bundle import BundleError, import_bundle
 
     if not os.path.isfile(args.bundle):
         raise CLIError(f"no such bundle file: {args.bundle}")

@@ -1,0 +1,268 @@
+"""The files of a directory cache, and the maintenance that works on them:
+listing entries, evicting the least recently used ones, removing orphaned temp
+files, counting hits, moving bad entries to quarantine.
+
+Layout::
+
+  <root>/.lock                  writers' lock (``filelock``; released when its holder dies)
+  <root>/<key[:2]>/<key>        one file per entry, mode 0600
+  <root>/<key[:2]>/<key>.hits   one byte appended per hit (O_APPEND: safe across processes)
+  <root>/<key[:2]>/.tmp-<pid>-<hex>   a write in flight (or left by a killed writer)
+  <root>/quarantine/<key>.<ns>  entries moved aside by ``DirectoryCache.quarantine``
+
+Everything here works through descriptors of real directories (see ``_safefs``)
+and acts only on regular files: nothing is followed out of the root.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from typing import NamedTuple
+
+from . import _safefs
+from ._safefs import open_dir, opened_dir, stat_nofollow
+from ._trust import untrusted_writer
+
+__all__ = [
+    "FUTURE_SLACK",
+    "QUARANTINE_MAX_FILES",
+    "TEMP_MAX_AGE",
+    "Scan",
+    "ScannedEntry",
+    "clear_quarantine",
+    "evict",
+    "forget_hits",
+    "move_to_quarantine",
+    "record_hit",
+    "scan",
+    "temp_name",
+]
+
+logger = logging.getLogger("jaxaot")
+
+#: Temp files whose mtime is further than this (seconds) from now are orphans
+#: of a killed writer and are removed during eviction.
+TEMP_MAX_AGE = 3600.0
+#: Quarantined entries kept at most; past this a bad entry is deleted instead.
+QUARANTINE_MAX_FILES = 16
+#: Entries dated further than this (seconds) in the future come from a skewed
+#: clock; eviction takes them first rather than keeping them for ever.
+FUTURE_SLACK = 86400.0
+
+TEMP_PREFIX = ".tmp-"
+HITS_SUFFIX = ".hits"
+QUARANTINE_DIR = "quarantine"
+_HEX = frozenset("0123456789abcdef")
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+class ScannedEntry(NamedTuple):
+    mtime: float
+    size: int
+    shard: str
+    name: str
+
+
+class Scan(NamedTuple):
+    entries: list[ScannedEntry]
+    temp_files: int
+    temp_bytes: int
+
+
+def temp_name() -> str:
+    """A unique name for a write in flight, in the entry's shard directory."""
+    import secrets
+
+    return f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+
+
+def _is_key_name(name: str, shard: str) -> bool:
+    return 16 <= len(name) <= 128 and name.startswith(shard) and _HEX.issuperset(name)
+
+
+def _is_shard_name(name: str) -> bool:
+    return len(name) == 2 and _HEX.issuperset(name)
+
+
+# -- hits ------------------------------------------------------------------------------
+
+
+def record_hit(shard_fd: int, key: str) -> None:
+    """Appends one byte to ``key``'s hit file (best effort: a read-only cache still
+    serves hits)."""
+    try:
+        fd = os.open(
+            key + HITS_SUFFIX,
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK,
+            0o600,
+            dir_fd=shard_fd,
+        )
+    except OSError:
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.write(fd, b".")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def forget_hits(shard_fd: int, key: str) -> None:
+    try:
+        os.unlink(key + HITS_SUFFIX, dir_fd=shard_fd)
+    except OSError:
+        pass
+
+
+# -- listing and eviction --------------------------------------------------------------
+
+
+def scan(root_fd: int, root: str, *, clean: bool) -> Scan:
+    """Lists entries (and counts temp files); tolerates files vanishing meanwhile.
+    Only real shard directories and regular files count; nothing is followed.
+
+    With ``clean``, temp files older than :data:`TEMP_MAX_AGE` are removed.
+    """
+    entries: list[ScannedEntry] = []
+    temps = 0
+    temp_bytes = 0
+    now = time.time()
+    try:
+        with os.scandir(root_fd) as it:
+            shards = [
+                d.name for d in it if _is_shard_name(d.name) and d.is_dir(follow_symlinks=False)
+            ]
+    except OSError:
+        return Scan(entries, 0, 0)
+    for shard in shards:
+        try:
+            sfd = open_dir(shard, root_fd)
+        except OSError:
+            continue
+        try:
+            with os.scandir(sfd) as it:
+                files = list(it)
+            for f in files:
+                name = f.name
+                try:
+                    st = f.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                if name.startswith(TEMP_PREFIX):
+                    if clean and abs(now - st.st_mtime) > TEMP_MAX_AGE:
+                        try:
+                            os.unlink(name, dir_fd=sfd)
+                            logger.debug(
+                                "jaxaot directory cache %s: removed orphan %s/%s",
+                                root,
+                                shard,
+                                name,
+                            )
+                            continue
+                        except OSError:
+                            pass
+                    temps += 1
+                    temp_bytes += st.st_size
+                elif _is_key_name(name, shard):
+                    entries.append(ScannedEntry(st.st_mtime, st.st_size, shard, name))
+        except OSError:
+            continue
+        finally:
+            os.close(sfd)
+    return Scan(entries, temps, temp_bytes)
+
+
+def unlink_entry(root_fd: int, root: str, e: ScannedEntry) -> bool:
+    """Removes a scanned entry (through a freshly opened shard descriptor, so a
+    shard swapped for a symlink meanwhile is not followed)."""
+    try:
+        with opened_dir(e.shard, root_fd) as sfd:
+            forget_hits(sfd, e.name)
+            return _safefs.unlink(e.name, sfd)
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError):
+            logger.debug("jaxaot directory cache %s: cannot delete %s: %s", root, e.name, exc)
+        return False
+
+
+def evict(root_fd: int, root: str, incoming: int, max_bytes: int) -> tuple[bool, int]:
+    """Evicts least recently used entries until ``incoming`` more bytes fit under
+    ``max_bytes``; whether the value now fits, and how many entries were evicted.
+
+    Called with the writers' lock held. Entries dated more than
+    :data:`FUTURE_SLACK` ahead (a skewed clock) go first.
+    """
+    listed = scan(root_fd, root, clean=True)
+    total = sum(e.size for e in listed.entries)
+    if total + incoming <= max_bytes:
+        return True, 0
+    horizon = time.time() + FUTURE_SLACK
+    victims = sorted(
+        listed.entries,
+        key=lambda e: (e.mtime <= horizon, e.mtime if e.mtime <= horizon else 0.0),
+    )
+    evicted = 0
+    for e in victims:
+        if total + incoming <= max_bytes:
+            break
+        if unlink_entry(root_fd, root, e):
+            evicted += 1
+        # deleted by someone else meanwhile: the space is free all the same
+        total -= e.size
+    if evicted:
+        logger.debug("jaxaot directory cache %s: evicted %d entries", root, evicted)
+    return total + incoming <= max_bytes, evicted
+
+
+# -- quarantine ------------------------------------------------------------------------
+
+
+def move_to_quarantine(root_fd: int, shard_fd: int, root: str, key: str) -> bool:
+    """Renames the entry into the quarantine directory; returns whether it did (not
+    when the quarantine is full, untrusted or cannot be made)."""
+    try:
+        qfd = open_dir(QUARANTINE_DIR, root_fd, create=True)
+    except OSError as e:
+        logger.debug("jaxaot directory cache %s: no quarantine directory: %s", root, e)
+        return False
+    try:
+        if untrusted_writer(os.fstat(qfd)) is not None or (
+            len(os.listdir(qfd)) >= QUARANTINE_MAX_FILES
+        ):
+            return False
+        target = f"{key}.{time.time_ns()}"
+        os.rename(key, target, src_dir_fd=shard_fd, dst_dir_fd=qfd)
+        forget_hits(shard_fd, key)
+        logger.debug(
+            "jaxaot directory cache %s: quarantined %s to %s",
+            root,
+            key,
+            os.path.join(root, QUARANTINE_DIR, target),
+        )
+        return True
+    finally:
+        os.close(qfd)
+
+
+def clear_quarantine(root_fd: int) -> None:
+    """Removes the regular files in the quarantine directory.
+
+    Raises:
+      OSError: the quarantine directory is a symlink or not a directory
+        (``ELOOP``/``ENOTDIR``), or cannot be opened.
+    """
+    with opened_dir(QUARANTINE_DIR, root_fd) as qfd:
+        for name in os.listdir(qfd):
+            try:
+                if stat.S_ISREG(stat_nofollow(name, qfd).st_mode):
+                    os.unlink(name, dir_fd=qfd)
+            except OSError:
+                pass

@@ -1,0 +1,283 @@
+"""One call of a cache entry, and the entries of its transformations.
+
+A :class:`Call` is the parameter of one ``jaxaot_component`` equation: the
+entry's key and the entry, and how to derive the entries of its vmap, JVP,
+linearization (a forward entry returning residuals and a linear entry) and
+transpose, each cached like any other entry under a key that holds the whole
+lineage (``_parts.derived_key``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import jax
+
+from .._jax import batch_jaxpr, jaxpr_as_fun, partial_eval_jaxpr
+from .._keys._context import axis_data_parts
+from .._keys._key import ComponentKey
+from .._store._entry import Entry
+from .._store._lookup import Store
+from ._parts import derived_key
+from ._rewrites import forwarded_inputs, fuse_dot_transposes, prune_residuals
+from ._types import aval_of, is_differentiable, sds, zeros
+
+__all__ = ["Call", "EntryMaker"]
+
+
+class EntryMaker(Protocol):
+    """What made a call's entry, and makes its derived entries: a component."""
+
+    name: str
+    store: Store
+
+    def make_entry(self, key: ComponentKey, trace: Callable[[], Any], name: str) -> Entry:
+        """The entry for ``key`` from ``trace()`` (a ``jax.stages.Traced``), named ``name``."""
+        ...
+
+
+class Call:
+    """The parameter of one ``jaxaot_component`` equation: one cache entry and how to
+    derive the entries of its transformations. Equal when the keys are equal."""
+
+    __slots__ = ("component", "key", "entry", "_trace", "_linearized")
+
+    def __init__(
+        self,
+        component: EntryMaker,
+        key: ComponentKey,
+        entry: Entry,
+        trace: Callable[[], Any],
+    ) -> None:
+        self.component = component
+        self.key = key
+        self.entry = entry
+        self._trace = trace  # traces this computation afresh: a jax.stages.Traced
+        self._linearized: dict[tuple[bool, ...], tuple[Any, Any]] = {}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Call) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return f"{self.name}@{self.key.digest[:12]}"
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    def arg_name(self, i: int) -> str:
+        names = self.entry.arg_names
+        return f"argument {names[i]!r}" if i < len(names) and names[i] else f"flat input {i}"
+
+    def jaxpr(self) -> Any:
+        """This computation's closed jaxpr: kept from this process's trace, else
+        traced again (for a root entry loaded from a cache, that runs the body)."""
+        if self.entry.jaxpr is not None:
+            return self.entry.jaxpr
+        closed = self._trace().jaxpr
+        self.entry.jaxpr = closed
+        return closed
+
+    def fn(self) -> Callable[..., Sequence[Any]]:
+        """This computation as a flat callable."""
+        return jaxpr_as_fun(self.jaxpr())  # type: ignore[no-any-return]
+
+    def entry_for_platform(self, platform: str) -> Entry:
+        if self.key.parts["platforms"] == (platform,):
+            return self.entry
+        key = self.key.replace(platforms=(platform,))
+        base = self.entry
+
+        def trace() -> Any:
+            # From the jaxpr this process already has: the body is not run again.
+            fn = self.fn()
+            return jax.jit(fn, keep_unused=True).trace(*[sds(a) for a in base.in_avals])
+
+        def build() -> Entry:
+            entry = self.component.make_entry(key, trace, base.name)
+            entry.arg_names, entry.result_paths = base.arg_names, base.result_paths
+            entry.out_tree, entry.extra = base.out_tree, dict(base.extra)
+            return entry
+
+        return self.component.store.entry(key, build)
+
+    def _derive(
+        self,
+        transform: tuple[Any, ...],
+        args: Sequence[Any],
+        make_fn: Callable[[], tuple[Callable[..., Sequence[Any]], dict[str, Any]]],
+        arg_names: Sequence[str],
+    ) -> Call:
+        """A call of a transformation of this computation. ``make_fn`` returns the
+        transformed flat function and facts to keep in the entry's ``extra``."""
+        in_avals = [aval_of(a) for a in args]
+        key = derived_key(self.key, transform, tuple(in_avals))
+        name = self.entry.name
+        component = self.component
+        extra: dict[str, Any] = {}
+
+        def trace() -> Any:
+            fn, facts = make_fn()
+            extra.update(facts)
+            return jax.jit(fn, keep_unused=True).trace(*[sds(a) for a in in_avals])
+
+        def build() -> Entry:
+            entry = component.make_entry(key, trace, name)
+            entry.extra.update(extra)
+            if len(entry.arg_names) == len(arg_names):
+                entry.arg_names = tuple(arg_names)
+            return entry
+
+        entry = component.store.entry(key, build)
+        return Call(component, key, entry, trace)
+
+    def vmap(self, axis_data: Any, in_axes: tuple[int | None, ...], args: Sequence[Any]) -> Call:
+        """Batched along ``in_axes``; the entry's ``extra["out_axes"]`` says which
+        outputs come out batched (at axis 0) and which stay unbatched (None)."""
+        parent = self
+
+        def make_fn() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
+            batched, out_axes = batch_jaxpr(parent.jaxpr(), axis_data, in_axes)
+            return jaxpr_as_fun(batched), {"out_axes": list(out_axes)}
+
+        transform = ("vmap", in_axes, axis_data_parts(axis_data))
+        return self._derive(transform, args, make_fn, self.entry.arg_names)
+
+    def jvp(self, mask: tuple[bool, ...], args: Sequence[Any]) -> Call:
+        """Tangents of the differentiable outputs, given primals and the nonzero tangents."""
+        parent = self
+        in_avals = self.entry.in_avals
+        out_avals = self.entry.out_avals
+        n = len(in_avals)
+
+        def make_fn() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
+            pf = parent.fn()
+
+            def tangent_fn(*xs: Any) -> tuple[Any, ...]:
+                primals, live = xs[:n], iter(xs[n:])
+                tangents = [
+                    next(live) if m else zeros(a.to_tangent_aval())
+                    for m, a in zip(mask, in_avals, strict=True)
+                ]
+                _, out_t = jax.jvp(lambda *p: tuple(pf(*p)), tuple(primals), tuple(tangents))
+                return tuple(
+                    t for t, a in zip(out_t, out_avals, strict=True) if is_differentiable(a.dtype)
+                )
+
+            return tangent_fn, {}
+
+        names = list(self.entry.arg_names) + [
+            f"tangent of {nm}" if nm else "" for nm, m in zip(self._names(), mask, strict=True) if m
+        ]
+        return self._derive(("jvp", mask), args, make_fn, names)
+
+    def _linearized_jaxprs(self, mask: tuple[bool, ...]) -> tuple[Any, Any]:
+        """The JVP of this computation split by partial evaluation: a forward
+        jaxpr (primals -> primal outputs + residuals) and a linear jaxpr
+        (residuals + live tangents -> differentiable output tangents). Made once
+        per mask: the forward and linear entries both come from it."""
+        done = self._linearized.get(mask)
+        if done is not None:
+            return done
+        pf = self.fn()
+        in_avals = self.entry.in_avals
+        out_avals = self.entry.out_avals
+        n = len(in_avals)
+        diff = [is_differentiable(a.dtype) for a in out_avals]
+
+        def jvp_fn(*xs: Any) -> tuple[Any, ...]:
+            primals, live = xs[:n], iter(xs[n:])
+            tangents = [
+                next(live) if m else zeros(a.to_tangent_aval())
+                for m, a in zip(mask, in_avals, strict=True)
+            ]
+            outs, out_t = jax.jvp(lambda *p: tuple(pf(*p)), tuple(primals), tuple(tangents))
+            return (*outs, *[t for t, d in zip(out_t, diff, strict=True) if d])
+
+        live_avals = [a.to_tangent_aval() for a, m in zip(in_avals, mask, strict=True) if m]
+        closed = jax.make_jaxpr(jvp_fn)(*[sds(a) for a in (*in_avals, *live_avals)])
+        n_diff = sum(diff)
+        known, unknown, _, _ = partial_eval_jaxpr(
+            closed,
+            unknowns=[False] * n + [True] * len(live_avals),
+            instantiate=[False] * len(out_avals) + [True] * n_diff,
+        )
+        known, unknown = prune_residuals(known, unknown, len(out_avals))
+        self._linearized[mask] = (known, unknown)
+        return known, unknown
+
+    def linearize(
+        self, mask: tuple[bool, ...], args: Sequence[Any]
+    ) -> tuple[Call, Callable[[Sequence[Any]], Call]]:
+        """The forward call (primal outputs and residuals), and a function giving the
+        linear call (residuals and live tangents to output tangents) for its residuals."""
+        parent = self
+
+        def make_fwd() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
+            # Residuals that are the entry's own inputs (a layer's weights) are not
+            # returned, which would copy them: the caller has them at hand.
+            known, _ = parent._linearized_jaxprs(mask)
+            n_primal_out = len(parent.entry.out_avals)
+            pairs = forwarded_inputs(known, n_primal_out)
+            dropped = {r for r, _ in pairs}
+            everything = jaxpr_as_fun(known)
+
+            def forward(*xs: Any) -> list[Any]:
+                return [o for r, o in enumerate(everything(*xs)) if r not in dropped]
+
+            return forward, {"forwarded": [[r - n_primal_out, q] for r, q in pairs]}
+
+        fwd = self._derive(("linearize", mask, "forward"), args, make_fwd, self.entry.arg_names)
+        live_names = [
+            f"tangent of {nm}" if nm else "" for nm, m in zip(self._names(), mask, strict=True) if m
+        ]
+
+        def make_lin(residuals: Sequence[Any]) -> Call:
+            def make() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
+                _, unknown = parent._linearized_jaxprs(mask)
+                return jaxpr_as_fun(unknown), {"linear_from": len(residuals)}
+
+            live = [
+                a.to_tangent_aval() for a, m in zip(self.entry.in_avals, mask, strict=True) if m
+            ]
+            args = [*residuals, *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in live]]
+            names = ["residual"] * len(residuals) + live_names
+            return parent._derive(("linearize", mask, "linear"), args, make, names)
+
+        return fwd, make_lin
+
+    def transpose(self, undefined: tuple[bool, ...], args: Sequence[Any]) -> Call:
+        """Cotangents of the linear (undefined) inputs, given the others and output cotangents."""
+        parent = self
+        in_avals = self.entry.in_avals
+        lin_avals = [a for a, u in zip(in_avals, undefined, strict=True) if u]
+        n_defined = len(in_avals) - len(lin_avals)
+        arg_avals = [aval_of(a) for a in args]
+
+        def make_fn() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
+            pf = parent.fn()
+
+            def transposed(*xs: Any) -> tuple[Any, ...]:
+                defined, cts = xs[:n_defined], xs[n_defined:]
+
+                def linear(*lin: Any) -> tuple[Any, ...]:
+                    it_d, it_l = iter(defined), iter(lin)
+                    merged = [next(it_l) if u else next(it_d) for u in undefined]
+                    return tuple(pf(*merged))
+
+                t = jax.linear_transpose(linear, *[sds(a) for a in lin_avals])
+                return tuple(t(tuple(cts)))
+
+            return fuse_dot_transposes(transposed, arg_avals), {}
+
+        names = [nm for nm, u in zip(self._names(), undefined, strict=True) if not u]
+        names += [f"cotangent of {p}" for p in self.entry.result_paths]
+        return self._derive(("transpose", undefined), args, make_fn, names)
+
+    def _names(self) -> list[str]:
+        names = list(self.entry.arg_names)
+        return names + [""] * (len(self.entry.in_avals) - len(names))

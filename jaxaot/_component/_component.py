@@ -1,0 +1,541 @@
+"""``jaxaot.component``: a function whose trace, lowering and compilation are cached.
+
+How a call is served:
+
+* At top level (no tracing in progress), a call looks up an executable for its
+  signature (keyed by what ``jax.jit`` keys on: the tree, the argument types,
+  static values and the trace context, configuration included; compiled once
+  per signature in this process) and runs it.
+* Under tracing (``jax.jit``, ``vmap``, ``grad``, ``scan``, another
+  component...), a call binds the ``jaxaot_component`` primitive with a
+  :class:`~jaxaot._component._call.Call` naming the cache entry for its
+  signature (see ``_rules``).
+
+A call becomes a key: with an explicit ``key=`` without tracing; by default
+from the traced program (``_keys._program``), traced once per signature in
+this process. The component's :class:`~jaxaot._store._lookup.Store` then
+serves the entry or executable for that key (in-process tables, the active
+byte cache, the other processes of a job) or makes and writes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, ParamSpec, TypeVar
+
+import jax
+
+from .. import _stats
+from .._jax import (
+    Tracer,
+    cpp_dispatcher,
+    default_platform,
+    explicit_mesh_axes_in_scope,
+    fastpath_miss,
+    has_host_callbacks,
+    jaxpr_as_fun,
+    trace_context,
+    trace_state_clean,
+)
+from .._keys._closure import (
+    ClosureError,
+    closed_tracer,
+    code_digest,
+    refuse_closed_arrays,
+    same_values,
+    seen_values,
+)
+from .._keys._key import ComponentKey
+from .._keys._program import program_parts
+from .._keys._sharding import (
+    concrete_mesh,
+    context_mesh_parts,
+    input_sharding_parts,
+    input_sharding_sig,
+    sharded_type,
+)
+from .._keys._text import stable_repr, tree_text
+from .._store._entry import Entry
+from .._store._executables import executable_parts
+from .._store._lookup import Store
+from ._arguments import Arguments
+from ._call import Call
+from ._entries import build_entry
+from ._parts import base_parts, types_text
+from ._plain import needs_plain_jax
+from ._rules import bind, in_regional_trace, naming
+from ._types import aval_of, sds
+
+__all__ = ["Component"]
+
+logger = logging.getLogger("jaxaot")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_TraceAnnotation = jax.profiler.TraceAnnotation
+
+
+class Component(Generic[P, R]):
+    """A function whose output shapes, StableHLO and executables are cached.
+
+    Create with :func:`jaxaot.component`. Call it like the function: at top
+    level it runs a compiled executable; inside ``jax.jit``, ``vmap``, ``grad``
+    and friends it is linked as a call of its cached module.
+    """
+
+    def __init__(
+        self,
+        fun: Callable[P, R],
+        *,
+        key: Any = None,
+        static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] = (),
+        donate_argnums: int | Sequence[int] = (),
+    ) -> None:
+        if not callable(fun):
+            raise TypeError(f"jaxaot.component: expected a callable, got {type(fun).__name__}")
+        self.__wrapped__ = fun
+        self.name = getattr(fun, "__name__", None) or type(fun).__name__
+        functools.update_wrapper(self, fun)  # type: ignore[arg-type]
+        if key is not None and not callable(key) and stable_repr(key) is None:
+            raise TypeError(
+                f"jaxaot.component {self.name!r}: key must be a str, int, bool, float, bytes, "
+                f"None, a tuple of those, or a callable returning one; got "
+                f"{type(key).__name__} {key!r:.60}"
+            )
+        self._key = key
+        self._args = Arguments(self.name, fun, static_argnums, static_argnames, donate_argnums)
+        self._static_argnums = self._args.static_argnums
+        self._static_argnames = self._args.static_argnames
+        self._donate_argnums = self._args.donate_argnums
+        self._counters = _stats.Counters(parent=_stats.PROCESS)
+        self._lock = threading.RLock()
+        self._code = code_digest(fun) if key is not None else ""
+        self.store = Store(self.name, self._counters, check=self._check_code)
+        # signature -> (root key, the Traced it was found from (default keys), the
+        # values the body saw by name, why the program is served as plain JAX)
+        self._keys: dict[
+            tuple[Any, ...], tuple[ComponentKey, Any, tuple[Any, ...], str | None]
+        ] = {}
+        self._annotation = f"jaxaot:{self.name}"
+        simple = self._args.simple and not callable(key)
+        self._dispatch = cpp_dispatcher(self.name, self._dispatch_miss) if simple else None
+
+        @functools.wraps(fun)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self._counters.add("traces")
+            return fun(*args, **kwargs)
+
+        self._counted = counted
+        self._jitted = self._make_jitted()
+        _stats.bump("components")
+
+    def _make_jitted(self) -> Any:
+        fun = self.__wrapped__
+
+        @functools.wraps(fun)
+        def staged(*args: Any, **kwargs: Any) -> Any:
+            return self._call_traced(args, kwargs)
+
+        return jax.jit(
+            staged,
+            static_argnums=self._static_argnums,
+            static_argnames=self._static_argnames,
+            donate_argnums=self._donate_argnums,
+        )
+
+    def __repr__(self) -> str:
+        return f"<jaxaot.component {self.name}>"
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
+    # -- keys and entries ------------------------------------------------------
+
+    def _identity(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        key = self._key
+        if key is None:
+            module = getattr(self.__wrapped__, "__module__", "") or ""
+            qualname = getattr(self.__wrapped__, "__qualname__", self.name)
+            return f"fn:{module}.{qualname}"
+        if callable(key):
+            value = key(*args, **kwargs)
+            text = stable_repr(value)
+            if text is None:
+                raise TypeError(
+                    f"jaxaot.component {self.name!r}: the key function returned "
+                    f"{type(value).__name__} {value!r:.60}, which has no stable repr"
+                )
+            return "key:" + text
+        return "key:" + str(stable_repr(key))
+
+    def _signature_of(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        in_tree: Any,
+        avals: Sequence[Any],
+        statics: tuple[tuple[str, str], ...],
+    ) -> tuple[Any, ...]:
+        """What tells calls apart in this process: what ``jax.jit``'s own caches key
+        on (the tree, the types, static values and the trace context)."""
+        sig: tuple[Any, ...] = (in_tree, tuple(avals), statics, trace_context())
+        if callable(self._key):
+            sig = (*sig, self._identity(args, kwargs))
+        return sig
+
+    def _resolve(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], allow_sds: bool
+    ) -> tuple[ComponentKey, Any, list[Any], tuple[Any, ...]]:
+        """The root key of a call, the ``Traced`` its key was found from (default
+        keys) or ``None`` (explicit keys), the flat inputs and the signature.
+
+        A default key is found by tracing the body (once per signature in this
+        process); an explicit key without tracing."""
+        dyn_args, dyn_kwargs, statics = self._args.split(args, kwargs)
+        leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds)
+        avals = [aval_of(x) for x in leaves]
+        sig = self._signature_of(args, kwargs, in_tree, avals, statics)
+        known = self._keys.get(sig)
+        if known is None or not same_values(known[2], self.__wrapped__):
+            with self._lock:
+                known = self._keys.get(sig)
+                if known is None or not same_values(known[2], self.__wrapped__):
+                    # New, or the function now sees other objects by name (a
+                    # rebound global): trace again, as a new jax.jit would.
+                    seen = seen_values(self.__wrapped__)
+                    key, traced = self._make_key(args, kwargs, in_tree, avals, statics)
+                    plain = needs_plain_jax(traced.jaxpr) if traced is not None else None
+                    known = (key, traced, seen, plain)
+                    self._keys[sig] = known
+        return known[0], known[1], leaves, sig
+
+    def _make_key(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        in_tree: Any,
+        avals: Sequence[Any],
+        statics: tuple[tuple[str, str], ...],
+    ) -> tuple[ComponentKey, Any]:
+        parts = base_parts(default_platform())
+        parts["component"] = self._identity(args, kwargs)
+        traced = None
+        if self._key is None:
+            traced = self._trace_root(args, kwargs)
+            if len(traced.jaxpr.in_avals) != len(avals):
+                # JAX passed a value the function closes over as an extra input:
+                # a tracer of a transformation outside the component.
+                where = closed_tracer(self.__wrapped__) or "a closed-over value"
+                raise ClosureError(
+                    f"jaxaot.component {self.name!r}: the function closes over a traced "
+                    f"value ({where}) of a transformation outside the component. Its value "
+                    "is not known when the component is made; pass it as an argument instead."
+                )
+            parts.update(program_parts(traced.jaxpr, self.name))
+            parts["out_tree"] = tree_text(jax.tree_util.tree_structure(traced.out_info))
+        else:
+            refuse_closed_arrays(self.__wrapped__, self.name)
+        parts.update(
+            in_tree=tree_text(in_tree),
+            static=statics,
+            args=types_text(avals),
+            transform=(),
+        )
+        return ComponentKey(parts), traced
+
+    def cache_key(self, *args: Any, **kwargs: Any) -> ComponentKey:
+        """The key of the entry this call would use (arrays or ShapeDtypeStructs).
+
+        With a default key this traces the body (once per signature)."""
+        key, _, _, _ = self._resolve(args, kwargs, allow_sds=True)
+        return key
+
+    def _check_code(self, entry: Entry) -> None:
+        """An explicit-key entry read from a cache: warn (once) if other code made it."""
+        made_by = entry.extra.get("code")
+        if made_by is None or made_by == self._code:
+            return
+        _stats.warn_once(
+            f"code:{self.name}:{id(self)}",
+            f"jaxaot: component {self.name!r} (key {self._key!r:.60}) was served an entry "
+            "made by code that differs from the code running now. An explicit key is a "
+            "promise that the computation is the same; change the key when the "
+            "computation changes.",
+        )
+
+    def _code_extra(self) -> dict[str, Any]:
+        return {"code": self._code} if self._key is not None else {}
+
+    def make_entry(
+        self, key: ComponentKey, trace: Callable[[], Any], name: str, lower: bool = True
+    ) -> Entry:
+        """The entry for ``key`` from ``trace()``, named ``name`` (see ``build_entry``)."""
+        return build_entry(key, trace(), name, self._counters, owner=self.name, lower=lower)
+
+    # -- calling ---------------------------------------------------------------
+
+    def _trace_root(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def to_sds(x: Any) -> Any:
+            return sds(aval_of(x))
+
+        static_pos = self._args.static_positions(len(args))
+        sds_args = [
+            a if i in static_pos else jax.tree_util.tree_map(to_sds, a) for i, a in enumerate(args)
+        ]
+        sds_kwargs = {
+            k: v if k in self._static_argnames else jax.tree_util.tree_map(to_sds, v)
+            for k, v in kwargs.items()
+        }
+        jitted = jax.jit(
+            self._fresh(),
+            static_argnums=self._static_argnums,
+            static_argnames=self._static_argnames,
+            keep_unused=True,
+        )
+        try:
+            return jitted.trace(*sds_args, **sds_kwargs)
+        except ClosureError:
+            raise
+        except (NameError, AssertionError) as e:  # e.g. a collective over an unbound axis
+            raise naming(e, self.name) from e
+
+    def _fresh(self) -> Callable[..., Any]:
+        """The body as a fresh function object, so JAX's own trace cache (keyed by
+        function identity, blind to globals) never hands back a stale trace."""
+        counted = self._counted
+
+        @functools.wraps(self.__wrapped__)
+        def fresh(*a: Any, **k: Any) -> Any:
+            return counted(*a, **k)
+
+        return fresh
+
+    def _root_call(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        allow_sds: bool,
+        resolved: tuple[ComponentKey, Any, list[Any], tuple[Any, ...]] | None = None,
+    ) -> tuple[Call, list[Any]]:
+        """The call of the root entry; ``resolved`` is this call's ``_resolve``
+        when the caller has it already."""
+        key, traced, leaves, _ = resolved or self._resolve(args, kwargs, allow_sds)
+
+        def trace() -> Any:
+            return self._trace_root(args, kwargs)
+
+        made = trace if traced is None else (lambda: traced)
+        extra = self._code_extra()
+
+        def build() -> Entry:
+            entry = self.make_entry(key, made, self.name)
+            entry.extra.update(extra)
+            return entry
+
+        entry = self.store.entry(key, build)
+        if traced is not None and entry.jaxpr is None:
+            # Loaded from a cache: this process traced the same program to find the key.
+            entry.jaxpr = traced.jaxpr
+        return Call(self, key, entry, trace), leaves
+
+    def _plain_reason(
+        self,
+        sig: tuple[Any, ...],
+        traced: Any,
+        leaves: Sequence[Any],
+        root: Callable[[], Entry],
+    ) -> str | None:
+        """Why the call with signature ``sig`` (resolved) is served as plain JAX
+        (see :func:`needs_plain_jax`), or ``None``. A default key found it when it
+        traced the body; with an explicit key, inputs with sharded types, a mesh
+        in context with explicit axes, or what the root entry (``root()``) found
+        when it was made, count."""
+        if explicit_mesh_axes_in_scope():
+            return "vmap over an explicit mesh axis"
+        if traced is not None:
+            known = self._keys.get(sig)
+            if known is not None and known[1] is traced:
+                return known[3]
+            return needs_plain_jax(traced.jaxpr)  # the table was cleared meanwhile
+        if any(sharded_type(aval_of(x)) for x in leaves) or _explicit_context():
+            return "sharded types"
+        plain = root().extra.get("plain")
+        return str(plain) if plain else None
+
+    def _call_traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        resolved = self._resolve(args, kwargs, allow_sds=False)
+        _, traced, leaves, sig = resolved
+        made: list[Call] = []
+
+        def root() -> Entry:
+            made.append(self._root_call(args, kwargs, False, resolved)[0])
+            return made[-1].entry
+
+        reason = self._plain_reason(sig, traced, leaves, root)
+        if reason is not None and not (reason.endswith("names devices") and in_regional_trace()):
+            # Inlined, as jax.jit would: an entry would hide its shardings (jaxaot.jit
+            # compiles a component naming devices for the shardings it is called with).
+            logger.debug("jaxaot: component %r is inlined (%s)", self.name, reason)
+            if traced is None:
+                return self._counted(*args, **kwargs)
+            outs = jaxpr_as_fun(traced.jaxpr)(*leaves)
+            return jax.tree_util.tree_unflatten(
+                jax.tree_util.tree_structure(traced.out_info), list(outs)
+            )
+        call = made[-1] if made else self._root_call(args, kwargs, False, resolved)[0]
+        outs = bind(call, leaves)
+        return jax.tree_util.tree_unflatten(call.entry.out_tree, outs)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        if self._dispatch is not None and trace_state_clean() and not _TraceAnnotation.is_enabled():
+            # Hot path: JAX's C++ dispatcher, over this component's executables
+            # (one per signature, compiled here or loaded from the cache).
+            return self._dispatch(*args, **kwargs)  # type: ignore[no-any-return]
+        return self._call_slow(args, kwargs)  # type: ignore[arg-type]
+
+    def _dispatch_miss(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
+        """The C++ dispatcher met a new signature (or one without fast-path data yet)."""
+        dyn_args, dyn_kwargs, statics = self._args.split(args, kwargs)
+        leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds=False)
+        if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
+            return self._call_traced(args, kwargs), None, False
+        exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)
+        return fastpath_miss(exe, dyn_args, dyn_kwargs)
+
+    def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        dyn_args, dyn_kwargs, statics = self._args.split(args, kwargs)
+        leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds=False)
+        if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
+            return self._call_traced(args, kwargs)
+        exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)
+        if _TraceAnnotation.is_enabled():
+            with _TraceAnnotation(self._annotation):
+                return exe(*dyn_args, **dyn_kwargs)
+        return exe(*dyn_args, **dyn_kwargs)
+
+    def _executable(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        in_tree: Any,
+        leaves: Sequence[Any],
+        statics: tuple[tuple[str, str], ...],
+    ) -> tuple[Any, Any]:
+        """The executable for a top-level call's signature, and its signature.
+
+        Looked up in this process (by everything ``jax.jit`` keys on, the
+        configuration included), then as a cache entry (deserialized: no
+        lowering or compile; a default key traces the body to find the key),
+        and only then compiled (and stored)."""
+        sig = (
+            *self._signature_of(args, kwargs, in_tree, [aval_of(x) for x in leaves], statics),
+            # Placement: each executable is compiled for its inputs' shardings.
+            input_sharding_sig(leaves),
+            concrete_mesh(),
+        )
+        exe = self.store.executables.get(sig)
+        if exe is not None:
+            return exe, sig
+
+        def key() -> ComponentKey:
+            root_key, _, _, _ = self._resolve(args, kwargs, allow_sds=True)
+            return root_key.replace(
+                executable=(
+                    *executable_parts(self._donate_argnums),
+                    ("inputs", input_sharding_parts(leaves)),
+                    ("context_mesh", context_mesh_parts()),
+                )
+            )
+
+        def compile() -> tuple[Any, Entry]:
+            root_key, traced, _, root_sig = self._resolve(args, kwargs, allow_sds=True)
+
+            def root_entry() -> Entry:
+                return self._root_call(args, kwargs, allow_sds=True)[0].entry
+
+            reason = self._plain_reason(root_sig, traced, leaves, root_entry)
+            if reason is not None:
+                # Compiled as jax.jit compiles the body, shardings and devices included.
+                logger.debug("jaxaot: component %r compiled as plain JAX (%s)", self.name, reason)
+                jitted = jax.jit(
+                    self._fresh(),
+                    static_argnums=self._static_argnums,
+                    static_argnames=self._static_argnames,
+                    donate_argnums=self._donate_argnums,
+                )
+                stage = jitted.trace(*args, **kwargs)
+                root = self.make_entry(root_key, lambda: stage, self.name, lower=False)
+                root.extra.update(self._code_extra())
+                # Its executable is stored like any other (unless it calls the host).
+                root.host_callbacks = has_host_callbacks(stage.jaxpr)
+                return stage.lower().compile(), root
+            call, _ = self._root_call(args, kwargs, allow_sds=True)
+            return self._jitted.trace(*args, **kwargs).lower().compile(), call.entry
+
+        return self.store.executable(sig, key, compile, self._code_extra, in_tree), sig
+
+    def precompile(self, *args: Any, **kwargs: Any) -> Any:
+        """Loads (from the cache) or compiles the top-level executable for this
+        signature without running it, and returns it (a ``jax.stages.Compiled``).
+
+        Accepts arrays or ``jax.ShapeDtypeStruct``s. Later calls with this
+        signature use the same executable."""
+        dyn_args, dyn_kwargs, statics = self._args.split(args, kwargs)
+        leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds=True)
+        exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)
+        return exe
+
+    def cost_analysis(self, *args: Any, **kwargs: Any) -> dict[str, float] | None:
+        """The compiled program's cost analysis for this signature as a plain dict
+        (``flops``, ``bytes accessed``, ...), or ``None`` where the backend gives none.
+
+        Loads or compiles the executable if needed; does not run it."""
+        dyn_args, dyn_kwargs, statics = self._args.split(args, kwargs)
+        leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds=True)
+        _, sig = self._executable(args, kwargs, in_tree, leaves, statics)
+        costs = self.store.costs.get(sig)
+        return dict(costs) if costs is not None else None
+
+    # -- stages and introspection ---------------------------------------------
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """JAX's ``Traced`` stage for a top-level call (arrays or ShapeDtypeStructs)."""
+        return self._jitted.trace(*args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """JAX's ``Lowered`` stage for a top-level call (arrays or ShapeDtypeStructs)."""
+        return self._jitted.trace(*args, **kwargs).lower()
+
+    def entry(self, *args: Any, **kwargs: Any) -> Entry:
+        """The cache entry for this signature (made if needed)."""
+        call, _ = self._root_call(args, kwargs, allow_sds=True)
+        return call.entry
+
+    def cache_info(self) -> _stats.CacheInfo:
+        """Counts for this component in this process."""
+        return self._counters.info()
+
+    def clear_cache(self) -> None:
+        """Forgets this component's in-process keys, entries and executables; later
+        calls find them in the cache again, or make (and write) them anew."""
+        with self._lock:
+            self.store.clear()
+            self._keys.clear()
+            if self._dispatch is not None:  # a fresh dispatcher: it knows no executable
+                self._dispatch = cpp_dispatcher(self.name, self._dispatch_miss)
+            # A fresh jax.jit too: its own trace cache would otherwise skip the body
+            # that makes (and writes) the root entry.
+            self._jitted = self._make_jitted()
+
+
+def _explicit_context() -> bool:
+    """Whether the mesh in context has explicit axes (types may then carry shardings)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and jax.sharding.AxisType.Explicit in tuple(mesh.axis_types)

@@ -1,0 +1,86 @@
+"""The ``@jaxaot.component`` decorator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import ParamSpec, TypeVar, overload
+
+from ._component import Component
+
+__all__ = ["component"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@overload
+def component(
+    fun: Callable[P, R],
+    /,
+    *,
+    key: Hashable | Callable[..., Hashable] | None = None,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    donate_argnums: int | Sequence[int] = (),
+) -> Component[P, R]: ...
+
+
+@overload
+def component(
+    fun: None = None,
+    /,
+    *,
+    key: Hashable | Callable[..., Hashable] | None = None,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    donate_argnums: int | Sequence[int] = (),
+) -> Callable[[Callable[P, R]], Component[P, R]]: ...
+
+
+def component(
+    fun: Callable[P, R] | None = None,
+    /,
+    *,
+    key: Hashable | Callable[..., Hashable] | None = None,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    donate_argnums: int | Sequence[int] = (),
+) -> Component[P, R] | Callable[[Callable[P, R]], Component[P, R]]:
+    """Marks ``fun`` as a component: traced, lowered and compiled once per signature.
+
+    Args:
+      fun: the function. Its arguments and results may be any pytrees of arrays.
+      key: the component's identity in caches. ``None`` (the default) derives
+        it from what the function computes: the traced program (its equations,
+        constants and custom derivative rules), traced once per signature in
+        a process, so an edited helper or a changed constant is a new key. A
+        str, int or tuple of those names it explicitly, without tracing (two
+        functions with one key are taken to compute the same thing); a
+        callable receives the call's arguments and returns such a value.
+      static_argnums, static_argnames: arguments passed as Python values
+        (hashable, with a stable repr), part of the key, as in ``jax.jit``.
+      donate_argnums: arguments whose buffers top-level calls may reuse.
+
+    Host callbacks (``jax.debug.print``, ``jax.pure_callback``,
+    ``io_callback``) work in components, but their entries stay in this
+    process, and a callback must never call back into JAX.
+
+    Example::
+
+      @jaxaot.component
+      def block(params, x):
+          return jnp.tanh(x @ params["w"] + params["b"])
+    """
+
+    def wrap(f: Callable[P, R]) -> Component[P, R]:
+        return Component(
+            f,
+            key=key,
+            static_argnums=static_argnums,
+            static_argnames=static_argnames,
+            donate_argnums=donate_argnums,
+        )
+
+    if fun is None:
+        return wrap
+    return wrap(fun)

@@ -1,0 +1,78 @@
+"""Making an entry: trace, check effects, lower (where the entry may leave this
+process), and record names and types."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from .. import _stats
+from .._jax import has_host_callbacks, is_ordered_effect, module_to_bytecode
+from .._keys._key import ComponentKey
+from .._store._entry import Entry
+from ._plain import needs_context, needs_plain_jax
+
+__all__ = ["build_entry"]
+
+
+def build_entry(
+    key: ComponentKey,
+    traced: Any,
+    name: str,
+    counters: _stats.Counters,
+    *,
+    owner: str,
+    lower: bool = True,
+) -> Entry:
+    """The entry for ``key`` from ``traced`` (a ``jax.stages.Traced``), named ``name``;
+    lowered for the key's platform unless ``lower`` is false or the entry must stay
+    in this process. ``owner`` names the component in errors; ``counters`` count
+    the lowering.
+
+    Raises:
+      ValueError: the program has ordered side effects.
+    """
+    closed = traced.jaxpr
+    for eff in closed.effects:
+        if is_ordered_effect(eff):
+            raise ValueError(
+                f"jaxaot.component {owner!r}: ordered side effects ({eff}) are not "
+                "supported in components; use unordered callbacks (the default for "
+                "jax.debug.print and io_callback) or call it outside the component"
+            )
+    callbacks = has_host_callbacks(closed)
+    stablehlo = None
+    # A program with sharded types or named devices is served as plain JAX:
+    # its entry is not lowered, and stays in this process.
+    plain = needs_plain_jax(closed)
+    local = callbacks or needs_context(closed) or plain is not None
+    if not local and lower:
+        platform = key.parts["platforms"][0]
+        lowered = traced.lower(lowering_platforms=(platform,))
+        counters.add("lowerings")
+        stablehlo = module_to_bytecode(lowered.compiler_ir("stablehlo"))
+    debug = closed.jaxpr.debug_info
+    arg_names = tuple("" if n is None else str(n) for n in (debug.arg_names or ()))
+    if len(arg_names) != len(closed.in_avals):
+        arg_names = ("",) * len(closed.in_avals)
+    result_paths = tuple(str(p) for p in (debug.result_paths or ()))
+    if len(result_paths) != len(closed.out_avals):
+        result_paths = tuple(f"result[{i}]" for i in range(len(closed.out_avals)))
+    return Entry(
+        key=key,
+        name=name,
+        in_avals=tuple(closed.in_avals),
+        out_avals=tuple(closed.out_avals),
+        out_tree=jax.tree_util.tree_structure(traced.out_info),
+        arg_names=arg_names,
+        result_paths=result_paths,
+        stablehlo=stablehlo,
+        # Entries that cannot be lowered on their own (collectives over an
+        # outer vmap axis, custom_vjp linear parts) stay in this process, like
+        # those with host callbacks; they are only ever transformed.
+        host_callbacks=local,
+        jaxpr=closed,
+        effects=frozenset(closed.effects),
+        extra={"plain": plain} if plain else {},
+    )

@@ -1,0 +1,139 @@
+"""Every use of JAX internals (``jax._src``) in jaxaot, and nothing else of jaxaot.
+
+A JAX upgrade should only ever need changes in this package. It is a leaf:
+it imports no other module of jaxaot but ``_versions``. The names below are
+the small surface jaxaot depends on:
+
+* ``_jaxpr``: jaxpr types, walking jaxprs, call bodies, effects and callbacks;
+* ``_interpret``: evaluating a jaxpr equation by equation, binding one equation;
+* ``_primitive``: defining a primitive (abstract evaluation, lowering,
+  batching, JVP, linearization, transpose), linking a StableHLO module into
+  the module being lowered, partial evaluation and batching of jaxprs;
+* ``_context``: the tracing context ``jax.jit``'s caches key on, the axis
+  environment;
+* ``_platform``: lowering platform names;
+* ``_executable``: serialized executables and JAX's C++ dispatcher;
+* ``_layout``: types made again by pickling compare equal (``AutoLayout``);
+* ``_distributed``: the distributed runtime's key-value client.
+
+Supported JAX: 0.10.2 through 0.12.x (``SUPPORTED_JAX``). The differences
+between those versions are all handled here, keyed on the installed version
+(``JAX_VERSION``):
+
+* 0.11.1 changed the linearization-rule protocol: a rule returns five values
+  (``out, nonzeros, residuals, structured_residuals, linearized``) and JAX calls
+  ``linearized(residuals, structured_residuals, *tangents)``; jaxaot's rules use
+  the four-value form, adapted by ``register_linearization``.
+* 0.11.1 replaced the ``closed_call``/``core_call`` primitives by ``eval_jaxpr``
+  (its body in the ``call_jaxpr`` parameter): see ``CALL_PRIMITIVES`` and
+  ``call_body``.
+* 0.11 merged ``ClosedJaxpr`` into ``Jaxpr`` (a ``Jaxpr`` carries its consts;
+  ``Jaxpr(jaxpr, consts)`` still builds a closed one) and 0.12 removed the
+  ``ClosedJaxpr`` name: ``ClosedJaxpr`` here is whichever class closes a jaxpr.
+* 0.11.2 computes tanh's derivative with a ``one_minus_square`` primitive:
+  ``ELEMENTWISE_ARITHMETIC`` lists it with the other cheap elementwise ops.
+* Newer JAX puts a layout on every type, ``AutoLayout`` by default (see ``_layout``).
+"""
+
+from ._context import explicit_mesh_axes_in_scope, trace_context, trace_context_items
+from ._distributed import distributed_client
+from ._executable import (
+    cpp_dispatcher,
+    deserialize_executable,
+    fastpath_miss,
+    serialize_executable,
+)
+from ._interpret import bind_equation, evaluate
+from ._jaxpr import (
+    CALL_PRIMITIVES,
+    ELEMENTWISE_ARITHMETIC,
+    JAX_VERSION,
+    SUPPORTED_JAX,
+    ClosedJaxpr,
+    DropVar,
+    Jaxpr,
+    Literal,
+    Primitive,
+    ShapedArray,
+    Tracer,
+    Zero,
+    apply_primitive,
+    call_body,
+    has_host_callbacks,
+    is_ordered_effect,
+    jaxpr_as_fun,
+    jaxprs_in_params,
+    join_effects,
+    named_axis_effect,
+    trace_state_clean,
+    uses_primitive,
+    walk_jaxprs,
+)
+from ._layout import one_auto_layout
+from ._platform import KNOWN_PLATFORMS, canonical_platform, default_platform
+from ._primitive import (
+    ad,
+    batch_jaxpr,
+    batching,
+    call_module_function,
+    inline_jaxpr_lowering,
+    lowering_platforms,
+    module_to_bytecode,
+    not_mapped,
+    partial_eval_jaxpr,
+    register_linearization,
+    register_lowering,
+)
+
+one_auto_layout()
+
+__all__ = [
+    "CALL_PRIMITIVES",
+    "ELEMENTWISE_ARITHMETIC",
+    "JAX_VERSION",
+    "KNOWN_PLATFORMS",
+    "SUPPORTED_JAX",
+    "ClosedJaxpr",
+    "DropVar",
+    "Jaxpr",
+    "Literal",
+    "Primitive",
+    "ShapedArray",
+    "Tracer",
+    "Zero",
+    "ad",
+    "apply_primitive",
+    "batch_jaxpr",
+    "batching",
+    "bind_equation",
+    "call_body",
+    "call_module_function",
+    "canonical_platform",
+    "cpp_dispatcher",
+    "default_platform",
+    "deserialize_executable",
+    "distributed_client",
+    "evaluate",
+    "explicit_mesh_axes_in_scope",
+    "fastpath_miss",
+    "has_host_callbacks",
+    "inline_jaxpr_lowering",
+    "is_ordered_effect",
+    "jaxpr_as_fun",
+    "jaxprs_in_params",
+    "join_effects",
+    "lowering_platforms",
+    "module_to_bytecode",
+    "named_axis_effect",
+    "not_mapped",
+    "one_auto_layout",
+    "partial_eval_jaxpr",
+    "register_linearization",
+    "register_lowering",
+    "serialize_executable",
+    "trace_context",
+    "trace_context_items",
+    "trace_state_clean",
+    "uses_primitive",
+    "walk_jaxprs",
+]

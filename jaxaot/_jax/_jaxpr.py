@@ -1,0 +1,159 @@
+"""Jaxprs: their types, walking them, their call bodies, effects and callbacks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+
+from .._versions import SUPPORTED_JAX, check_supported
+
+JAX_VERSION = check_supported(jax.__version__)
+
+from jax._src import core as _core  # noqa: E402
+from jax._src import dispatch as _dispatch  # noqa: E402
+from jax._src import effects as _effects  # noqa: E402
+from jax._src.ad_util import Zero  # noqa: E402
+from jax._src.callback import io_callback_p, pure_callback_p  # noqa: E402
+from jax._src.debugging import debug_callback_p  # noqa: E402
+
+__all__ = [
+    "CALL_PRIMITIVES",
+    "ELEMENTWISE_ARITHMETIC",
+    "JAX_VERSION",
+    "SUPPORTED_JAX",
+    "ClosedJaxpr",
+    "DropVar",
+    "Jaxpr",
+    "Literal",
+    "Primitive",
+    "ShapedArray",
+    "Tracer",
+    "Zero",
+    "apply_primitive",
+    "call_body",
+    "has_host_callbacks",
+    "is_ordered_effect",
+    "jaxpr_as_fun",
+    "jaxprs_in_params",
+    "join_effects",
+    "named_axis_effect",
+    "trace_state_clean",
+    "uses_primitive",
+    "walk_jaxprs",
+]
+
+Primitive = _core.Primitive
+ShapedArray = _core.ShapedArray
+Tracer = _core.Tracer
+# 0.10: ClosedJaxpr(jaxpr, consts) wraps a Jaxpr; 0.11+: a Jaxpr carries its
+# consts and Jaxpr(jaxpr, consts) builds the closed one (0.12 drops the name).
+ClosedJaxpr: Any = getattr(_core, "ClosedJaxpr", _core.Jaxpr)
+Jaxpr = _core.Jaxpr
+Literal = _core.Literal
+DropVar = _core.DropVar
+join_effects = _core.join_effects
+jaxprs_in_params = _core.jaxprs_in_params
+jaxpr_as_fun = _core.jaxpr_as_fun
+trace_state_clean = _core.trace_state_clean
+apply_primitive = _dispatch.apply_primitive
+
+
+def walk_jaxprs(closed: Any) -> Iterator[Any]:
+    """``closed``'s jaxpr (closed or not) and every jaxpr nested in it, at any depth."""
+    stack = [closed.jaxpr if isinstance(closed, ClosedJaxpr) else closed]
+    while stack:
+        jaxpr = stack.pop()
+        yield jaxpr
+        stack.extend(_core.subjaxprs(jaxpr))
+
+
+def uses_primitive(closed: Any, names: Sequence[str]) -> bool:
+    """Whether ``closed`` (or a jaxpr nested in it) has an equation of one of ``names``."""
+    wanted = set(names)
+    return any(eqn.primitive.name in wanted for j in walk_jaxprs(closed) for eqn in j.eqns)
+
+
+_CALLBACK_PRIMITIVES = frozenset([pure_callback_p, io_callback_p, debug_callback_p])
+_CALLBACK_NAMES = frozenset(["debug_print", "debug_callback", "pure_callback", "io_callback"])
+
+
+def _is_callback(primitive: Any) -> bool:
+    name = getattr(primitive, "name", "")
+    return primitive in _CALLBACK_PRIMITIVES or name in _CALLBACK_NAMES or name.endswith("callback")
+
+
+def has_host_callbacks(closed_jaxpr: Any) -> bool:
+    """Whether the jaxpr (or any jaxpr nested in it) calls back into Python."""
+    return any(_is_callback(eqn.primitive) for j in walk_jaxprs(closed_jaxpr) for eqn in j.eqns)
+
+
+def is_ordered_effect(effect: Any) -> bool:
+    return _effects.ordered_effects.contains(effect)
+
+
+def named_axis_effect(effects: Any) -> bool:
+    """Whether ``effects`` hold a named-axis effect (a collective over an axis bound
+    outside the jaxpr: ``psum`` over an outer ``vmap`` axis)."""
+    return any(type(e).__name__ == "NamedAxisEffect" for e in effects)
+
+
+# Primitives that call a jaxpr (their body): inlined by jaxaot.jit and by the
+# jaxpr rewrites. 0.11.1 replaced closed_call/core_call by eval_jaxpr.
+CALL_PRIMITIVES = frozenset(
+    ["jit", "pjit", "closed_call", "core_call", "eval_jaxpr", "checkpoint", "remat2"]
+)
+
+
+def call_body(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
+    """``(jaxpr, consts)`` of the body of a call-like equation (``CALL_PRIMITIVES``),
+    or None for any other equation."""
+    if eqn.primitive.name not in CALL_PRIMITIVES:
+        return None
+    inner = eqn.params.get("jaxpr")
+    if inner is None:
+        inner = eqn.params.get("call_jaxpr")
+    if isinstance(inner, ClosedJaxpr):
+        return inner.jaxpr, inner.consts
+    if isinstance(inner, Jaxpr) and not inner.constvars:
+        return inner, ()
+    return None
+
+
+# Elementwise arithmetic and shape-only operations: cheap to recompute, and
+# fused by XLA into whatever consumes them. Transcendentals (exp, tanh, ...)
+# are not listed: recomputing them costs more than reading them back.
+# ``one_minus_square`` (0.11.2+: 1 - x**2, in tanh's derivative) is arithmetic.
+ELEMENTWISE_ARITHMETIC = frozenset(
+    [
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "neg",
+        "integer_pow",
+        "square",
+        "one_minus_square",
+        "max",
+        "min",
+        "select_n",
+        "convert_element_type",
+        "broadcast_in_dim",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "eq",
+        "ne",
+        "lt",
+        "gt",
+        "le",
+        "ge",
+        "and",
+        "or",
+        "not",
+        "abs",
+        "sign",
+        "copy",
+    ]
+)

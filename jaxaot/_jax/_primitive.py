@@ -1,0 +1,115 @@
+"""Defining a primitive: its lowering, batching, JVP, linearization and transpose
+rules; linking a serialized StableHLO module into the module being lowered; and
+the jaxpr transformations (partial evaluation, batching) derived entries use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.interpreters import partial_eval as _pe
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import func as func_dialect
+
+from ._jaxpr import JAX_VERSION, jaxpr_as_fun
+
+__all__ = [
+    "ad",
+    "batch_jaxpr",
+    "batching",
+    "call_module_function",
+    "inline_jaxpr_lowering",
+    "lowering_platforms",
+    "module_to_bytecode",
+    "not_mapped",
+    "partial_eval_jaxpr",
+    "register_linearization",
+    "register_lowering",
+]
+
+not_mapped = None  # batching.NotMapped is type(None): unmapped dims are None
+module_to_bytecode = mlir.module_to_bytecode
+
+
+def register_lowering(prim: Any, rule: Callable[..., Any], platform: str | None = None) -> None:
+    mlir.register_lowering(prim, rule, platform=platform)
+
+
+# From 0.11.1 a linearization rule returns structured residuals too.
+_STRUCTURED_RESIDUALS = JAX_VERSION >= (0, 11, 1)
+
+
+def register_linearization(prim: Any, rule: Callable[..., Any]) -> None:
+    """Registers ``rule(is_vjp, nonzeros, *primals, **params)``, which returns
+    ``(outs, out_nonzeros, residuals, linearized)`` with
+    ``linearized(residuals, *tangents)``, in the protocol of the installed JAX."""
+    if not _STRUCTURED_RESIDUALS:
+        ad.primitive_linearizations[prim] = rule
+        return
+
+    def with_structured_residuals(is_vjp: bool, nonzeros: Any, *primals: Any, **params: Any) -> Any:
+        outs, out_nonzeros, residuals, linearized = rule(is_vjp, nonzeros, *primals, **params)
+
+        def call(residuals: Any, _structured: Any, *tangents: Any) -> Any:
+            return linearized(residuals, *tangents)
+
+        return outs, out_nonzeros, residuals, None, call
+
+    ad.primitive_linearizations[prim] = with_structured_residuals
+
+
+def lowering_platforms(ctx: Any) -> tuple[str, ...]:
+    """The platforms the enclosing lowering targets."""
+    return tuple(ctx.module_context.platforms)
+
+
+def call_module_function(
+    ctx: Any, cache_key: Any, bytecode: bytes, name_hint: str, args: Sequence[Any]
+) -> Sequence[Any]:
+    """Links a serialized StableHLO module into the module being lowered, once per
+    ``cache_key``, and emits a ``func.call`` to its main function."""
+    module_ctx = ctx.module_context
+    cached = module_ctx.cached_primitive_lowerings
+    symbol = cached.get(cache_key)
+    if symbol is None:
+        with module_ctx.context:
+            submodule = ir.Module.parse(bytecode)
+        symbol = mlir.merge_mlir_modules(
+            module_ctx.module, name_hint, submodule, dst_symtab=module_ctx.symbol_table
+        )
+        cached[cache_key] = symbol
+    func_op = module_ctx.symbol_table[symbol]
+    result_types = list(func_op.type.results)
+    call = func_dialect.CallOp(result_types, ir.FlatSymbolRefAttr.get(symbol), list(args))
+    return list(call.results)
+
+
+def inline_jaxpr_lowering(ctx: Any, closed_jaxpr: Any, args: Sequence[Any]) -> Sequence[Any]:
+    """Lowers a jaxpr into the module being lowered (used for process-local entries,
+    e.g. those holding host callbacks, which must register with the caller)."""
+    rule = mlir.lower_fun(jaxpr_as_fun(closed_jaxpr), multiple_results=True)
+    return rule(ctx, *args)  # type: ignore[no-any-return]
+
+
+def batch_jaxpr(
+    closed_jaxpr: Any, axis_data: Any, in_axes: Sequence[int | None]
+) -> tuple[Any, list[int | None]]:
+    """The jaxpr batched along ``in_axes``, and each output's batch axis (0, or None
+    for outputs that stay unbatched), exactly as ``jax.vmap`` would batch it."""
+    batched, out_batched = batching.batch_jaxpr_axes(
+        closed_jaxpr,
+        axis_data,
+        list(in_axes),
+        [batching.zero_if_mapped] * len(closed_jaxpr.out_avals),
+    )
+    return batched, [0 if b else None for b in out_batched]
+
+
+def partial_eval_jaxpr(
+    closed_jaxpr: Any, unknowns: Sequence[bool], instantiate: Sequence[bool]
+) -> tuple[Any, Any, list[bool], list[Any]]:
+    """Splits a jaxpr into the part computable from the known inputs (which also
+    returns residuals, last) and the part that needs the unknown ones (which
+    takes the residuals first)."""
+    return _pe.partial_eval_jaxpr_nounits(closed_jaxpr, list(unknowns), list(instantiate))  # type: ignore[no-any-return]

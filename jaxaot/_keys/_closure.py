@@ -1,0 +1,237 @@
+"""What a function sees by name: the values its closure, defaults and globals
+hold, and a digest of its code.
+
+* :func:`refuse_closed_arrays`: an explicit key does not cover arrays the
+  function sees by name, so such a function is refused (:class:`ClosureError`);
+* :func:`code_digest`: the code of a function and the project functions it
+  names, to tell that an explicit-key entry was made by other code;
+* :func:`seen_values` / :func:`same_values`: whether a function now sees the
+  objects it saw when it was traced (a rebound global, a new closure);
+* :func:`closed_tracer`: where a function sees a traced value by name.
+"""
+
+from __future__ import annotations
+
+import dis
+import hashlib
+import sys
+import sysconfig
+import types
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ._sharding import is_sharding_value
+
+__all__ = [
+    "ClosureError",
+    "closed_tracer",
+    "code_digest",
+    "refuse_closed_arrays",
+    "same_values",
+    "seen_values",
+]
+
+
+class ClosureError(ValueError):
+    """A component's function closes over a value that cannot be part of its key."""
+
+
+def _library_prefixes() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    prefixes = {paths.get(n, "") for n in ("stdlib", "platstdlib", "purelib", "platlib")}
+    for p in sys.path:
+        if p.endswith(("site-packages", "dist-packages")):
+            prefixes.add(p)
+    return tuple(sorted(p for p in prefixes if p))
+
+
+_LIBRARY_PREFIXES = _library_prefixes()
+
+
+def _is_project_code(code: types.CodeType) -> bool:
+    filename = code.co_filename
+    if filename.startswith("<"):
+        return filename.startswith(("<stdin>", "<string>"))
+    return not filename.startswith(_LIBRARY_PREFIXES)
+
+
+_CODE_CACHE: dict[types.CodeType, tuple[str, tuple[str, ...]]] = {}
+
+
+def _code_digest(code: types.CodeType) -> tuple[str, tuple[str, ...]]:
+    """A digest of a code object and its nested code, and the global names it loads."""
+    cached = _CODE_CACHE.get(code)
+    if cached is not None:
+        return cached
+    h = hashlib.sha256()
+    names: list[str] = []
+
+    def visit(c: types.CodeType) -> None:
+        h.update(c.co_code)
+        h.update(repr((c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars)).encode())
+        for const in c.co_consts:
+            if isinstance(const, types.CodeType):
+                visit(const)
+            else:
+                h.update(repr(const).encode())
+        for ins in dis.get_instructions(c):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str):
+                names.append(ins.argval)
+
+    visit(code)
+    result = (h.hexdigest(), tuple(dict.fromkeys(names)))
+    if len(_CODE_CACHE) < 100_000:
+        _CODE_CACHE[code] = result
+    return result
+
+
+def _is_tracer(value: Any) -> bool:
+    from .._jax import Tracer
+
+    return isinstance(value, Tracer)
+
+
+def _is_array(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return True
+    import jax
+
+    return isinstance(value, jax.Array) or _is_tracer(value)
+
+
+def _named_values(fun: Any) -> Iterable[tuple[str, Any]]:
+    """The values ``fun`` can see without an argument: closure cells, defaults and
+    the globals it names (through partials, bound methods and wrappers)."""
+    seen: set[int] = set()
+    stack: list[Any] = [fun]
+    while stack:
+        f = stack.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if isinstance(f, types.MethodType):
+            yield "self", f.__self__
+            stack.append(f.__func__)
+            continue
+        if hasattr(f, "func") and hasattr(f, "args") and hasattr(f, "keywords"):
+            for i, a in enumerate(f.args):
+                yield f"partial argument {i}", a
+            for k, v in f.keywords.items():
+                yield f"partial keyword {k!r}", v
+            stack.append(f.func)
+            continue
+        wrapped = getattr(f, "__wrapped__", None)
+        if wrapped is not None and wrapped is not f:
+            stack.append(wrapped)
+        code = getattr(f, "__code__", None)
+        if not isinstance(f, types.FunctionType) or code is None:
+            continue
+        for name, cell in zip(code.co_freevars, f.__closure__ or (), strict=False):
+            try:
+                yield f"free variable {name!r}", cell.cell_contents
+            except ValueError:
+                continue
+        for i, d in enumerate(f.__defaults__ or ()):
+            yield f"default argument {i}", d
+        for k, d in (f.__kwdefaults__ or {}).items():
+            yield f"default argument {k!r}", d
+        if _is_project_code(code):
+            _, global_names = _code_digest(code)
+            for name in global_names:
+                if name in f.__globals__:
+                    yield f"global {name!r}", f.__globals__[name]
+
+
+def refuse_closed_arrays(fun: Any, component: str) -> None:
+    """Raises :class:`ClosureError` if ``fun`` sees an array (or a tracer) through a
+    closure cell, a default or a global it names, directly or inside a pytree: an
+    explicit key would not cover its value."""
+    import jax
+
+    for where, value in _named_values(fun):
+        if (
+            isinstance(value, types.ModuleType | type)
+            or callable(value)
+            and not _is_pytree_node(value)
+        ):
+            continue
+        try:
+            leaves = jax.tree_util.tree_leaves_with_path(value)
+        except Exception:  # not a pytree we can walk
+            continue
+        for path, leaf in leaves:
+            if _is_array(leaf) and not is_sharding_value(leaf):
+                shape = tuple(getattr(leaf, "shape", ()))
+                kind = "a traced value" if _is_tracer(leaf) else "an array"
+                raise ClosureError(
+                    f"jaxaot.component {component!r}: the function closes over {kind} "
+                    f"({where}{jax.tree_util.keystr(path)}, shape {shape}, dtype "
+                    f"{getattr(leaf, 'dtype', '?')}). Its explicit key does not cover the "
+                    "array's value, so a cached result could belong to another array. Pass "
+                    "it to the component as an argument instead."
+                )
+
+
+def _is_pytree_node(value: Any) -> bool:
+    import jax
+
+    treedef: Any = jax.tree_util.tree_structure(value)
+    return bool(treedef.num_nodes > 1)
+
+
+def code_digest(fun: Any) -> str:
+    """A digest of the code of ``fun`` (through partials, methods and wrappers) and of
+    the project functions it names: to tell that an explicit-key entry was made by
+    other code."""
+    h = hashlib.sha256()
+    seen: set[int] = set()
+    stack: list[Any] = [fun]
+    while stack and len(seen) < 1000:
+        f = stack.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if isinstance(f, types.MethodType):
+            stack.append(f.__func__)
+            continue
+        inner = getattr(f, "func", None) or getattr(f, "__wrapped__", None)
+        if inner is not None and inner is not f:
+            stack.append(inner)
+        code = getattr(f, "__code__", None)
+        if not isinstance(f, types.FunctionType) or code is None or not _is_project_code(code):
+            continue
+        digest, global_names = _code_digest(code)
+        h.update(digest.encode())
+        for name in global_names:
+            value = f.__globals__.get(name)
+            if isinstance(value, types.FunctionType):
+                stack.append(value)
+    return h.hexdigest()[:32]
+
+
+def seen_values(fun: Any) -> tuple[Any, ...]:
+    """The objects ``fun`` sees by name now (closure cells, defaults, the globals
+    it names): a trace of ``fun`` made while :func:`same_values` holds saw the
+    same bindings (what a rebound global or a new closure changes)."""
+    return tuple(value for _, value in _named_values(fun))
+
+
+def same_values(before: tuple[Any, ...], fun: Any) -> bool:
+    now = seen_values(fun)
+    return len(now) == len(before) and all(a is b for a, b in zip(now, before, strict=True))
+
+
+def closed_tracer(fun: Any) -> str | None:
+    """Where ``fun`` sees a traced value by name (``free variable 'w'``), if it does."""
+    import jax
+
+    for where, value in _named_values(fun):
+        if _is_tracer(value):
+            return where
+        if isinstance(value, list | tuple | dict):
+            for path, leaf in jax.tree_util.tree_leaves_with_path(value):
+                if _is_tracer(leaf):
+                    return where + jax.tree_util.keystr(path)
+    return None

@@ -1,0 +1,252 @@
+"""Default keys from the traced program: a canonical form of a closed jaxpr.
+
+What a component computes is what JAX traced, not the Python that produced it:
+whatever changes the computation (an edited helper, a constant, a nested
+config value, a derivative rule) changes the program. :func:`program_parts`
+reduces a closed jaxpr to key parts that are the same in every process:
+
+* ``program``: a digest over the equations, with variables numbered by first
+  use (no names that vary between runs), input and output types (shapes,
+  dtypes, weak types and whatever else the type prints), and parameters,
+  nested jaxprs included; no source locations, no memory addresses;
+* ``consts``: each constant's type and a digest of its content
+  (``f32[3]:<digest>``), in order;
+* ``rules``: for each ``custom_jvp``/``custom_vjp`` function the program
+  calls, a digest of the jaxpr of its JVP (for ``custom_jvp``) or of its VJP,
+  forward and backward (for ``custom_vjp``): the rules are traced, so a rule
+  that changes changes the key.
+
+The parts are separate so that :meth:`ComponentKey.explain` can say which of
+them changed.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import types
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, Tracer, bind_equation
+from ._closure import ClosureError
+from ._key import ComponentKey
+from ._sharding import value_text
+from ._text import jax_type_text, strip_addresses
+
+__all__ = ["content_digest", "program_parts"]
+
+_RULE_PRIMITIVES = ("custom_jvp_call", "custom_vjp_call")
+_MAX_RULE_DEPTH = 2
+
+
+def content_digest(value: Any) -> str:
+    """A digest of an array's type and bytes (typed PRNG keys by their key data)."""
+    if isinstance(value, Tracer):
+        raise TypeError("a traced value has no content")
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        impl = str(dtype)
+        value = jax.random.key_data(value)
+    else:
+        impl = ""
+    array = np.asarray(value)
+    h = hashlib.sha256()
+    h.update(f"{impl}|{array.dtype.str}|{array.shape}|".encode())
+    h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()[:32]
+
+
+def _callable_name(fun: Any) -> str:
+    inner = getattr(fun, "f", None)  # a linear_util.WrappedFun
+    if inner is not None and callable(inner):
+        fun = inner
+    module = getattr(fun, "__module__", None) or ""
+    qualname = getattr(fun, "__qualname__", None) or type(fun).__qualname__
+    return f"{module}.{qualname}"
+
+
+def _sds(aval: Any, dtype: Any = None) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype if dtype is None else dtype)
+
+
+def _rule_jaxpr(eqn: Any) -> Any:
+    """The jaxpr of an equation's JVP (custom_jvp) or VJP (custom_vjp): the program of
+    its derivative rules, traced."""
+    in_avals = [v.aval for v in eqn.invars]
+
+    def run(*args: Any) -> list[Any]:
+        return bind_equation(eqn, args)
+
+    primals = [_sds(a) for a in in_avals]
+    if eqn.primitive.name == "custom_jvp_call":
+        tangents = [_sds(a, a.to_tangent_aval().dtype) for a in in_avals]
+        return jax.make_jaxpr(lambda p, t: jax.jvp(run, list(p), list(t)))(primals, tangents)
+    cts = [_sds(v.aval, v.aval.to_tangent_aval().dtype) for v in eqn.outvars]
+
+    def forward_backward(p: Sequence[Any], c: Sequence[Any]) -> Any:
+        out, pull = jax.vjp(run, *p)
+        return out, pull(list(c))
+
+    return jax.make_jaxpr(forward_backward)(primals, cts)
+
+
+class _Canonical:
+    def __init__(self, component: str) -> None:
+        self.component = component
+        self.hash = hashlib.sha256()
+        self.consts: list[str] = []
+        self.rules: list[tuple[str, str]] = []
+        self.depth = 0
+
+    def emit(self, *items: str) -> None:
+        for item in items:
+            self.hash.update(item.encode("utf-8", "backslashreplace"))
+            self.hash.update(b"\0")
+
+    def const(self, value: Any, where: str) -> str:
+        if isinstance(value, Tracer):
+            raise ClosureError(
+                f"jaxaot.component {self.component!r}: the function closes over a traced "
+                f"value ({where}, shape {tuple(value.shape)}, dtype {value.dtype}), from a "
+                "transformation outside the component. Pass it to the component as an "
+                "argument instead."
+            )
+        return content_digest(value)
+
+    def closed(self, closed: Any, top: bool = False) -> None:
+        digests = []
+        for i, c in enumerate(closed.consts):
+            digest = self.const(c, f"constant {i}")
+            digests.append(digest)
+            if top:
+                self.consts.append(f"{jax_type_text(jax.typeof(c))}:{digest}")
+        # The program's own constants are a part of their own (``consts``), so
+        # that an explanation can say which one changed; nested ones count here.
+        self.emit("closed", str(len(digests)), *([] if top else digests))
+        self.jaxpr(closed.jaxpr)
+
+    def jaxpr(self, jaxpr: Any) -> None:
+        names: dict[Any, int] = {}
+
+        def var(v: Any) -> str:
+            if isinstance(v, Literal):
+                return f"lit({self.value(v.val)}:{jax_type_text(v.aval)})"
+            if isinstance(v, DropVar):
+                return "_"
+            n = names.get(v)
+            if n is None:
+                n = names[v] = len(names)
+            return f"v{n}:{jax_type_text(v.aval)}"
+
+        self.emit("jaxpr", *[var(v) for v in jaxpr.constvars], "|", *[var(v) for v in jaxpr.invars])
+        for eqn in jaxpr.eqns:
+            ins = [var(v) for v in eqn.invars]
+            self.emit("eqn", eqn.primitive.name, *ins)
+            for name in sorted(eqn.params):
+                self.emit(name)
+                self.param(eqn.params[name])
+            self.emit("->", *[var(v) for v in eqn.outvars])
+            if eqn.primitive.name in _RULE_PRIMITIVES:
+                self.rule(eqn)
+        self.emit("out", *[var(v) for v in jaxpr.outvars])
+        self.emit("effects", *sorted(strip_addresses(str(e)) for e in jaxpr.effects))
+
+    def rule(self, eqn: Any) -> None:
+        if self.depth >= _MAX_RULE_DEPTH:
+            self.emit("rule-depth")
+            return
+        self.depth += 1
+        try:
+            inner = _Canonical(self.component)
+            inner.depth = self.depth
+            try:
+                inner.closed(_rule_jaxpr(eqn))
+                digest = inner.hash.hexdigest()[:32]
+            except ClosureError:
+                raise
+            except Exception as e:  # a rule that cannot be traced for these types
+                digest = f"untraceable:{type(e).__name__}:{strip_addresses(str(e))[:200]}"
+            name = next(
+                (
+                    _callable_name(eqn.params[p])
+                    for p in ("jvp_jaxpr_fun", "bwd")
+                    if p in eqn.params
+                ),
+                "",
+            )
+            self.rules.append((f"{eqn.primitive.name}:{name}", digest))
+            self.rules.extend(inner.rules)
+            self.emit("rule", str(len(self.rules)))  # its digest is in ``rules``
+        finally:
+            self.depth -= 1
+
+    def param(self, value: Any) -> None:
+        if isinstance(value, ClosedJaxpr):
+            self.closed(value)
+        elif isinstance(value, Jaxpr):
+            self.jaxpr(value)
+        elif isinstance(value, list | tuple):
+            self.emit(type(value).__name__, str(len(value)))
+            for v in value:
+                self.param(v)
+        else:
+            self.emit(self.value(value))
+
+    def value(self, value: Any) -> str:
+        if value is None or isinstance(value, bool | int | float | complex | str | bytes):
+            return f"{type(value).__name__}:{value!r}"
+        if isinstance(value, np.ndarray | np.generic | jax.Array):
+            return f"array:{self.const(value, 'a literal')}"
+        if isinstance(value, enum.Enum):
+            return f"enum:{type(value).__qualname__}.{value.name}"
+        if isinstance(value, np.dtype):
+            return f"dtype:{value.name}"
+        if isinstance(value, type):
+            return f"type:{value.__module__}.{value.__qualname__}"
+        sharding = value_text(value)
+        if sharding is not None:  # a mesh, sharding or spec: axes, devices and spec
+            return f"sharding:{sharding}"
+        if isinstance(value, ClosedJaxpr | Jaxpr):
+            sub = _Canonical(self.component)
+            sub.depth = self.depth
+            sub.param(value)
+            self.consts.extend(sub.consts)
+            self.rules.extend(sub.rules)
+            return f"jaxpr:{sub.hash.hexdigest()}"
+        if isinstance(value, dict) or (
+            hasattr(value, "items") and callable(value.items) and hasattr(value, "keys")
+        ):
+            items = sorted((str(k), self.value(v)) for k, v in value.items())
+            return "dict{" + ",".join(f"{k}={v}" for k, v in items) + "}"
+        if isinstance(value, list | tuple | frozenset | set):
+            inner = [self.value(v) for v in value]
+            if isinstance(value, frozenset | set):
+                inner.sort()
+            return f"{type(value).__name__}(" + ",".join(inner) + ")"
+        if isinstance(value, types.FunctionType | types.MethodType | functools.partial):
+            return f"callable:{_callable_name(value)}"
+        key = getattr(value, "key", None)
+        if isinstance(key, ComponentKey):  # a component call: by its entry's key
+            return f"component:{key.digest}"
+        if callable(value) and hasattr(value, "f") and hasattr(value, "transforms"):
+            return f"wrapped:{_callable_name(value)}"
+        return f"{type(value).__qualname__}:{strip_addresses(repr(value))}"
+
+
+def program_parts(closed: Any, component: str) -> dict[str, Any]:
+    """The key parts that name the program ``closed`` computes (see the module docstring).
+
+    Raises :class:`ClosureError` when a constant is a traced value of an outer
+    transformation (it has no content to key on)."""
+    canon = _Canonical(component)
+    canon.closed(closed, top=True)
+    return {
+        "program": canon.hash.hexdigest(),
+        "consts": tuple(canon.consts),
+        "rules": tuple(canon.rules),
+    }

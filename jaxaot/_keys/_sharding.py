@@ -1,0 +1,230 @@
+"""Meshes, shardings and devices as key text: values, not arrays.
+
+A :class:`jax.sharding.Mesh` holds an array of devices, but what a program
+computes depends only on what the mesh *is*: its axis names, sizes and types,
+and (for a concrete mesh) which devices, in which order, of which platform and
+kind. The functions here give that as text that is the same in every process
+that has the same devices, for keys, and as hashable tuples for in-process
+tables:
+
+* :func:`mesh_text`: a ``Mesh`` or ``AbstractMesh``;
+* :func:`spec_text`: a ``PartitionSpec`` (unreduced and reduced axes included);
+* :func:`sharding_text`: a ``NamedSharding``, ``SingleDeviceSharding`` or any
+  other ``Sharding`` (by its HLO sharding and devices), memory kind included;
+* :func:`input_sharding_parts`: for each input of a top-level call, whether it
+  is committed and its concrete sharding (or that it is a host value);
+* :func:`context_mesh_parts`: the mesh a program is traced under
+  (``jax.set_mesh``, ``use_abstract_mesh``).
+
+* :func:`region_sharding_parts`: the input shardings a region of a split
+  program (``jaxaot.jit``) is compiled for, and the mesh in context;
+* :func:`sharded_type`: whether a type carries a sharding.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Sharding
+
+__all__ = [
+    "concrete_mesh",
+    "context_mesh_parts",
+    "input_sharding_parts",
+    "input_sharding_sig",
+    "is_sharding_value",
+    "leaf_sharding",
+    "mesh_text",
+    "region_sharding_parts",
+    "sharded_type",
+    "sharding_text",
+    "spec_text",
+    "value_text",
+]
+
+
+def sharded_type(aval: Any) -> bool:
+    """Whether a type carries a sharding (explicit mesh axes: ``f32[8@x]``), or
+    unreduced/reduced axes: what JAX checks types by."""
+    sharding = getattr(aval, "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if spec is None:
+        return False
+    return any(e is not None for e in tuple(spec)) or bool(
+        getattr(spec, "unreduced", None) or getattr(spec, "reduced", None)
+    )
+
+
+def is_sharding_value(value: Any) -> bool:
+    """Whether ``value`` is a mesh, a sharding or a partition spec."""
+    return isinstance(value, Mesh | AbstractMesh | Sharding | PartitionSpec)
+
+
+def _enum(value: Any) -> str:
+    return value.name if isinstance(value, enum.Enum) else str(value)
+
+
+def _axes(mesh: Any) -> str:
+    names = tuple(str(n) for n in mesh.axis_names)
+    sizes = tuple(int(s) for s in mesh.axis_sizes)
+    types = tuple(_enum(t) for t in (getattr(mesh, "axis_types", None) or ()))
+    return ",".join(
+        f"{n}={s}" + (f":{types[i]}" if i < len(types) else "")
+        for i, (n, s) in enumerate(zip(names, sizes, strict=True))
+    )
+
+
+def _device_text(device: Any) -> str:
+    return f"{device.platform}:{device.device_kind}:{device.id}@{device.process_index}"
+
+
+def _devices_text(devices: Sequence[Any]) -> str:
+    if not devices:
+        return ""
+    first = devices[0]
+    ids = ",".join(str(d.id) for d in devices)
+    processes = ",".join(str(d.process_index) for d in devices)
+    return f"{first.platform}:{first.device_kind}[{ids}]procs[{processes}]"
+
+
+def mesh_text(mesh: Any) -> str:
+    """A mesh as text: axes (name=size:type), and for a concrete mesh its devices in
+    mesh order (platform, kind, ids, processes); for an abstract one its platform
+    and device kind."""
+    if mesh is None:
+        return "none"
+    if isinstance(mesh, Mesh):
+        if mesh.empty:
+            return "mesh()"
+        devices = list(np.asarray(mesh.devices).flat)
+        return f"mesh({_axes(mesh)};{_devices_text(devices)})"
+    if isinstance(mesh, AbstractMesh):
+        if mesh.empty:
+            return "abstract_mesh()"
+        device = getattr(mesh, "abstract_device", None)
+        where = (
+            f"{getattr(device, 'platform', None)}:{getattr(device, 'device_kind', None)}"
+            if device is not None
+            else ""
+        )
+        return f"abstract_mesh({_axes(mesh)};{where})"
+    return f"{type(mesh).__qualname__}:{mesh!r}"
+
+
+def _entry_text(entry: Any) -> str:
+    if entry is None:
+        return "_"
+    if isinstance(entry, tuple):
+        return "(" + ",".join(str(e) for e in entry) + ")"
+    return str(entry)
+
+
+def spec_text(spec: Any) -> str:
+    """A partition spec as text, unreduced and reduced axes included."""
+    if spec is None:
+        return "none"
+    inner = ",".join(_entry_text(e) for e in tuple(spec))
+    extra = ""
+    for what in ("unreduced", "reduced"):
+        axes = getattr(spec, what, None)
+        if axes:
+            extra += f";{what}=" + ",".join(sorted(str(a) for a in axes))
+    return f"P({inner}{extra})"
+
+
+def sharding_text(sharding: Any, ndim: int | None = None) -> str:
+    """A sharding as text: mesh, spec and memory kind for a ``NamedSharding``; the
+    device for a ``SingleDeviceSharding``; else the HLO sharding (for ``ndim``
+    dimensions) and the devices."""
+    memory = getattr(sharding, "memory_kind", None)
+    if isinstance(sharding, NamedSharding):
+        return f"named({mesh_text(sharding.mesh)};{spec_text(sharding.spec)};{memory})"
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        (device,) = tuple(sharding.device_set)
+        return f"device({_device_text(device)};{memory})"
+    if isinstance(sharding, Sharding):
+        try:
+            hlo = str(sharding._to_xla_hlo_sharding(ndim or 0))  # noqa: SLF001
+        except Exception:  # a sharding that cannot say
+            hlo = repr(sharding)
+        devices = list(getattr(sharding, "_device_assignment", ()) or ())
+        return f"{type(sharding).__name__}({hlo};{_devices_text(devices)};{memory})"
+    return f"{type(sharding).__qualname__}:{sharding!r}"
+
+
+def value_text(value: Any) -> str | None:
+    """A mesh, sharding or spec as key text, or ``None`` for other values."""
+    if isinstance(value, PartitionSpec):
+        return spec_text(value)
+    if isinstance(value, Mesh | AbstractMesh):
+        return mesh_text(value)
+    if isinstance(value, Sharding):
+        return sharding_text(value)
+    return None
+
+
+def concrete_mesh() -> Any:
+    """The concrete mesh ``jax.set_mesh`` gives, or ``None`` (none set, or under
+    tracing, where only the abstract mesh counts)."""
+    try:
+        mesh = jax.sharding.get_mesh()
+    except ValueError:  # under jax.jit
+        return None
+    return None if mesh.empty else mesh
+
+
+def context_mesh_parts() -> tuple[str, str]:
+    """The mesh in context: the abstract mesh tracing sees and the concrete mesh
+    ``jax.set_mesh`` gives (``none`` where none is set or under tracing)."""
+    return mesh_text(jax.sharding.get_abstract_mesh()), mesh_text(concrete_mesh())
+
+
+def leaf_sharding(leaf: Any) -> Any:
+    """A top-level input's placement: ``None`` where the call places it (host values,
+    uncommitted arrays, ShapeDtypeStructs without a sharding: on the default
+    device, or with the committed inputs), else its sharding."""
+    if isinstance(leaf, jax.Array):
+        try:
+            return leaf.sharding if leaf.committed else None
+        except Exception:  # a deleted array: the call reports it
+            return "unknown"
+    sharding = getattr(leaf, "sharding", None)  # a ShapeDtypeStruct with a sharding
+    return sharding if isinstance(sharding, Sharding) else None
+
+
+def input_sharding_sig(leaves: Sequence[Any]) -> tuple[Any, ...]:
+    """What tells top-level calls apart by placement, for in-process tables: each
+    committed input's sharding (hashable; equal shardings compare equal)."""
+    return tuple(leaf_sharding(x) for x in leaves)
+
+
+def input_sharding_parts(leaves: Sequence[Any]) -> tuple[str, ...]:
+    """Each top-level input's placement as key text: ``placed by the call`` (host
+    values and uncommitted arrays, which go to the default device or where the
+    committed inputs are), or ``committed:`` and its concrete sharding."""
+    parts = []
+    for leaf in leaves:
+        placed = leaf_sharding(leaf)
+        if placed is None:
+            parts.append("placed by the call")
+        elif isinstance(placed, Sharding):
+            parts.append("committed:" + sharding_text(placed, np.ndim(leaf)))
+        else:
+            parts.append(str(placed))
+    return tuple(parts)
+
+
+def region_sharding_parts(
+    shardings: Sequence[Any], ndims: Sequence[int]
+) -> tuple[tuple[str, ...], tuple[str, str]]:
+    """Key text of a region's input shardings (``default`` for ``None``), and of
+    the mesh in context."""
+    texts = tuple(
+        "default" if s is None else sharding_text(s, n)
+        for s, n in zip(shardings, ndims, strict=True)
+    )
+    return texts, context_mesh_parts()

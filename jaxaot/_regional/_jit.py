@@ -1,0 +1,446 @@
+"""``jaxaot.jit``: regional compilation of programs made of components.
+
+``jax.jit`` inlines every component call, so XLA compiles the whole unrolled
+program, and compile time grows faster than the program. ``jaxaot.jit`` traces
+the program the same way, then splits its jaxpr at the component calls
+(``_split``, ``_planner``):
+
+* every component call runs that component's own executable, compiled once
+  per entry (the primal entry and the derived entries that ``grad`` needs),
+  and kept in the cache like any other executable entry;
+* the equations between component calls form *glue* programs; glue programs
+  that are the same (same equations, same types) are compiled once and
+  cached too (``_programs``).
+
+When nothing can be split, or splitting fails, the program runs under plain
+``jax.jit``. Either way the result is the one ``jax.jit`` would give.
+
+In the steady state, the split program competes with its whole-program form
+(one executable, repeated layers as a loop), compiled in the background once
+the program has run; the faster one runs (``_plan``, ``_whole``).
+
+Sharded programs (an input placed on a mesh or on a device other than the
+default one, or a mesh in context: ``jax.set_mesh``) compile each region for
+the shardings its inputs have: the program's inputs' (after ``in_shardings``),
+then the output shardings of the executables before it, in program order
+(``_planner.chained``). Regions with the same entry or glue and the same input
+shardings share one executable, so the layers of a data-parallel or FSDP model
+compile once, whatever the depth. Executables are keyed by those shardings (in
+this process by the sharding objects and the mesh in context; in the cache by
+their text), so one compiled for some shardings is never used for others.
+Compile jobs run in the mesh context of the caller. Sharded programs have no
+whole-program form.
+
+Outputs without ``out_shardings`` have the sharding the executable computing
+them gives them (XLA's propagation within that region). For data-parallel and
+2-D (data x model) steps that is jax.jit's; where jax.jit propagates a
+sharding back from a later use (FSDP gradients returned next to parameters
+updated from them: jax.jit shards them like the parameters, the split returns
+them as the backward executables make them, replicated), pass
+``out_shardings`` and the outputs are moved there.
+
+Multi-process jobs: every process takes the same split-or-fallback decision
+as long as what decides it is the same in all of them: the trace and split
+(the program and its global shardings), and whether each executable compiles
+(the same module and shardings). The one choice made from local measurements,
+whole program or split, is never made for sharded programs. A process whose
+cache or compiler fails where the others' do not would fall back alone; that
+case is not guarded against.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from .._jax import Tracer, cpp_dispatcher, fastpath_miss, trace_context, trace_state_clean
+from .._store import _job
+from ._placement import UNSET, MeshContext, check_shardings, flat_targets, reshard
+from ._plan import WHOLE as WHOLE_MODE
+from ._plan import Plan, PlanFailed
+from ._planner import PlanSpec, build_plan
+from ._pool import submit_background
+from ._programs import WHOLE
+
+__all__ = ["RegionalFunction", "jit"]
+
+logger = logging.getLogger("jaxaot")
+
+_AVAL = operator.attrgetter("aval")
+_SHARDING = operator.attrgetter("sharding")
+_ARRAY_TYPES = {type(jax.numpy.zeros(()))}
+
+
+def _avals(leaves: Sequence[Any], arrays: bool) -> tuple[Any, ...]:
+    """``jax.typeof`` of each leaf; for plain arrays (``arrays``: every leaf is
+    one), without its per-leaf cost."""
+    if arrays and jax.sharding.NamedSharding not in set(map(type, map(_SHARDING, leaves))):
+        return tuple(map(_AVAL, leaves))  # what jax.typeof gives for these
+    return tuple(jax.typeof(x) for x in leaves)
+
+
+class RegionalFunction:
+    """A function compiled region by region; see :func:`jit`."""
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        *,
+        static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] = (),
+        donate_argnums: int | Sequence[int] = (),
+        whole_program: bool = True,
+        in_shardings: Any = UNSET,
+        out_shardings: Any = UNSET,
+    ) -> None:
+        self.__wrapped__ = fun
+        self._static_argnums = (
+            (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+        )
+        self._static_argnames = (
+            (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+        )
+        self._donate_argnums = (
+            (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+        )
+        self._whole_program = bool(whole_program)
+        placement: dict[str, Any] = {}
+        if in_shardings is not UNSET:
+            check_shardings("in_shardings", in_shardings)
+            placement["in_shardings"] = in_shardings
+        if out_shardings is not UNSET:
+            check_shardings("out_shardings", out_shardings)
+            placement["out_shardings"] = out_shardings
+        self._in_shardings = in_shardings
+        self._out_shardings = out_shardings
+        self._in_targets: dict[Any, tuple[Any, ...]] = {}
+        self._jitted = jax.jit(
+            fun,
+            static_argnums=self._static_argnums,
+            static_argnames=self._static_argnames,
+            donate_argnums=self._donate_argnums,
+            **placement,
+        )
+        self._plans: dict[Any, Plan | None] = {}
+        self._spec = PlanSpec(
+            name=getattr(fun, "__name__", "function"),
+            jitted=self._jitted,
+            whole_program=self._whole_program,
+            out_shardings=out_shardings,
+        )
+        # Calls of plain arguments whose plan runs its whole-program form go
+        # through JAX's C++ dispatcher straight to that executable (see
+        # ``_dispatch_miss``); not with static arguments, donation or placements.
+        self._simple = (
+            not self._static_argnums
+            and not self._static_argnames
+            and not self._donate_argnums
+            and in_shardings is UNSET
+            and out_shardings is UNSET
+        )
+        self._dispatch: Callable[..., Any] | None = None
+        # The last call's signature, in parts, and its plan (see ``_lookup``).
+        self._last: tuple[Any, ...] | None = None
+        self._lock = threading.Lock()
+        self.__name__ = getattr(fun, "__name__", "function")
+        self.__doc__ = getattr(fun, "__doc__", None)
+        self._reset_dispatch()
+
+    def __repr__(self) -> str:
+        return f"<jaxaot.jit {self.__name__}>"
+
+    def _dynamic(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], Any, tuple[Any, ...], list[int]]:
+        if not self._static_argnums and not self._static_argnames and not self._donate_argnums:
+            leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+            return leaves, treedef, (), []
+        n = len(args)
+        static_pos = {i % n for i in self._static_argnums if -n <= i < n} if n else set()
+        donate_pos = {i % n for i in self._donate_argnums if -n <= i < n} if n else set()
+        dyn_args: list[Any] = []
+        statics: list[tuple[Any, Any]] = []
+        donated_flags: list[bool] = []
+        for i, a in enumerate(args):
+            if i in static_pos:
+                statics.append((i, a))
+            else:
+                dyn_args.append(a)
+                donated_flags.append(i in donate_pos)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
+        statics += [(k, v) for k, v in sorted(kwargs.items()) if k in self._static_argnames]
+        leaves, treedef = jax.tree_util.tree_flatten((tuple(dyn_args), dyn_kwargs))
+        donated_leaves: list[int] = []
+        offset = 0
+        for a, donated in zip(dyn_args, donated_flags, strict=True):
+            count = len(jax.tree_util.tree_leaves(a))
+            if donated:
+                donated_leaves.extend(range(offset, offset + count))
+            offset += count
+        return leaves, treedef, tuple(statics), donated_leaves
+
+    def _placed(self, leaves: list[Any], treedef: Any) -> list[Any] | None:
+        """The leaves placed as ``in_shardings`` says (as ``jax.jit`` places them:
+        host values and uncommitted arrays are put there); ``None`` where a
+        committed array is elsewhere (``jax.jit`` says what happens then)."""
+        targets = self._in_targets.get(treedef)
+        if targets is None:
+            dyn_args, _ = jax.tree_util.tree_unflatten(treedef, leaves)
+            targets = flat_targets(self._in_shardings, dyn_args, "in_shardings")
+            targets += (None,) * (len(leaves) - len(targets))  # keyword arguments
+            self._in_targets[treedef] = targets
+        placed = list(leaves)
+        for i, (leaf, target) in enumerate(zip(leaves, targets, strict=True)):
+            if target is None:
+                continue
+            if isinstance(leaf, jax.Array) and leaf.committed:
+                if not leaf.sharding.is_equivalent_to(target, leaf.ndim):
+                    return None
+            else:
+                placed[i] = jax.device_put(leaf, target)
+        return placed
+
+    def _reset_dispatch(self) -> None:
+        """A fresh C++ dispatcher: it knows no executable."""
+        self._dispatch = (
+            cpp_dispatcher(self.__name__, self._dispatch_miss) if self._simple else None
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        dispatch = self._dispatch
+        if dispatch is not None and trace_state_clean():
+            # Hot path: a signature seen before whose plan runs the whole program
+            # runs in C++; every other call comes back to ``_dispatch_miss``.
+            return dispatch(*args, **kwargs)
+        return self._call_slow(args, kwargs, *self._dynamic(args, kwargs))
+
+    def _dispatch_miss(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
+        """A call the C++ dispatcher has no fast path for. It gets one (the
+        whole-program executable, taking the call's argument tree) when this
+        call's plan, found as the Python path finds it, runs the whole program:
+        the dispatcher's signature (tree, types with weak types, shardings,
+        committedness, configuration) then stands for this plan's. Otherwise the
+        call runs the Python path, and the next one with its signature comes back
+        here. A plan that leaves the whole program resets the dispatcher."""
+        parts = self._dynamic(args, kwargs)
+        leaves, treedef, statics, donated = parts
+        if trace_state_clean() and set(map(type, leaves)) <= _ARRAY_TYPES and MeshContext().empty:
+            plan = self._lookup(args, kwargs, leaves, treedef, statics, donated, True)
+            if plan is not None and plan.mode is WHOLE_MODE and not plan.donated:
+                exe = plan.structured(treedef, submit_background, WHOLE.payload)
+                if exe is not None:
+                    plan.on_leave_whole = self._reset_dispatch
+                    return fastpath_miss(exe, args, kwargs)  # type: ignore[no-any-return]
+        # No fast path for this signature yet: the dispatcher forgets it (True),
+        # so that a later call can give it one.
+        return self._call_slow(args, kwargs, *parts), None, True
+
+    def _call_slow(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        treedef: Any,
+        statics: tuple[Any, ...],
+        donated: list[int],
+    ) -> Any:
+        arrays = set(map(type, leaves)) <= _ARRAY_TYPES  # so no tracer among them
+        if not trace_state_clean() or (not arrays and any(isinstance(x, Tracer) for x in leaves)):
+            return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
+        if self._in_shardings is not UNSET:
+            try:
+                placed = self._placed(leaves, treedef)
+            except (TypeError, ValueError):  # jax.jit says what is wrong with them
+                placed = None
+            if placed is None:
+                return self._jitted(*args, **kwargs)
+            leaves = placed
+            arrays = set(map(type, leaves)) <= _ARRAY_TYPES
+        plan = self._lookup(args, kwargs, leaves, treedef, statics, donated, arrays)
+        if plan is None:
+            return self._jitted(*args, **kwargs)
+        try:
+            out = plan(leaves)  # type: ignore[operator]
+        except PlanFailed as e:  # nothing donated yet: jax.jit gives the result
+            self._give_up(self._signature(leaves, treedef, statics, arrays), e)
+            return self._jitted(*args, **kwargs)
+        if plan.out_shardings is not None:  # type: ignore[union-attr]
+            out = reshard(out, plan.out_shardings)  # type: ignore[union-attr]
+        return jax.tree_util.tree_unflatten(plan.out_tree, out)  # type: ignore[union-attr]
+
+    def _lookup(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        treedef: Any,
+        statics: tuple[Any, ...],
+        donated: list[int],
+        arrays: bool,
+    ) -> Plan | None:
+        """The plan for these leaves (made on the first call of its signature).
+
+        A step loop calls with the same signature every time: for plain arrays,
+        the last call's signature is compared part by part (each part's elements
+        are mostly the very objects of the last call, which compare at once),
+        before the full signature is built and hashed."""
+        if arrays:
+            shardings: tuple[Any, ...] = tuple(map(_SHARDING, leaves))
+            types = tuple(map(_AVAL, leaves))
+            mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
+            context = trace_context()
+            last = self._last
+            if (
+                last is not None
+                and last[0] == treedef
+                and last[1] == types
+                and last[2] == shardings
+                and last[3] == mesh
+                and last[4] == statics
+                and last[5] == context
+            ):
+                return last[6]  # type: ignore[no-any-return]
+        sig = self._signature(leaves, treedef, statics, arrays)
+        plan = self._plans.get(sig, False)
+        if plan is False:
+            with self._lock:
+                plan = self._plans.get(sig, False)
+                if plan is False:
+                    plan = self._plan(args, kwargs, donated, leaves)
+                    plan = self._agreed(plan)
+                    self._plans[sig] = plan
+        if arrays:
+            self._last = (treedef, types, shardings, mesh, statics, context, plan)
+        return plan  # type: ignore[return-value]
+
+    @staticmethod
+    def _signature(leaves: Sequence[Any], treedef: Any, statics: Any, arrays: bool) -> Any:
+        """What tells plans apart: the types, shardings, the mesh in context and
+        the configuration ``jax.jit`` traces again for (x64, matmul precision,
+        dtype promotion, ...); for plain arrays, a function of each leaf's
+        ``aval`` and ``sharding``."""
+        if arrays:
+            shardings: tuple[Any, ...] = tuple(map(_SHARDING, leaves))
+        else:
+            shardings = tuple(getattr(x, "sharding", None) for x in leaves)
+        mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
+        return (treedef, _avals(leaves, arrays), statics, shardings, mesh, trace_context())
+
+    def _agreed(self, plan: Plan | None) -> Plan | None:
+        """In a multi-process job, the plan if every process could split the program
+        and make every executable, else ``None`` in every process (so that all run
+        ``jax.jit`` and their collectives match). The first call then waits for
+        all executables before it runs. Elsewhere, ``plan``."""
+        if jax.process_count() <= 1:
+            return plan
+        ok = plan is not None
+        if plan is not None:
+            try:
+                plan.wait()
+            except PlanFailed as e:
+                logger.debug("jaxaot.jit %s: not split here (%s)", self.__name__, e)
+                ok = False
+        decision = f"jit:{self.__name__}:{_job.next_decision()}"
+        if not _job.agree(decision, ok):
+            logger.debug("jaxaot.jit %s: not split in every process; using jax.jit", self.__name__)
+            return None
+        return plan
+
+    def _give_up(self, sig: Any, error: Exception) -> None:
+        logger.debug("jaxaot.jit %s: not split (%s); using jax.jit", self.__name__, error)
+        with self._lock:
+            self._plans[sig] = None
+            self._last = None
+            self._reset_dispatch()
+
+    def precompile(self, *args: Any, **kwargs: Any) -> None:
+        """Traces, splits and loads or compiles every executable for this signature,
+        without running anything; returns when all are ready."""
+        leaves, treedef, statics, donated = self._dynamic(args, kwargs)
+        if self._in_shardings is not UNSET:
+            placed = self._placed(leaves, treedef)
+            if placed is None:
+                return
+            leaves = placed
+        sig = self._signature(leaves, treedef, statics, set(map(type, leaves)) <= _ARRAY_TYPES)
+        with self._lock:
+            if sig not in self._plans:
+                self._plans[sig] = self._agreed(self._plan(args, kwargs, donated, leaves))
+            plan = self._plans[sig]
+        if plan is not None:
+            try:
+                plan.wait()
+            except PlanFailed as e:
+                self._give_up(sig, e)
+
+    def _plan(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int], leaves: list[Any]
+    ) -> Plan | None:
+        try:
+            return build_plan(self._spec, args, kwargs, donated, leaves)
+        except Exception as e:  # never a wrong result: fall back to jax.jit
+            logger.debug(
+                "jaxaot.jit %s: not split (%s: %s); using jax.jit",
+                self.__name__,
+                type(e).__name__,
+                e,
+            )
+            return None
+
+
+def jit(
+    fun: Callable[..., Any] | None = None,
+    *,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    donate_argnums: int | Sequence[int] = (),
+    whole_program: bool = True,
+    in_shardings: Any = UNSET,
+    out_shardings: Any = UNSET,
+) -> Any:
+    """Like ``jax.jit``, for programs that call components: each component is
+    compiled once per signature (and per derived transformation) instead of
+    once per call site, and the glue between component calls is compiled once
+    per distinct glue program. Executables live in the cache, so a warm
+    process neither traces component bodies nor compiles them.
+
+    With ``whole_program`` (the default), once the split program has run, a
+    whole-program form of it (one executable, in which repeated layers are a
+    loop over one compiled layer) is compiled in the background, kept in the
+    cache, and used from then on if it runs faster: small steps then cost what
+    one executable costs, not one executable per layer.
+
+    ``in_shardings`` and ``out_shardings`` are those of ``jax.jit`` (shardings,
+    or partition specs under ``jax.set_mesh``, in a pytree prefix of the
+    positional arguments or of the results; ``None``: unconstrained). Inputs
+    are placed as ``jax.jit`` places them (a committed array elsewhere goes to
+    ``jax.jit``, which says what is wrong); results are moved where
+    ``out_shardings`` says. Sharded programs are split too; see the module
+    docstring for the shardings each region is compiled for and for what an
+    output's sharding is without ``out_shardings``.
+
+    Example::
+
+        @jaxaot.jit
+        def train_step(params, opt_state, batch):
+            loss, grads = jax.value_and_grad(loss_fn)(params, batch)  # loss_fn calls components
+            ...
+    """
+
+    def wrap(f: Callable[..., Any]) -> RegionalFunction:
+        return RegionalFunction(
+            f,
+            static_argnums=static_argnums,
+            static_argnames=static_argnames,
+            donate_argnums=donate_argnums,
+            whole_program=whole_program,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
+        )
+
+    return wrap if fun is None else wrap(fun)

@@ -1,0 +1,187 @@
+"""Where a split program's values are, and the shardings its regions are compiled for.
+
+A sharded split program (an input placed on a mesh or on a device other than
+the default one, or a mesh in context) compiles each region for the shardings
+its inputs have: the program's inputs' (after ``in_shardings``), then the
+output shardings of the executables before it, in program order
+(``_planner``).
+
+* :func:`region_sharding` / :func:`region_placement`: the sharding a region's
+  input is compiled for, ``None`` for what needs none (host values,
+  uncommitted arrays, arrays on the default device);
+* :class:`MeshContext`: the mesh in context, carried into other threads;
+* ``in_shardings``/``out_shardings`` as ``jax.jit`` takes them
+  (:func:`check_shardings`, :func:`flat_targets`, :func:`reshard`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, Sharding
+
+from .._keys._sharding import leaf_sharding
+
+#: ``in_shardings``/``out_shardings`` not given (``None`` means "unconstrained").
+UNSET: Any = object()
+
+__all__ = [
+    "UNSET",
+    "MeshContext",
+    "as_sharding",
+    "is_target",
+    "output_shardings",
+    "check_shardings",
+    "flat_targets",
+    "in_flight_limit",
+    "region_placement",
+    "region_sharding",
+    "reshard",
+]
+
+
+def _default_device() -> Any:
+    if jax.config.read("jax_default_device") is not None:
+        return None  # placed by configuration: every sharding counts as given
+    return jax.local_devices()[0]
+
+
+def _default_memory(device: Any) -> str | None:
+    try:
+        return str(device.default_memory().kind)
+    except Exception:  # a backend without memory kinds
+        return None
+
+
+def region_sharding(sharding: Any) -> Any:
+    """The sharding a region's input is compiled for: ``None`` (compiled as
+    ``jax.jit`` compiles an unplaced input) for a single-device sharding on the
+    default device in its default memory, else ``sharding`` itself."""
+    if sharding is None:
+        return None
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        (device,) = tuple(sharding.device_set)
+        if device == _default_device() and sharding.memory_kind in (None, _default_memory(device)):
+            return None
+    return sharding
+
+
+def region_placement(value: Any) -> Any:
+    """What :func:`region_sharding` gives for a value: ``None`` for host values
+    (NumPy arrays, Python scalars) and uncommitted arrays (placed by the call that
+    takes them), else its sharding's."""
+    placed = leaf_sharding(value) if isinstance(value, jax.Array) else None
+    return region_sharding(placed) if isinstance(placed, Sharding) else None
+
+
+class MeshContext:
+    """The mesh in context (``jax.set_mesh``, ``use_abstract_mesh``) where it is
+    made, to enter in another thread: JAX keeps it per thread."""
+
+    __slots__ = ("abstract", "concrete")
+
+    def __init__(self) -> None:
+        self.abstract = jax.sharding.get_abstract_mesh()
+        try:
+            self.concrete = jax.sharding.get_mesh()
+        except ValueError:  # inside a trace, which sees the abstract mesh only
+            self.concrete = Mesh(np.empty((), dtype=object), ())
+
+    @property
+    def empty(self) -> bool:
+        return bool(self.abstract.empty) and bool(self.concrete.empty)
+
+    def key(self) -> tuple[Any, Any]:
+        """Hashable, for in-process tables."""
+        return (self.abstract, self.concrete)
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """Makes this the mesh in context of the calling thread, for the block."""
+        with contextlib.ExitStack() as stack:
+            if not self.concrete.empty:
+                stack.enter_context(jax.set_mesh(self.concrete))
+            if not self.abstract.empty and self.abstract != jax.sharding.get_abstract_mesh():
+                stack.enter_context(jax.sharding.use_abstract_mesh(self.abstract))
+            yield
+
+
+def check_shardings(what: str, value: Any) -> None:
+    """``in_shardings``/``out_shardings``: shardings, partition specs or ``None``
+    (unconstrained) in a pytree prefix of the arguments or results."""
+    leaves = jax.tree_util.tree_leaves(value, is_leaf=is_target)
+    for leaf in leaves:
+        if not is_target(leaf):
+            raise TypeError(
+                f"jaxaot.jit: {what} must hold jax.sharding.Sharding, PartitionSpec or "
+                f"None leaves, got {type(leaf).__name__}: {leaf!r}"
+            )
+
+
+def is_target(x: Any) -> bool:
+    """A sharding, a partition spec or ``None`` (unconstrained)."""
+    return x is None or isinstance(x, jax.sharding.Sharding | jax.sharding.PartitionSpec)
+
+
+def as_sharding(x: Any, what: str) -> Any:
+    """``x`` as a sharding: a partition spec over the mesh in context."""
+    if isinstance(x, jax.sharding.PartitionSpec):
+        mesh = jax.sharding.get_mesh()
+        if mesh.empty:
+            raise ValueError(f"jaxaot.jit: a PartitionSpec in {what} needs a mesh (jax.set_mesh)")
+        return jax.sharding.NamedSharding(mesh, x)
+    return x
+
+
+def flat_targets(prefix: Any, tree: Any, what: str) -> tuple[Any, ...]:
+    """For each leaf of ``tree`` (positional arguments, or results), the sharding a
+    pytree prefix of it gives (``None``: unconstrained). A single sharding (or
+    spec, or ``None``) counts for every leaf, as in ``jax.jit``."""
+    if is_target(prefix):
+        return (as_sharding(prefix, what),) * len(jax.tree_util.tree_leaves(tree))
+    if isinstance(tree, tuple) and isinstance(prefix, list):
+        prefix = tuple(prefix)
+    leaves, prefix_def = jax.tree_util.tree_flatten(prefix, is_leaf=is_target)
+    out: list[Any] = []
+    subtrees = prefix_def.flatten_up_to(tree)  # type: ignore[attr-defined]
+    for leaf, subtree in zip(leaves, subtrees, strict=True):
+        out += [as_sharding(leaf, what)] * len(jax.tree_util.tree_leaves(subtree))
+    return tuple(out)
+
+
+def reshard(out: list[Any], targets: Sequence[Any]) -> list[Any]:
+    """``out`` with each array moved to its target sharding where it is elsewhere."""
+    return [
+        x
+        if t is None or not isinstance(x, jax.Array) or x.sharding.is_equivalent_to(t, x.ndim)
+        else jax.device_put(x, t)
+        for x, t in zip(out, targets, strict=True)
+    ]
+
+
+def output_shardings(exe: Any) -> list[Any]:
+    """The sharding of each output of a compiled executable."""
+    return list(jax.tree_util.tree_leaves(exe.output_shardings))
+
+
+def in_flight_limit() -> int | None:
+    """How many multi-device executables a sharded split program may have queued
+    before it waits for the oldest: XLA:CPU runs every simulated device's part of
+    each queued collective on one shared thread pool, and with many executables in
+    flight a collective can miss its rendezvous (XLA then ends the process). Other
+    backends queue without limit. ``JAXAOT_IN_FLIGHT`` overrides (0: no limit)."""
+    text = os.environ.get("JAXAOT_IN_FLIGHT", "").strip()
+    if text:
+        try:
+            limit = int(text)
+        except ValueError:
+            raise ValueError(f"JAXAOT_IN_FLIGHT must be an integer, got {text!r}") from None
+        return limit or None
+    if jax.default_backend() == "cpu" and jax.local_device_count() > 1:
+        return 8
+    return None

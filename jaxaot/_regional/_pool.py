@@ -1,0 +1,61 @@
+"""The threads that load and compile a split program's executables, and the
+background jobs (whole-program forms) that outlive a call."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import functools
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ._placement import MeshContext
+
+__all__ = ["submit_background", "submit_jobs", "wait_for_background"]
+
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+_BACKGROUND: list[concurrent.futures.Future[Any]] = []
+
+
+def submit_jobs(
+    jobs: dict[Any, Callable[[], Any]],
+) -> dict[Any, concurrent.futures.Future[Any]]:
+    """Starts the jobs (loading or compiling executables), in order, on a pool of
+    threads: XLA compiles without holding the GIL, so a block's forward and
+    backward executables compile at the same time, and while earlier steps run.
+    Each job sees the caller's context (the cache set by ``using_cache``) and
+    mesh (``jax.set_mesh``: JAX keeps it per thread)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            workers = max(2, os.cpu_count() or 1)
+            _POOL = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="jaxaot-jit")
+        pool = _POOL
+    mesh = MeshContext()
+    if not mesh.empty:
+        jobs = {k: functools.partial(_with_mesh, mesh, job) for k, job in jobs.items()}
+    return {k: pool.submit(contextvars.copy_context().run, job) for k, job in jobs.items()}
+
+
+def _with_mesh(mesh: MeshContext, job: Callable[[], Any]) -> Any:
+    with mesh.entered():
+        return job()
+
+
+def submit_background(job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+    """Runs ``job`` on the pool's threads; :func:`wait_for_background` waits for it."""
+    future = submit_jobs({"background": job})["background"]
+    with _POOL_LOCK:
+        _BACKGROUND[:] = [f for f in _BACKGROUND if not f.done()] + [future]
+    return future
+
+
+def wait_for_background() -> None:
+    """Blocks until every whole-program executable being made in the background
+    is made (or failed)."""
+    with _POOL_LOCK:
+        pending = list(_BACKGROUND)
+    concurrent.futures.wait(pending)

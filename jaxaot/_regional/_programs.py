@@ -1,0 +1,230 @@
+"""The executables of a split program's regions: each component entry's, each
+glue program's and the whole-program form's, keyed by their content and the
+shardings they are compiled for; from this process, else the cache, else
+compiled (and stored)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from .. import _stats
+from .._component import Call
+from .._component._parts import base_parts, types_text
+from .._component._rules import bind
+from .._component._types import sds
+from .._jax import default_platform, has_host_callbacks, jaxpr_as_fun
+from .._keys._key import ComponentKey
+from .._keys._sharding import region_sharding_parts
+from .._store._active import get_cache
+from .._store._entry import Entry
+from .._store._executables import (
+    cost_dict,
+    executable_parts,
+    load_executable,
+    store_executable,
+)
+from .._store._readwrite import read
+from ._placement import MeshContext
+
+__all__ = ["GLUE", "WHOLE", "ProgramCache", "program_key", "region_executable"]
+
+
+def program_key(
+    kind: str,
+    digest: str,
+    avals: Sequence[Any],
+    donate: tuple[int, ...],
+    shardings: tuple[Any, ...] | None = None,
+) -> ComponentKey:
+    """The key of a program (``kind``: glue, whole program) whose content ``digest``
+    names, compiled for ``avals`` with ``donate``d inputs and (where given) for
+    input ``shardings`` under the mesh in context."""
+    parts = base_parts(default_platform())
+    executable = executable_parts(donate)
+    if shardings is not None:  # compiled for these input shardings, under this mesh
+        texts, mesh = region_sharding_parts(shardings, [len(a.shape) for a in avals])
+        executable = (*executable, ("input_shardings", texts), ("context_mesh", mesh))
+    parts.update(
+        component=f"{kind}:{digest}",
+        in_tree="",
+        static=(),
+        args=types_text(avals),
+        transform=((kind, donate),),
+        executable=executable,
+    )
+    return ComponentKey(parts)
+
+
+class ProgramCache:
+    """Compiled programs of this process (glue programs, whole programs), by
+    content; shared by all jaxaot.jit functions and kept in the cache."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._locks = _stats.KeyedLocks()
+        self._exes: dict[tuple[Any, ...], Any] = {}
+        # Executables loaded from a cache, by id: the cache and key they came from.
+        self._loaded: dict[int, tuple[Any, ComponentKey]] = {}
+        self.counters = _stats.Counters(parent=_stats.PROCESS)
+
+    def payload(self, exe: Any) -> bytes | None:
+        """The serialized executable ``exe`` was loaded from (read from its cache
+        again), or ``None`` if it was compiled here. A loaded executable cannot be
+        serialized again on XLA:CPU (its kernels are not kept)."""
+        source = self._loaded.get(id(exe))
+        if source is None:
+            return None
+        entry = read(*source)
+        return None if entry is None else entry.executable
+
+    def get(
+        self,
+        closed: Any,
+        donate: tuple[int, ...],
+        shardings: tuple[Any, ...] | None = None,
+        text: str | None = None,
+    ) -> Any:
+        """The executable of a glue program (a closed jaxpr, whose text is ``text``)
+        for inputs with ``shardings`` (see ``program``)."""
+        return self.program(
+            hashlib.sha256((str(closed) if text is None else text).encode()).hexdigest(),
+            tuple(closed.in_avals),
+            tuple(closed.out_avals),
+            donate,
+            jaxpr_as_fun(closed),
+            lambda: has_host_callbacks(closed),
+            shardings,
+        )
+
+    def program(
+        self,
+        digest: str,
+        avals: tuple[Any, ...],
+        out_avals: tuple[Any, ...],
+        donate: tuple[int, ...],
+        fn: Callable[..., Any],
+        callbacks: Callable[[], bool],
+        shardings: tuple[Any, ...] | None = None,
+    ) -> Any:
+        """The executable of ``fn`` (flat arrays to a flat list) at ``avals``, whose
+        content ``digest`` names: from this process, else the cache, else compiled
+        (and stored unless it calls back into Python). ``shardings``: the sharding
+        each input is compiled for (``None``: none needed); all ``None`` outside a
+        mesh, or no ``shardings``, is the unsharded executable."""
+        memo_key: tuple[Any, ...] = (digest, avals, donate)
+        if shardings is not None:
+            context = MeshContext()
+            if context.empty and all(s is None for s in shardings):
+                shardings = None
+            else:
+                memo_key = (*memo_key, shardings, context.key())
+        exe = self._exes.get(memo_key)
+        if exe is not None:
+            self.counters.add("hits")
+            return exe
+        with self._locks(memo_key):
+            exe = self._exes.get(memo_key)
+            if exe is not None:
+                self.counters.add("hits")
+                return exe
+            key = program_key(self.kind, digest, avals, donate, shardings)
+            cache = get_cache()
+            loaded = load_executable(cache, key) if cache is not None else None
+            if loaded is not None:
+                exe = loaded[0]
+                self._loaded[id(exe)] = (cache, key)
+                self.counters.add("hits")
+            else:
+                self.counters.add("misses")
+                sds = [
+                    jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
+                    for a, s in zip(avals, shardings or (None,) * len(avals), strict=True)
+                ]
+                exe = (
+                    jax.jit(fn, keep_unused=True, donate_argnums=donate)
+                    .trace(*sds)
+                    .lower()
+                    .compile()
+                )
+                self.counters.add("compiles")
+                if cache is not None and not callbacks():
+                    record = Entry(
+                        key=key,
+                        name=self.kind,
+                        in_avals=avals,
+                        out_avals=out_avals,
+                        out_tree=jax.tree_util.tree_structure([0] * len(out_avals)),
+                        arg_names=("",) * len(avals),
+                        result_paths=tuple(f"result[{i}]" for i in range(len(out_avals))),
+                    )
+                    store_executable(cache, key, record, exe, None)
+            self._exes[memo_key] = exe
+            return exe
+
+
+GLUE = ProgramCache("glue")
+# Whole-program forms of split programs (see ``_whole``).
+WHOLE = ProgramCache("whole program")
+
+
+def region_executable(call: Call, shardings: tuple[Any, ...] | None = None) -> Any:
+    """An executable running one entry (``call``'s) on flat arrays, compiled for the
+    input ``shardings`` (``None`` for each input that needs none; all ``None``, or
+    no ``shardings``, outside a mesh: the unsharded executable): from this
+    process, else loaded from the cache, else compiled and stored. One per entry
+    and shardings, in this process and in the cache: one compiled for some
+    shardings is never loaded for others. Counted in the component's counters."""
+    store = call.component.store
+    key, entry = call.key, call.entry
+    memo: Any = key
+    sharded = False
+    if shardings is not None:
+        context = MeshContext()
+        if not context.empty or any(s is not None for s in shardings):
+            memo, sharded = (key, shardings, context.key()), True
+    exe = store.region_executables.get(memo)
+    if exe is not None:
+        return exe
+    # One lock per entry, so that jaxaot.jit compiles different entries of one
+    # component (its forward and its backward) at the same time.
+    with store.region_locks(memo):
+        exe = store.region_executables.get(memo)
+        if exe is not None:
+            return exe
+        # Not the top-level executable of the same entry: that one takes the
+        # call's pytrees, this one flat arrays.
+        parts = (*executable_parts(()), ("calling_convention", "flat"))
+        if sharded:
+            assert shardings is not None
+            texts, mesh = region_sharding_parts(shardings, [len(a.shape) for a in entry.in_avals])
+            parts = (*parts, ("input_shardings", texts), ("context_mesh", mesh))
+        exe_key = key.replace(executable=parts)
+        cache = get_cache()
+        loaded = load_executable(cache, exe_key) if cache is not None else None
+        if loaded is not None:
+            exe = loaded[0]
+            store.counters.add("hits")
+        else:
+            store.counters.add("misses")
+            exe = _compile_entry(call, shardings)
+            store.counters.add("compiles")
+            if cache is not None and not entry.host_callbacks:
+                store_executable(cache, exe_key, entry, exe, cost_dict(exe))
+        store.region_executables[memo] = exe
+        return exe
+
+
+def _compile_entry(call: Call, shardings: tuple[Any, ...] | None) -> Any:
+    avals = [sds(a) for a in call.entry.in_avals]
+    if shardings is not None:
+        avals = [
+            s
+            if sharding is None
+            else jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=sharding)
+            for s, sharding in zip(avals, shardings, strict=True)
+        ]
+    return jax.jit(lambda *a: bind(call, a), keep_unused=True).trace(*avals).lower().compile()

@@ -1,0 +1,317 @@
+"""The whole-program form of a split program, with repeated layers as a loop.
+
+A split program runs one executable per component call. When the calls are
+small, the cost of entering and leaving each executable (its inputs and,
+above all, its outputs) dominates the step. The whole-program form is one
+executable for the entire program, in which every run of consecutive calls of
+the same entry that hand a value from one to the next (the layers of a
+network, forward or backward) is a ``lax.scan`` over that entry: XLA compiles
+one layer, not an unrolled copy per layer, so its compile time does not grow
+with depth, and a step costs what a scan over stacked layers costs.
+
+``jaxaot.jit`` compiles it in the background once the split program has run,
+and keeps whichever of the two measures faster (see ``_plan``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._component._rules import component_p
+from .._jax import DropVar, Literal, bind_equation
+
+# Part of the whole program's cache key: bump when the rewrite below changes.
+WHOLE_VERSION = 3
+
+
+@dataclass
+class _Run:
+    """Consecutive calls of one entry; output ``r`` of each call is input ``q`` of
+    the next, for every ``(q, r)`` in ``carry``."""
+
+    eqns: list[Any]
+    carry: tuple[tuple[int, int], ...]
+
+
+def _carry(prev: Any, eqn: Any) -> tuple[tuple[int, int], ...] | None:
+    produced = {v: r for r, v in enumerate(prev.outvars) if not isinstance(v, DropVar)}
+    pairs = tuple(
+        (q, produced[v])
+        for q, v in enumerate(eqn.invars)
+        if not isinstance(v, Literal) and v in produced
+    )
+    return pairs or None
+
+
+def runs(eqns: Sequence[Any], min_length: int = 2) -> list[Any]:
+    """``eqns`` with each run of at least ``min_length`` chained calls of one entry
+    replaced by a ``_Run``."""
+    items: list[Any] = []
+    i = 0
+    while i < len(eqns):
+        first = eqns[i]
+        j = i + 1
+        carry: tuple[tuple[int, int], ...] | None = None
+        if first.primitive is component_p:
+            earlier: set[Any] = set()  # outputs of members before the previous one
+            while j < len(eqns):
+                eqn = eqns[j]
+                if eqn.primitive is not component_p or eqn.params["call"] != first.params["call"]:
+                    break
+                pairs = _carry(eqns[j - 1], eqn)
+                if pairs is None or (carry is not None and pairs != carry):
+                    break
+                if any(not isinstance(v, Literal) and v in earlier for v in eqn.invars):
+                    break
+                carry = pairs
+                earlier.update(eqns[j - 1].outvars)
+                j += 1
+        if carry is not None and j - i >= min_length:
+            items.append(_Run(list(eqns[i:j]), carry))
+            i = j
+        else:
+            items.append(first)
+            i += 1
+    return items
+
+
+def _used_outside(items: Sequence[Any], outvars: Sequence[Any]) -> set[Any]:
+    """Variables read by something other than the next member of their own run."""
+    used = {v for v in outvars if not isinstance(v, Literal)}
+    for item in items:
+        if isinstance(item, _Run):
+            carried_in = {q for q, _ in item.carry}
+            for k, eqn in enumerate(item.eqns):
+                for q, v in enumerate(eqn.invars):
+                    if not isinstance(v, Literal) and (k == 0 or q not in carried_in):
+                        used.add(v)
+        else:
+            used.update(v for v in item.invars if not isinstance(v, Literal))
+    return used
+
+
+def _same(vs: Sequence[Any]) -> bool:
+    first = vs[0]
+    if isinstance(first, Literal):
+        return all(isinstance(v, Literal) and v.val is first.val for v in vs)
+    return all(v is first for v in vs)
+
+
+@dataclass(frozen=True)
+class _From:
+    """A stacked column read from an earlier stack: ``stack[start:start + n]``,
+    reversed along the layer axis if ``flip``."""
+
+    stack: int
+    start: int
+    flip: bool
+
+
+@dataclass
+class _Loop:
+    """How one run becomes a ``lax.scan``, worked out before tracing.
+
+    ``reverse``: the scan runs from its last index to its first, so that member
+    ``k`` of the run is index ``n - 1 - k`` (a backward pass, whose layers come
+    in the reverse order of the forward pass that made its residuals, reads
+    them in place). Each stacked input column is read from an earlier stack
+    (``_From``) or stacked afresh from single values (then it is stack
+    ``fresh[q]``); output ``r`` of every member is stack ``ys[r]``, in index
+    order."""
+
+    reverse: bool
+    invariant: tuple[int, ...]
+    columns: dict[int, _From | None]
+    fresh: dict[int, int]
+    ys: dict[int, int]
+
+
+class _Stacks:
+    """Where each variable lies in a stack (layer-axis position), as the runs are laid out."""
+
+    def __init__(self) -> None:
+        self.at: dict[Any, tuple[int, int]] = {}
+        self.count = 0
+
+    def add(self, column: Sequence[Any]) -> int:
+        sid = self.count
+        self.count += 1
+        for pos, v in enumerate(column):
+            if not isinstance(v, Literal | DropVar):
+                self.at[v] = (sid, pos)
+        return sid
+
+    def in_place(self, column: Sequence[Any]) -> bool:
+        """Whether ``column`` is a slice of one stack, in its order."""
+        found = self.find(column)
+        return found is not None and not found.flip
+
+    def find(self, column: Sequence[Any]) -> _From | None:
+        """``column`` as a slice of one stack, in order or reversed; ``None`` if it is not."""
+        if any(isinstance(v, Literal) or v not in self.at for v in column):
+            return None
+        places = [self.at[v] for v in column]
+        sid, first = places[0]
+        if any(s != sid for s, _ in places):
+            return None
+        positions = [p for _, p in places]
+        n = len(column)
+        if positions == list(range(first, first + n)):
+            return _From(sid, first, False)
+        if positions == list(range(first, first - n, -1)):
+            return _From(sid, first - n + 1, True)
+        return None
+
+
+def _layout(items: Sequence[Any], outvars: Sequence[Any]) -> tuple[dict[int, _Loop], set[Any]]:
+    """Each run's loop (by item index), and the variables some equation or the
+    program's outputs (``outvars``) read one by one (the others live only in stacks)."""
+    used = _used_outside(items, outvars)
+    stacks = _Stacks()
+    single: set[Any] = {v for v in outvars if not isinstance(v, Literal)}
+    loops: dict[int, _Loop] = {}
+    for i, item in enumerate(items):
+        if not isinstance(item, _Run):
+            single.update(v for v in item.invars if not isinstance(v, Literal))
+            continue
+        first = item.eqns[0]
+        carried = dict(item.carry)
+        single.update(first.invars[q] for q in carried if not isinstance(first.invars[q], Literal))
+        invariant, stacked = [], []
+        for q in range(len(first.invars)):
+            if q in carried:
+                continue
+            column = [eqn.invars[q] for eqn in item.eqns]
+            if _same(column):
+                invariant.append(q)
+                if not isinstance(column[0], Literal):
+                    single.add(column[0])
+            else:
+                stacked.append((q, column))
+        # Scanned forwards, how many columns lie in place in an earlier stack; and backwards.
+        forward = sum(stacks.in_place(c) for _, c in stacked)
+        backward = sum(stacks.in_place(c[::-1]) for _, c in stacked)
+        reverse = backward > forward
+        columns: dict[int, _From | None] = {}
+        fresh: dict[int, int] = {}
+        for q, column in stacked:
+            in_order = column[::-1] if reverse else column
+            columns[q] = stacks.find(in_order)
+            if columns[q] is None:
+                fresh[q] = stacks.add(in_order)
+                single.update(v for v in in_order if not isinstance(v, Literal))
+        order = item.eqns[::-1] if reverse else item.eqns
+        carried_out = set(carried.values())
+        ys: dict[int, int] = {}
+        for r in range(len(first.outvars)):
+            members = item.eqns[:-1] if r in carried_out else item.eqns
+            if any(e.outvars[r] in used for e in members):  # the last one's carry is the result
+                ys[r] = stacks.add([e.outvars[r] for e in order])
+        loops[i] = _Loop(reverse, tuple(invariant), columns, fresh, ys)
+    return loops, single
+
+
+def _scan(
+    run: _Run,
+    loop: _Loop,
+    read: Callable[[Any], Any],
+    write: Callable[[Any, Any], None],
+    stacks: dict[int, Any],
+    single: set[Any],
+) -> None:
+    first = run.eqns[0]
+    n, n_in = len(run.eqns), len(first.invars)
+    carried = dict(run.carry)  # input position -> output position
+    invariant = {q: read(first.invars[q]) for q in loop.invariant}
+    stacked = sorted(loop.columns)
+    xs: list[Any] = []
+    for q in stacked:
+        source = loop.columns[q]
+        if source is None:
+            order = run.eqns[::-1] if loop.reverse else run.eqns
+            x = jnp.stack([read(eqn.invars[q]) for eqn in order])
+            stacks[loop.fresh[q]] = x
+        else:
+            x = stacks[source.stack]
+            if source.start != 0 or x.shape[0] != n:
+                x = x[source.start : source.start + n]
+            if source.flip:
+                x = jnp.flip(x, 0)
+        xs.append(x)
+    ys_at = sorted(loop.ys)
+    carry_q = sorted(carried)
+
+    def body(carry: tuple[Any, ...], x: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        ins = [invariant.get(q) for q in range(n_in)]
+        for q, c in zip(carry_q, carry, strict=True):
+            ins[q] = c
+        for q, v in zip(stacked, x, strict=True):
+            ins[q] = v
+        outs = bind_equation(first, ins)
+        return tuple(outs[carried[q]] for q in carry_q), tuple(outs[r] for r in ys_at)
+
+    init = tuple(read(first.invars[q]) for q in carry_q)
+    final, ys = jax.lax.scan(body, init, tuple(xs), length=n, reverse=loop.reverse)
+    for r, y in zip(ys_at, ys, strict=True):
+        stacks[loop.ys[r]] = y
+        for k, eqn in enumerate(run.eqns):
+            v = eqn.outvars[r]
+            if not isinstance(v, DropVar) and v in single:
+                write(v, y[n - 1 - k] if loop.reverse else y[k])
+    last = run.eqns[-1]
+    for q, c in zip(carry_q, final, strict=True):
+        if not isinstance(last.outvars[carried[q]], DropVar):
+            write(last.outvars[carried[q]], c)
+
+
+def program(jaxpr: Any) -> tuple[Callable[..., list[Any]], int]:
+    """A function of (inputs..., consts...) computing ``jaxpr`` with its runs as
+    scans, and how many component calls it binds once traced.
+
+    A value one run makes for every layer and a later run reads for every layer
+    (the residuals a forward loop leaves for the backward loop, or the
+    parameters both read) stays one stacked array between them: it is never cut
+    into layers and stacked again. (A residual that is a layer's own input, its
+    weights, is that input in the jaxpr: forward entries do not return it.)"""
+    items, outvars = runs(jaxpr.eqns), list(jaxpr.outvars)
+    loops, single = _layout(items, outvars)
+
+    def fun(*args: Any) -> list[Any]:
+        env: dict[Any, Any] = {}
+        stacks: dict[int, Any] = {}
+
+        def read(v: Any) -> Any:
+            return v.val if isinstance(v, Literal) else env[v]
+
+        def write(v: Any, x: Any) -> None:
+            env[v] = x
+
+        env.update(zip([*jaxpr.invars, *jaxpr.constvars], args, strict=True))
+        for i, item in enumerate(items):
+            if isinstance(item, _Run):
+                _scan(item, loops[i], read, write, stacks, single)
+            else:
+                outs = bind_equation(item, [read(v) for v in item.invars])
+                for v, x in zip(item.outvars, outs, strict=True):
+                    if not isinstance(v, DropVar):
+                        env[v] = x
+        return [read(v) for v in outvars]
+
+    calls = sum(1 if isinstance(item, _Run) else item.primitive is component_p for item in items)
+    return fun, calls
+
+
+def digest(jaxpr: Any) -> str:
+    """What the whole program is, for its cache key: the split program's text and
+    the full key of every entry it calls (the text names each by a short digest)."""
+    digests = dict.fromkeys(
+        eqn.params["call"].key.digest for eqn in jaxpr.eqns if eqn.primitive is component_p
+    )
+    body = f"whole program v{WHOLE_VERSION}\n{jaxpr}\n" + "\n".join(digests)
+    return hashlib.sha256(body.encode()).hexdigest()

@@ -1,0 +1,20 @@
+"""Entries and their lookup.
+
+* ``_entry``: the cache entry and its byte format (verification, encoding,
+  decoding), with ``_trees`` for tree structures as JSON;
+* ``_readwrite``: reading and writing entries in a byte cache, faults as misses;
+* ``_executables``: executable entries, loaded and stored (big ones in the background);
+* ``_lookup``: :class:`Store`, one component's lookup chain (this process, the
+  active cache, the job, or made here);
+* ``_job``: one compile per multi-process job (``jax.distributed``);
+* ``_active``: which cache is active (``set_cache``, ``using_cache``, ``JAXAOT_CACHE``);
+* ``_bundle``: entries packed into one file.
+
+Importing this package installs the entry format's verification as the check
+the cache backends use (``_caches.set_entry_check``).
+"""
+
+from .._caches import set_entry_check
+from ._entry import check_stored
+
+set_entry_check(check_stored)

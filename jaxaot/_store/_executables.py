@@ -1,0 +1,204 @@
+"""Executable entries: what keys an executable (the devices and flags it was
+compiled for), serializing it into an entry, loading it back, and writing big
+ones in the background."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+from typing import Any
+
+import jax
+
+from .. import _stats
+from .._caches import Cache
+from .._jax import deserialize_executable, serialize_executable
+from .._keys._key import ComponentKey
+from ._entry import Entry, EntryError
+from ._readwrite import discard, read, write
+from ._trees import NotPersistable, tree_from_json, tree_to_json
+
+__all__ = [
+    "BACKGROUND_AFTER_SECONDS",
+    "cost_dict",
+    "executable_entry",
+    "executable_parts",
+    "load_executable",
+    "load_executable_entry",
+    "store_executable",
+    "store_in_background",
+    "wait_for_writes",
+]
+
+logger = logging.getLogger("jaxaot")
+
+
+def executable_parts(donate_argnums: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
+    """Key parts that make a foreign or stale executable impossible to load."""
+    device = jax.devices()[0]
+    client = device.client
+    return (
+        ("backend", str(client.platform)),
+        ("platform_version", str(client.platform_version)),
+        ("device_kind", str(device.device_kind)),
+        ("device_count", jax.device_count()),
+        ("process_count", jax.process_count()),
+        # An executable is bound to its process's devices: each process has its own.
+        ("process_index", jax.process_index()),
+        ("donate_argnums", tuple(donate_argnums)),
+        ("xla_flags", os.environ.get("XLA_FLAGS", "")),
+        ("libtpu_init_args", os.environ.get("LIBTPU_INIT_ARGS", "")),
+    )
+
+
+def cost_dict(compiled: Any) -> dict[str, float] | None:
+    try:
+        costs = compiled.cost_analysis()
+    except Exception:  # a backend without cost analysis
+        return None
+    if isinstance(costs, list | tuple):
+        costs = costs[0] if costs else None
+    if not costs:
+        return None
+    out: dict[str, float] = {}
+    for name, value in dict(costs).items():
+        try:
+            out[str(name)] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+BACKGROUND_AFTER_SECONDS = 0.25
+_writer: concurrent.futures.ThreadPoolExecutor | None = None
+_pending: dict[str, concurrent.futures.Future[None]] = {}
+_pending_lock = threading.Lock()
+
+
+def store_in_background(
+    cache: Cache,
+    key: ComponentKey,
+    root: Entry,
+    exe: Any,
+    costs: dict[str, float] | None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Stores an executable entry from a worker thread. The interpreter waits for
+    the worker at exit; ``wait_for_writes`` and reads of the same key wait too."""
+    global _writer
+    with _pending_lock:
+        if _writer is None:
+            _writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxaot-writer")
+        future = _writer.submit(store_executable, cache, key, root, exe, costs, extra)
+        _pending[key.digest] = future
+
+    def done(_: Any) -> None:
+        with _pending_lock:
+            if _pending.get(key.digest) is future:
+                del _pending[key.digest]
+
+    future.add_done_callback(done)
+
+
+def wait_for_writes() -> None:
+    """Blocks until every entry being written in the background is written."""
+    with _pending_lock:
+        futures = list(_pending.values())
+    for future in futures:
+        future.result()
+
+
+def load_executable(
+    cache: Cache, key: ComponentKey, in_tree: Any = None
+) -> tuple[Any, dict[str, float] | None] | None:
+    """The executable stored under ``key`` and its cost analysis, or ``None``."""
+    loaded = load_executable_entry(cache, key, in_tree)
+    if loaded is None:
+        return None
+    exe, entry = loaded
+    costs = entry.extra.get("cost_analysis")
+    return exe, dict(costs) if isinstance(costs, dict) else None
+
+
+def load_executable_entry(
+    cache: Cache, key: ComponentKey, in_tree: Any = None
+) -> tuple[Any, Entry] | None:
+    """The executable stored under ``key`` and its entry, or ``None`` (a damaged or
+    unloadable entry is dropped with a warning: a miss, never a crash). ``in_tree``
+    is the calling convention's input tree, for entries that could not store it."""
+    pending = _pending.get(key.digest)
+    if pending is not None:
+        pending.result()
+    entry = read(cache, key)
+    if entry is None:
+        return None
+    try:
+        if entry.executable is None:
+            raise EntryError("entry has no executable section")
+        stored = entry.extra.get("executable_in_tree")
+        if stored is not None:
+            in_tree = tree_from_json(stored)
+        if in_tree is None:
+            raise EntryError("entry has no input tree")
+        exe = deserialize_executable(entry.executable, in_tree, entry.out_tree)
+    except Exception as e:  # damaged, foreign or unloadable: a miss, never a crash
+        _stats.bump("corrupt_entries")
+        logger.warning(
+            "jaxaot: could not load the cached executable %s (%s: %s); compiling instead",
+            key.digest[:16],
+            type(e).__name__,
+            e,
+        )
+        discard(cache, key.digest)
+        return None
+    return exe, entry
+
+
+def _in_tree_json(in_tree: Any) -> dict[str, Any]:
+    # A tree whose node data is not JSON (an Equinox static field holding a
+    # function) is not stored: the loading call gives its own, equal by the key.
+    try:
+        return {"executable_in_tree": tree_to_json(in_tree)}
+    except NotPersistable:
+        return {}
+
+
+def executable_entry(
+    key: ComponentKey,
+    root: Entry,
+    exe: Any,
+    costs: dict[str, float] | None,
+    extra: dict[str, Any] | None = None,
+) -> Entry | None:
+    """An entry holding ``exe`` serialized, or ``None`` if it cannot be serialized."""
+    try:
+        payload, in_tree, out_tree = serialize_executable(exe)
+        return Entry(
+            key=key,
+            name=root.name,
+            in_avals=root.in_avals,
+            out_avals=root.out_avals,
+            out_tree=out_tree,
+            arg_names=root.arg_names,
+            result_paths=root.result_paths,
+            executable=payload,
+            extra={**(extra or {}), "cost_analysis": costs, **_in_tree_json(in_tree)},
+        )
+    except Exception as e:
+        logger.debug("jaxaot: not caching the executable of %s: %s", root.name, e)
+        return None
+
+
+def store_executable(
+    cache: Cache,
+    key: ComponentKey,
+    root: Entry,
+    exe: Any,
+    costs: dict[str, float] | None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    entry = executable_entry(key, root, exe, costs, extra)
+    if entry is not None:
+        write(cache, entry)

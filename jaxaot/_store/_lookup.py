@@ -1,0 +1,221 @@
+"""The lookup chain of one component's entries and top-level executables.
+
+Data flows one way: the component asks its :class:`Store` for an entry or an
+executable under a key; the store looks in its in-process tables, then in the
+active byte cache (``jaxaot.set_cache``/``using_cache``), then, in a
+multi-process job, waits for the process that makes it (``_job``), and only
+then makes it with the function it was given. What it made it writes to the
+cache, big executables in the background. The store knows nothing of tracing
+or of transformations, and the cache backends know nothing of entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from .. import _stats
+from .._caches import Cache
+from .._keys._key import ComponentKey
+from . import _entry, _job
+from ._active import explain_misses, get_cache
+from ._entry import Entry
+from ._executables import (
+    BACKGROUND_AFTER_SECONDS,
+    cost_dict,
+    load_executable_entry,
+    store_executable,
+    store_in_background,
+)
+from ._readwrite import decoder, read, write
+
+__all__ = ["Store"]
+
+logger = logging.getLogger("jaxaot")
+
+# At most this many entries are read to explain one miss.
+_EXPLAIN_SCAN = 256
+
+
+class Store:
+    """One component's entries and executables.
+
+    ``entry`` and ``executable`` serve from this process's tables, else from
+    the active cache, else make (and write) what they are asked for; each key is
+    made once, also when threads ask at once. ``check`` is called with every
+    entry read from a cache (before it is used).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        counters: _stats.Counters,
+        check: Callable[[Entry], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.counters = counters
+        self.check = check
+        self.lock = threading.RLock()
+        self.entries: dict[ComponentKey, Entry] = {}
+        self.executables: dict[Hashable, Any] = {}
+        self.costs: dict[Hashable, dict[str, float] | None] = {}
+        # Executables callers compile for one entry (``jaxaot.jit``'s regions), by
+        # whatever they key them on, with one lock per such key.
+        self.region_executables: dict[Any, Any] = {}
+        self.region_locks = _stats.KeyedLocks()
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+            self.executables.clear()
+            self.costs.clear()
+            self.region_executables.clear()
+
+    # -- entries ----------------------------------------------------------------
+
+    def entry(self, key: ComponentKey, build: Callable[[], Entry]) -> Entry:
+        """The entry for ``key``: from this process, the cache, another process of
+        the job, or ``build()`` (then written to the cache)."""
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.counters.add("hits")
+            return entry
+        with self.lock:
+            entry = self.entries.get(key)
+            if entry is not None:
+                self.counters.add("hits")
+                return entry
+            cache = get_cache()
+            entry = read(cache, key) if cache is not None else None
+            if entry is not None:
+                self.counters.add("hits")
+                logger.debug("jaxaot: %s hit %s", self.name, key.digest[:16])
+                if self.check is not None:
+                    self.check(entry)
+                hit = entry
+                _job.publish_hit(key.digest, lambda: _entry.encode(hit))
+            else:
+                self.counters.add("misses")
+                self.explain_miss(key, cache)
+                entry = _job.share(key.digest, build, _entry.encode, decoder(key))
+                if cache is not None:
+                    write(cache, entry)
+            self.entries[key] = entry
+            return entry
+
+    def explain_miss(self, key: ComponentKey, cache: Cache | None) -> None:
+        """With ``JAXAOT_EXPLAIN_MISSES=1``, logs (WARNING) the parts in which ``key``
+        differs from the closest key of this component held in this process or in
+        the cache (written by any process); of the same kind only (root against
+        root, executable against executable, one derived entry against another of
+        the same transformation)."""
+        if not explain_misses():
+            logger.debug("jaxaot: %s miss %s", self.name, key.digest[:16])
+            return
+        known = [k for k in list(self.entries) if _same_kind(k, key)]
+        if cache is not None:
+            known += [k for k in _cached_keys(cache, self.name) if _same_kind(k, key)]
+        known = [k for k in dict.fromkeys(known) if k != key]
+        if not known:
+            logger.warning(
+                "jaxaot: component %r missed the cache (key %s); no other entry of this "
+                "component of the same kind is held in this process or the cache",
+                self.name,
+                key.digest[:16],
+            )
+            return
+        closest = min(known, key=lambda k: len(key.explain(k)))
+        logger.warning(
+            "jaxaot: component %r missed the cache (key %s); the closest entry held "
+            "(%s) differs in: %s",
+            self.name,
+            key.digest[:16],
+            closest.digest[:16],
+            "; ".join(key.explain(closest)),
+        )
+
+    # -- executables -------------------------------------------------------------
+
+    def executable(
+        self,
+        sig: Hashable,
+        key: Callable[[], ComponentKey],
+        compile: Callable[[], tuple[Any, Entry | None]],
+        extra: Callable[[], dict[str, Any]] | None = None,
+        in_tree: Any = None,
+    ) -> Any:
+        """The top-level executable for ``sig``: from this process, else loaded from
+        the cache under ``key()`` (no trace, lowering or compile), else
+        ``compile()`` (which returns it and the root entry it runs) and stored,
+        in the background where compiling took a while."""
+        exe = self.executables.get(sig)
+        if exe is not None:
+            return exe
+        with self.lock:
+            exe = self.executables.get(sig)
+            if exe is not None:
+                return exe
+            exe_key = key()
+            cache = get_cache()
+            loaded = load_executable_entry(cache, exe_key, in_tree) if cache is not None else None
+            if loaded is not None:
+                exe, record = loaded
+                costs = record.extra.get("cost_analysis")
+                costs = dict(costs) if isinstance(costs, dict) else None
+                self.counters.add("hits")
+                if self.check is not None:
+                    self.check(record)
+            else:
+                self.counters.add("misses")
+                self.explain_miss(exe_key, cache)
+                start = time.perf_counter()
+                exe, root = compile()
+                seconds = time.perf_counter() - start
+                self.counters.add("compiles")
+                costs = cost_dict(exe)
+                # Executables are compiled by each process of a multi-process job
+                # (they are bound to that process's devices); lowered entries are shared.
+                if cache is not None and root is not None and not root.host_callbacks:
+                    more = extra() if extra is not None else {}
+                    if seconds >= BACKGROUND_AFTER_SECONDS:
+                        # A big executable: serialize and write it while the first
+                        # step runs, off the path to the first result.
+                        store_in_background(cache, exe_key, root, exe, costs, more)
+                    else:
+                        store_executable(cache, exe_key, root, exe, costs, more)
+            self.costs[sig] = costs
+            self.executables[sig] = exe
+            return exe
+
+
+def _kind(key: ComponentKey) -> tuple[Any, ...]:
+    transform = key.parts.get("transform") or ()
+    kinds = tuple(t[0] if isinstance(t, tuple) and t else t for t in transform)
+    return (kinds, "executable" in key.parts)
+
+
+def _same_kind(a: ComponentKey, b: ComponentKey) -> bool:
+    return _kind(a) == _kind(b)
+
+
+def _cached_keys(cache: Cache, name: str) -> list[ComponentKey]:
+    """Keys of this component's entries in ``cache``, from their verified headers."""
+    try:
+        digests = list(cache.keys())
+    except Exception:  # a cache that cannot list its keys
+        return []
+    out = []
+    for digest in digests[:_EXPLAIN_SCAN]:
+        try:
+            blob = cache.get(digest)
+            if blob is None:
+                continue
+            header, _ = _entry.verify(blob)
+            if header.get("name") == name:
+                out.append(ComponentKey.from_json(header["key"]))
+        except Exception:  # a bad entry explains nothing
+            continue
+    return out

@@ -1,0 +1,201 @@
+"""The JAX-version layer: the supported range, and the internals that moved
+between JAX 0.10 and 0.12 (linearization protocol, call primitives, closed
+jaxprs), each checked on whichever JAX is installed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.core import primitives
+
+import jaxaot
+from jaxaot import _jax as _jaxcompat
+from jaxaot import _versions
+from jaxaot._component._rules import component_p
+from jaxaot._jax import (
+    CALL_PRIMITIVES,
+    JAX_VERSION,
+    ClosedJaxpr,
+    call_body,
+    jaxpr_as_fun,
+)
+from jaxaot._versions import check_supported
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("0.10.2", (0, 10, 2)),
+        ("0.12.0.1", (0, 12, 0, 1)),
+        ("0.11.1rc1", (0, 11, 1)),
+        ("0.12.0.dev20261101", (0, 12, 0)),
+    ],
+)
+def test_version_tuple(text: str, parsed: tuple[int, ...]) -> None:
+    assert _versions.version_tuple(text) == parsed
+
+
+@pytest.mark.parametrize("version", ["0.10.2", "0.11.0", "0.11.2", "0.12.0.1", "0.12.9"])
+def test_supported_versions(version: str) -> None:
+    assert check_supported(version) == _versions.version_tuple(version)
+
+
+@pytest.mark.parametrize("version", ["0.10.1", "0.9.0", "0.13.0", "1.0.0"])
+def test_unsupported_versions_name_the_range(version: str) -> None:
+    with pytest.raises(
+        ImportError, match=r"jax>=0\.10\.2,<0\.13.*jax " + version.replace(".", r"\.")
+    ):
+        check_supported(version)
+
+
+def test_installed_jax_is_in_range() -> None:
+    assert JAX_VERSION == _versions.version_tuple(jax.__version__)
+
+
+def _python_output(code: str) -> str:
+    """What a fresh interpreter running ``code`` prints."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+
+
+def test_first_use_with_an_unsupported_jax_is_one_clear_error() -> None:
+    """Where the distribution's metadata and the loaded module disagree, loading
+    JAX's internals checks again."""
+    code = textwrap.dedent(
+        """
+        import jax
+        jax.__version__ = "0.13.0"
+        import jaxaot
+        try:
+            jaxaot.component
+        except ImportError as e:
+            print("ImportError:", e)
+        else:
+            print("loaded")
+        """
+    )
+    out = _python_output(code)
+    assert out.startswith("ImportError: jaxaot supports jax>=0.10.2,<0.13"), out
+
+
+def test_import_with_an_unsupported_jax_is_one_clear_error() -> None:
+    code = textwrap.dedent(
+        """
+        from importlib import metadata
+        real = metadata.version
+        metadata.version = lambda name: "0.13.0" if name == "jax" else real(name)
+        try:
+            import jaxaot
+        except ImportError as e:
+            print("ImportError:", e)
+        else:
+            print("imported")
+        """
+    )
+    out = _python_output(code)
+    assert out.startswith("ImportError: jaxaot supports jax>=0.10.2,<0.13"), out
+    assert "jax 0.13.0 is installed" in out
+
+
+def _call_eqn(fn: object, *args: object) -> object:
+    closed = jax.make_jaxpr(fn)(*args)
+    (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name in CALL_PRIMITIVES]
+    return eqn
+
+
+def test_call_body_of_jit() -> None:
+    eqn = _call_eqn(lambda x: jax.jit(jnp.sin)(x) * 2, 1.0)
+    body = call_body(eqn)
+    assert body is not None
+    jaxpr, consts = body
+    assert [e.primitive.name for e in jaxpr.eqns] == ["sin"]
+    assert list(consts) == []
+
+
+def test_call_body_of_closed_call() -> None:
+    # closed_call before 0.11.1, eval_jaxpr (the same public name) from then on.
+    inner = jax.make_jaxpr(lambda x: jnp.cos(x) + 1)(1.0)
+
+    def f(x: jax.Array) -> jax.Array:
+        prim = primitives.closed_call_p
+        (y,) = prim.bind(x, **prim.get_bind_params({"call_jaxpr": inner}))
+        return y
+
+    eqn = _call_eqn(f, 1.0)
+    body = call_body(eqn)
+    assert body is not None
+    assert [e.primitive.name for e in body[0].eqns] == ["cos", "add"]
+
+
+def test_call_body_is_none_for_other_equations() -> None:
+    closed = jax.make_jaxpr(lambda x: jnp.sin(x))(1.0)
+    assert call_body(closed.jaxpr.eqns[0]) is None
+
+
+def test_closed_jaxpr_rebuilds_from_a_jaxpr_and_consts() -> None:
+    w = jnp.arange(3.0)
+    closed = jax.make_jaxpr(lambda x: x * w)(jnp.ones(3))
+    rebuilt = ClosedJaxpr(closed.jaxpr, list(closed.consts))
+    assert isinstance(rebuilt, ClosedJaxpr)
+    np.testing.assert_array_equal(jaxpr_as_fun(rebuilt)(jnp.ones(3))[0], w)
+
+
+def test_grad_through_a_component_uses_the_installed_linearization_protocol() -> None:
+    """The direct linearization rule is registered in the installed JAX's protocol
+    (4 values up to 0.11.0, 5 from 0.11.1): grad, jitted grad and vjp work and
+    match plain JAX, and the derived forward entry is used (no JVP fallback)."""
+
+    def f(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    comp = jaxaot.component(f)
+    w = jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)
+    x = jnp.linspace(0.0, 1.0, 8).reshape(2, 4)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        for transform in (jax.grad, lambda g, **kw: jax.jit(jax.grad(g, **kw))):
+            got = transform(comp, argnums=(0, 1))(w, x)
+            want = transform(f, argnums=(0, 1))(w, x)
+            for a, b in zip(got, want, strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        _, pullback = jax.vjp(comp, w, x)
+        np.testing.assert_allclose(
+            pullback(jnp.float32(1.0))[0], jax.grad(f)(w, x), rtol=1e-5, atol=1e-6
+        )
+    rule = _jaxcompat.ad.primitive_linearizations[component_p]
+    n_values = 5 if JAX_VERSION >= (0, 11, 1) else 4
+    lengths: list[int] = []
+
+    def count(w: jax.Array, x: jax.Array) -> list[jax.Array]:
+        (eqn,) = jax.make_jaxpr(comp)(w, x).jaxpr.eqns
+        out = rule(False, [True, True], w, x, call=eqn.params["call"])
+        lengths.append(len(out))
+        return list(out[0])
+
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        jax.make_jaxpr(count)(w, x)
+    assert lengths == [n_values]
+
+
+def test_types_made_again_by_pickling_or_copying_equal_the_originals() -> None:
+    """An executable loaded from its serialization unpickles its output types
+    (JAX's own format): they must equal, and hash as, the same types of any other
+    array, or every signature built from a warm process's outputs misses. Newer
+    JAX puts an ``AutoLayout`` on every type, which pickling made anew."""
+    import copy
+    import pickle
+
+    for x in (jnp.ones((2, 3)), jnp.ones((4,), jnp.bfloat16), jnp.int32(3)):
+        aval = x.aval
+        for again in (pickle.loads(pickle.dumps(aval)), copy.deepcopy(aval), copy.copy(aval)):
+            assert again == aval and hash(again) == hash(aval)
+            assert {aval: 1}[again] == 1
+    layout = getattr(aval, "layout", None)
+    if layout is not None:  # the JAX versions that carry it: one object
+        assert pickle.loads(pickle.dumps(layout)) is layout
