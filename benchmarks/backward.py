@@ -6,7 +6,7 @@ another), in one run.
 JAX's transpose of a matmul's weight gradient is ``transpose(dot_general(g, x))``;
 compiled alone, XLA:CPU fuses that transpose with the elementwise producers of
 ``g`` and the dot misses its fast kernel. jaxaot's transposed entries compute
-``dot_general(x, g)`` instead (``jaxaot/_optimize.py``).
+``dot_general(x, g)`` instead (``jaxaot/_component/_rewrites.py``).
 
 Run: ``python benchmarks/backward.py`` (prints a Markdown table, milliseconds).
 """
@@ -56,12 +56,13 @@ def measure(batch: int, seq: int, width: int, repeats: int) -> dict[str, float]:
     components = [s for s in plan.steps if s.kind == "component"]
     fwd_step, bwd_step = components[0], components[-1]
     leaves = jax.tree_util.tree_leaves(((params, x), {}))
-    env: dict[Any, Any] = dict(plan.consts)
-    env.update(zip(plan.invars, leaves, strict=True))
+    env = plan._env(leaves)
     inputs: dict[int, list[Any]] = {}
     for i, step in enumerate(plan.steps):
-        inputs[i] = [v.val if hasattr(v, "val") else env[v] for v in step.invars]
-        env.update(zip(step.outvars, step.executable()(*inputs[i]), strict=True))
+        inputs[i] = [env[slot] for slot in step.ins]
+        env_out = step.executable()(*inputs[i])
+        for slot, value in zip(step.outs, env_out, strict=True):
+            env[slot] = value
     fwd_ins = inputs[plan.steps.index(fwd_step)]
     bwd_ins = inputs[plan.steps.index(bwd_step)]
     return {

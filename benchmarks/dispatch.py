@@ -99,7 +99,7 @@ def split_overhead(
     layers. Contenders alternate round by round; medians of the rounds. With
     ``blocked``, each call is waited for before the next (as ``jaxaot bench``
     times a steady step), so nothing overlaps from one call to the next."""
-    from jaxaot import _plan
+    from jaxaot._regional import _plan
     from jaxaot.cli import _model
 
     blocks = _model.init_blocks(jax.random.key(0), layers, width)

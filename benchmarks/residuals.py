@@ -1,6 +1,6 @@
 """Residual bytes per block: what the benchmark block's forward entry writes for
 the backward pass, before and after jaxaot's residual pruning
-(``jaxaot/_optimize.py``), with the JAX version that traced it.
+(``jaxaot/_component/_rewrites.py``), with the JAX version that traced it.
 
 Residuals that are elementwise arithmetic of other residuals are recomputed by
 the linear entry instead of being written by the forward one. JAX versions
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxaot
-from jaxaot import _optimize
+from jaxaot._component import _rewrites
 from jaxaot.cli import _model
 
 
@@ -30,14 +30,14 @@ def _bytes(avals: Any) -> int:
 
 def measure(batch: int, seq: int, width: int) -> dict[str, Any]:
     seen: list[tuple[Any, Any, int]] = []
-    original = _optimize.prune_residuals
+    original = _rewrites.prune_residuals
 
     def spy(known: Any, unknown: Any, n_out: int) -> tuple[Any, Any]:
         pruned = original(known, unknown, n_out)
         seen.append((known, pruned[0], n_out))
         return pruned
 
-    # Wherever jaxaot imported it from _optimize.
+    # Wherever jaxaot imported it from _rewrites.
     patched = [
         m
         for name, m in list(sys.modules.items())

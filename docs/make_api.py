@@ -14,8 +14,8 @@ INTRO = """# API reference
 
 Every public name of `jaxaot` (`jaxaot.__all__`), with its signature and
 docstring. Generated from the docstrings by `python docs/make_api.py`; do not
-edit by hand. The command line is described in the README (*Command line*)
-and by `jaxaot --help`.
+edit by hand. The command line is described in [Command line](cli.md) and
+by `jaxaot --help`.
 """
 
 

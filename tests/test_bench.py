@@ -3,7 +3,6 @@ contender's worker on the installed JAX."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -12,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from jaxaot import _bench
-from jaxaot import _bench_sharded as _bench_sharded  # built from REGIONAL: before tests patch it
 from jaxaot.cli import main
+from jaxaot.cli.bench import _config, _measure, _plots, _report, _runner, _suites
+from jaxaot.cli.bench._config import BenchConfig, Job, ModelShape
 
 # ``jaxaot bench`` runs every contender in a fresh process (about 10 s each on 2 CPUs,
 # 18 for ``bench all``). The tests check the same things for far less: the command's
@@ -39,13 +38,14 @@ FIRST = {
 }
 
 
-def _fake_worker(calls: list[tuple[str, int, Path]]) -> object:
-    """Stands in for ``_bench._run_worker``: records the call, returns a worker's row."""
+def _fake_worker(calls: list[tuple[str, int, Path]]) -> Any:
+    """Stands in for ``_runner.run_worker``: records the call, returns a worker's row."""
 
-    def run(contender: str, layers: int, work: Path, repeats: int) -> dict[str, object]:
-        calls.append((contender, layers, work))
+    def run(job: Job) -> dict[str, object]:
+        contender, layers = job.contender, job.layers
+        calls.append((contender, layers, Path(job.work)))
         row: dict[str, object] = {"contender": contender, "layers": layers, "import": 0.5}
-        row.update({p: None for p in _bench.PHASES})
+        row.update({p: None for p in _measure.PHASES})
         if contender.endswith("_prepare"):
             row["first_result"] = 0.0
             return row
@@ -64,7 +64,7 @@ def test_bench_all_writes_tables_ratios_json_and_plots(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     calls: list[tuple[str, int, Path]] = []
-    monkeypatch.setattr(_bench, "_run_worker", _fake_worker(calls))
+    monkeypatch.setattr(_runner, "run_worker", _fake_worker(calls))
     out = tmp_path / "out"
     argv = ["bench", "all", "--layers", "2", "3", "--repeats", "1", "--out", str(out)]
     assert main(argv) == 0
@@ -84,7 +84,7 @@ def test_bench_all_writes_tables_ratios_json_and_plots(
     for name in ("warm_start", "regional"):
         assert (out / f"{name}.md").read_text().startswith(("Warm-start", "Regional"))
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for name, table in (("warm_start", _bench.CONTENDERS), ("regional", _bench.REGIONAL)):
+    for name, table in (("warm_start", _config.CONTENDERS), ("regional", _config.REGIONAL)):
         rows = json.loads((out / f"{name}.json").read_text())
         for depth in (2, 3):
             got = [r for r in rows if r["layers"] == depth]
@@ -98,7 +98,7 @@ def test_bench_all_writes_tables_ratios_json_and_plots(
     folders = list(runs.values())
     assert len(folders) == 4
     for names, table, depth in zip(
-        folders, [_bench.CONTENDERS] * 2 + [_bench.REGIONAL] * 2, (2, 3, 2, 3), strict=True
+        folders, [_config.CONTENDERS] * 2 + [_config.REGIONAL] * 2, (2, 3, 2, 3), strict=True
     ):
         expected: list[str] = []
         _order(table, expected)
@@ -115,11 +115,15 @@ def _order(table: dict[str, tuple[str, str | None]], seen: list[str]) -> None:
 
 
 def _workers(names: list[str], work: Path, env: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """The worker of each of ``names`` in turn, in one fresh process (one start, not one each)."""
+    """The worker of each of ``names`` in turn, in one fresh process (one start, not one
+    each), on a one-layer tiny model (the shape passed in the job)."""
     code = (
-        "import json, sys; from pathlib import Path; from jaxaot import _bench\n"
+        "import json, sys\n"
+        "from jaxaot.cli.bench._config import Job, ModelShape\n"
+        "from jaxaot.cli.bench._worker import worker\n"
         "for name in sys.argv[2:]:\n"
-        "    print(json.dumps(_bench.worker(name, 1, Path(sys.argv[1]), 1, 0.0)), flush=True)\n"
+        "    job = Job(name, 1, sys.argv[1], 1, ModelShape(batch=2, seq=8, width=16))\n"
+        "    print(json.dumps(worker(job, 0.0)), flush=True)\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, str(work), *names],
@@ -138,11 +142,11 @@ def test_every_contender_runs_on_this_jax(tmp_path: Path, subprocess_env: dict[s
     """Every branch of the benchmark worker, on a one-layer tiny model: the contenders
     that need no preparation and the preparations in one process, then those that load
     what a preparation stored in a second, fresh one."""
-    env = {**subprocess_env, "JAXAOT_BENCH_SHAPE": "2,8,16"}
+    env = subprocess_env
     every: list[str] = []
-    _order(_bench.CONTENDERS, every)
-    _order(_bench.REGIONAL, every)
-    tables = {**_bench.CONTENDERS, **_bench.REGIONAL}
+    _order(_config.CONTENDERS, every)
+    _order(_config.REGIONAL, every)
+    tables = {**_config.CONTENDERS, **_config.REGIONAL}
     warm = [name for name in every if name in tables and tables[name][1] is not None]
     work = tmp_path / "work"
     work.mkdir()
@@ -154,7 +158,7 @@ def test_every_contender_runs_on_this_jax(tmp_path: Path, subprocess_env: dict[s
     whole_calls = {"jaxaot_cold", "jaxaot_warm", "limit", "regional_cold", "regional_warm"}
     for name in tables:
         row = rows[name]
-        phases = [row[p] for p in _bench.PHASES]
+        phases = [row[p] for p in _measure.PHASES]
         assert row["layers"] == 1 and row["steady"] > 0, name
         assert row["first_result"] == sum(v or 0.0 for v in phases) > 0, name
         assert all(v is None or v > 0 for v in phases), (name, phases)
@@ -182,7 +186,7 @@ def test_bench_without_the_extra_is_one_line(
     """Checked before any contender runs: exit status 2, one line naming the extra."""
     monkeypatch.setitem(sys.modules, blocked, None)
     ran: list[str] = []
-    monkeypatch.setattr(_bench, "run_contenders", lambda *a, **k: ran.append("ran") or [])
+    monkeypatch.setattr(_runner, "run_contenders", lambda *a, **k: ran.append("ran") or [])
     code = main(["bench", suite, "--layers", "2", "--out", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and ran == []
@@ -193,20 +197,24 @@ def test_bench_without_the_extra_is_one_line(
 
 
 def test_bench_regional_shape_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    """--width, --batch, --seq and --inference reach the benchmark as args.width, ..."""
-    seen: list[argparse.Namespace] = []
+    """--width, --batch, --seq and --inference reach the benchmark in its config, and
+    make the regional suite's model (the warm-start suite keeps the default one)."""
+    seen: list[BenchConfig] = []
 
-    def fake_run(args: argparse.Namespace, log: object) -> str:
-        seen.append(args)
+    def fake_run(config: BenchConfig, log: object) -> str:
+        seen.append(config)
         return "ok"
 
-    monkeypatch.setattr(_bench, "run", fake_run)
+    monkeypatch.setattr(_suites, "run", fake_run)
     argv = ["bench", "regional", "--width", "32", "--batch", "2", "--seq", "16", "--inference"]
     assert main([*argv, "--out", "unused"]) == 0
-    (args,) = seen
-    assert (args.width, args.batch, args.seq, args.inference) == (32, 2, 16, True)
+    (config,) = seen
+    assert (config.width, config.batch, config.seq, config.inference) == (32, 2, 16, True)
+    assert config.shape("regional") == ModelShape(batch=2, seq=16, width=32, mode="inference")
+    assert config.shape("warm-start") == ModelShape()
     assert main(["bench", "regional", "--out", "unused"]) == 0
-    assert seen[1].inference is False
+    assert seen[1].inference is False and seen[1].shape("regional").mode == "train"
+    assert seen[1].out == Path("unused")
     assert main(["bench", "regional", "--width", "wide"]) == 2
 
 
@@ -221,7 +229,7 @@ def _captured(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 
 def _row(contender: str, layers: int, **phases: float) -> dict[str, object]:
     row: dict[str, object] = {"contender": contender, "layers": layers}
-    row.update({p: phases.get(p) for p in _bench.PHASES})
+    row.update({p: phases.get(p) for p in _measure.PHASES})
     row["first_result"] = sum(v or 0.0 for v in phases.values())
     return row
 
@@ -233,9 +241,9 @@ def test_warm_start_plot_shares_one_scale_and_names_stages(
     rows = [
         _row(name, depth, trace=0.1 * depth, compile=0.5 * depth, first_run=0.2)
         for depth in (4, 16)
-        for name in _bench.CONTENDERS
+        for name in _config.CONTENDERS
     ]
-    _bench.plot(rows, tmp_path / "w.png", note="2026-01-01, test machine")
+    _plots.warm_start_plot(rows, tmp_path / "w.png", note="2026-01-01, test machine")
     assert (tmp_path / "w.png").read_bytes()[:4] == b"\x89PNG"
     (fig,) = figures
     axes = fig.axes  # type: ignore[attr-defined]
@@ -250,9 +258,9 @@ def test_regional_plot_ticks_at_the_depths_run(
 ) -> None:
     figures = _captured(monkeypatch)
     rows = [
-        _row(name, depth, trace=0.01 * depth) for depth in (4, 16, 48) for name in _bench.REGIONAL
+        _row(name, depth, trace=0.01 * depth) for depth in (4, 16, 48) for name in _config.REGIONAL
     ]
-    _bench.regional_plot(rows, tmp_path / "r.png", note="2026-01-01, test machine")
+    _plots.regional_plot(rows, tmp_path / "r.png", note="2026-01-01, test machine")
     (fig,) = figures
     (ax,) = fig.axes  # type: ignore[attr-defined]
     assert list(ax.get_xticks()) == [4, 16, 48]
@@ -263,10 +271,9 @@ def test_regional_plot_ticks_at_the_depths_run(
 def test_bench_regional_inference_with_a_model_shape(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delenv("JAXAOT_BENCH_SHAPE", raising=False)
     # One contender, in a real worker process: the command line's shape reaches it.
-    monkeypatch.setattr(_bench, "REGIONAL", {"regional_cold": _bench.REGIONAL["regional_cold"]})
-    defaults = (_bench.WIDTH, _bench.MODE)
+    monkeypatch.setattr(_config, "REGIONAL", {"regional_cold": _config.REGIONAL["regional_cold"]})
+    defaults = (ModelShape().width, ModelShape().mode)
     out = tmp_path / "out"
     argv = ["bench", "regional", "--layers", "2", "--repeats", "1", "--out", str(out)]
     argv += ["--width", "8", "--batch", "1", "--seq", "4", "--inference"]
@@ -279,38 +286,43 @@ def test_bench_regional_inference_with_a_model_shape(
     # whose steady state was chosen before its steady step was measured.
     assert regional["mode"] in ("split", "whole") and regional["steps"] == 3
     assert "jaxaot.jit's steady state" in text
-    assert (_bench.WIDTH, _bench.MODE) == defaults  # this process's settings are back
+    # Nothing of the run stays in this process: the default model is the same.
+    assert (ModelShape().width, ModelShape().mode) == defaults == (256, "train")
+
+
+def _bench_subprocess(argv: list[str], env: dict[str, str]) -> None:
+    """``python -m jaxaot bench ...`` in a fresh process; it must succeed."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxaot", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_bench_sharded_quick_in_a_subprocess(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     """``jaxaot bench sharded --quick`` with two contenders at one depth in the FSDP
-    layout (about 50 s on a loaded 2-core machine; both layouts take twice that): the
-    rows, the JSON's numbers (finite and positive, never their values), the table and
-    the plot."""
+    layout on Auto axes (about 50 s on a loaded 2-core machine; both layouts take twice
+    that): the rows, the JSON's numbers (finite and positive, never their values), the
+    table and the plot."""
     import math
-    import subprocess
 
     out = tmp_path / "out"
     names = ("scan_cold", "regional_cold")
     argv = ["bench", "sharded", "--quick", "--layers", "2", "--repeats", "1"]
-    argv += ["--layouts", "fsdp", "--contenders", *names, "--out", str(out)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxaot", *argv],
-        capture_output=True,
-        text=True,
-        env=subprocess_env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    argv += ["--layouts", "fsdp", "--axis-types", "auto", "--contenders", *names]
+    _bench_subprocess([*argv, "--out", str(out)], subprocess_env)
     rows = json.loads((out / "sharded.json").read_text())
     layouts = ("fsdp",)
     assert sorted((r["layout"], r["layers"], r["contender"]) for r in rows) == sorted(
         (layout, 2, name) for layout in layouts for name in names
     )
     for r in rows:
-        assert r["devices"] == 8
+        assert r["devices"] == 8 and r["axis_types"] == "auto"
         for field in ("trace", "first_run", "first_result", "steady"):
             assert math.isfinite(r[field]) and r[field] > 0, (r["contender"], field)
     text = (out / "sharded.md").read_text()
@@ -319,7 +331,125 @@ def test_bench_sharded_quick_in_a_subprocess(
         assert f"| {layout} | 2 | jaxaot.jit, cold |" in text
         assert f"| {layout} | 2 | scan over stacked layers, cold |" in text
         assert f"- {layout}, L=2: first result, jaxaot.jit cold / scan cold = " in text
+    assert "Auto axes:" in text and "Explicit axes:" not in text
     assert (out / "sharded.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_sharded_explicit_axes_in_a_subprocess(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """``jaxaot bench sharded --quick --axis-types explicit`` on the 2-D layout (a 4 x 2
+    data x model mesh of 8 simulated devices, shardings in the types): jaxaot.jit cold
+    and the physical limit (its preparation, then the load) each run in their own
+    process, and the table has their explicit rows and the limit's ratio."""
+    import math
+
+    out = tmp_path / "out"
+    names = ("regional_cold", "limit")
+    argv = ["bench", "sharded", "--quick", "--layers", "2", "--repeats", "1"]
+    argv += ["--layouts", "2d", "--axis-types", "explicit", "--contenders", *names]
+    _bench_subprocess([*argv, "--out", str(out)], subprocess_env)
+    rows = json.loads((out / "sharded.json").read_text())
+    assert sorted((r["axis_types"], r["layout"], r["layers"], r["contender"]) for r in rows) == [
+        ("explicit", "2d", 2, name) for name in sorted(names)
+    ]
+    for r in rows:
+        assert r["devices"] == 8
+        for field in ("first_run", "first_result", "steady"):
+            assert math.isfinite(r[field]) and r[field] > 0, (r["contender"], field)
+    limit = next(r for r in rows if r["contender"] == "limit")
+    assert limit["compile"] > 0 and limit["trace"] is None  # a load, not a compile
+    text = (out / "sharded.md").read_text()
+    assert "| explicit | 2d | 2 | jaxaot.jit, cold |" in text
+    assert "| explicit | 2d | 2 | physical limit: read + deserialize_and_load |" in text
+    assert "Explicit axes:" in text and "Auto axes:" not in text
+    assert "- 2d, L=2: first result, jaxaot.jit cold / scan cold = –" in text
+    assert "2d: a data x model mesh (model 2)" in text
+
+
+def test_bench_sharded_reports_the_ratios_per_axis_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sharded suite's machinery with made-up workers: every layout and axis type
+    by default, each contender with its preparation in a fresh work folder per mesh,
+    the mesh in every job, and the ratios (cold / scan, steady / best of jax.jit and
+    scan, warm / physical limit) in the lines and the summary table."""
+    calls: list[tuple[str, int, Path]] = []
+    fake = _fake_worker(calls)
+    jobs: list[Job] = []
+
+    def run(job: Job) -> dict[str, object]:
+        jobs.append(job)
+        return fake(job)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(_runner, "run_worker", run)
+    out = tmp_path / "out"
+    assert main(["bench", "sharded", "--quick", "--layers", "2", "--out", str(out)]) == 0
+    meshes = [(a, lo) for a in ("explicit", "auto") for lo in ("data-parallel", "fsdp", "2d")]
+    expected: list[str] = []
+    _order(_config.SHARDED, expected)
+    assert [(j.mesh.axis_types, j.mesh.layout) for j in jobs if j.mesh] == [
+        m for m in meshes for _ in expected
+    ]
+    assert all(j.mesh and j.mesh.devices == 8 for j in jobs)
+    assert {j.shape for j in jobs} == {ModelShape(batch=8, seq=8, width=32)}
+    assert [j.contender for j in jobs] == expected * len(meshes)
+    assert len({w for _, _, w in calls}) == len(meshes)
+    rows = json.loads((out / "sharded.json").read_text())
+    assert len(rows) == len(meshes) * len(_config.SHARDED)
+    text = (out / "sharded.md").read_text()
+    for axes in ("Explicit", "Auto"):
+        assert f"\n{axes} axes:\n" in text
+    for layout in ("data-parallel", "fsdp", "2d"):
+        assert (
+            f"- {layout}, L=2: first result, jaxaot.jit cold / scan cold = 0.50, / jax.jit "
+            "cold = 1.00; steady step, jaxaot.jit / best of jax.jit and scan (jax.jit) = 0.80; "
+            "warm / cold: jaxaot.jit = 0.12, jax.jit + JAX cache = 0.60; "
+            "warm first result, jaxaot.jit / physical limit = 0.83"
+        ) in text
+        for axes in ("explicit", "auto"):
+            assert f"| {axes} | {layout} | 2 | 0.50 | 0.80 | 0.83 |" in text
+    # --max-jit-layers leaves out the contenders that compile the whole unrolled step.
+    jobs.clear()
+    argv = ["bench", "sharded", "--quick", "--layers", "2", "--max-jit-layers", "1"]
+    argv += ["--layouts", "2d", "--axis-types", "explicit", "--out", str(out)]
+    assert main(argv) == 0
+    ran = {j.contender for j in jobs}
+    assert ran == {"scan_cold", "regional_cold", "regional_warm"}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--devices", "3", "--layouts", "2d"], "even number of devices"),
+        (["--width", "12", "--layouts", "fsdp"], "must be multiples of the mesh axes"),
+        (["--contenders", "nope"], "unknown contenders ['nope']"),
+    ],
+)
+def test_bench_sharded_refuses_settings_it_cannot_run(
+    argv: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ran: list[Job] = []
+    monkeypatch.setattr(_runner, "run_worker", ran.append)
+    code = main(["bench", "sharded", "--quick", *argv, "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 2 and ran == [] and out == ""
+    assert err.startswith("jaxaot: error: jaxaot bench sharded: ") and message in err, err
+
+
+def test_a_job_travels_as_json() -> None:
+    """What the parent passes a worker process on its command line comes back equal."""
+    from jaxaot.cli.bench._config import MeshLayout
+
+    job = Job("limit", 16, "/tmp/w", 3, ModelShape(2, 4, 8, "inference"))
+    assert Job.from_json(job.to_json()) == job
+    job = Job("scan_cold", 4, "/w", 1, mesh=MeshLayout("2d", 8, "explicit"))
+    assert Job.from_json(job.to_json()) == job
+    assert job.mesh is not None and job.mesh.mesh_shape == {"data": 4, "model": 2}
 
 
 def test_bench_regional_trials_interleave_fresh_work_folders_and_report_medians(
@@ -333,18 +463,18 @@ def test_bench_regional_trials_interleave_fresh_work_folders_and_report_medians(
     # Trial by trial, jaxaot.jit's steady step is 0.012, 0.006, 0.008 s: median 0.008.
     steady = iter([0.012, 0.006, 0.008])
 
-    def run(contender: str, layers: int, work: Path, repeats: int) -> dict[str, object]:
-        row = base(contender, layers, work, repeats)  # type: ignore[operator]
-        if contender == "regional_cold":
+    def run(job: Job) -> dict[str, object]:
+        row = base(job)
+        if job.contender == "regional_cold":
             row["steady"] = next(steady)
         return row  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(_bench, "_run_worker", run)
+    monkeypatch.setattr(_runner, "run_worker", run)
     out = tmp_path / "out"
     argv = ["bench", "regional", "--layers", "2", "--repeats", "1", "--trials", "3"]
     assert main([*argv, "--out", str(out)]) == 0
     names = [c for c, _, _ in calls]
-    regional = list(_bench.REGIONAL)
+    regional = list(_config.REGIONAL)
     # Interleaved: each trial runs every contender before the next trial starts.
     order = [n for n in names if n in regional]
     assert order == regional * 3
@@ -368,18 +498,18 @@ def test_median_row_keeps_what_every_trial_agrees_on() -> None:
     both, stay as they are (not 48.0), and text comes from the first trial."""
     a = {"layers": 48, "steps": 97, "steady": 0.4, "mode": "split", "compile": None}
     b = {"layers": 48, "steps": 97, "steady": 0.6, "mode": "whole", "compile": 1.0}
-    row = _bench.median_row([a, b])
+    row = _runner.median_row([a, b])
     assert row["layers"] == 48 and type(row["layers"]) is int
     assert row["steps"] == 97 and type(row["steps"]) is int
     assert row["steady"] == pytest.approx(0.5)
     assert row["mode"] == "split" and row["compile"] is None
     assert [t["steady"] for t in row["trials"]] == [0.4, 0.6]
-    assert _bench.median_row([a]) == a
+    assert _runner.median_row([a]) == a
     # The form each trial chose is kept, and said when the trials differ.
     assert [t["mode"] for t in row["trials"]] == ["split", "whole"]
     a.update(steady_split=0.4, steady_whole=0.7, whole_calls=2, settle=3.0)
     b.update(steady_split=0.5, steady_whole=0.6, whole_calls=2, settle=3.0)
-    (line,) = _bench.steady_state_line(_bench.median_row([a, b]))
+    (line,) = _report.steady_state_line(_runner.median_row([a, b]))
     assert "steady state: per trial, the split, whole program" in line
-    (line,) = _bench.steady_state_line(_bench.median_row([a, dict(a)]))
+    (line,) = _report.steady_state_line(_runner.median_row([a, dict(a)]))
     assert "steady state: the split program (" in line

@@ -186,7 +186,7 @@ def test_waiters_make_the_entry_themselves(
 
 SHARDED_WORKER = textwrap.dedent(
     """
-    import json, os, sys
+    import contextlib, json, os, sys
     import jax
     jax.config.update("jax_platforms", "cpu")
     pid, n, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -198,8 +198,12 @@ SHARDED_WORKER = textwrap.dedent(
     import jaxaot
 
     assert jax.device_count() == 8 and jax.local_device_count() == 4
-    mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
-    mesh2 = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+    # Auto axes, or Explicit ones (jax.make_mesh's default: shardings in types,
+    # used inside jax.set_mesh).
+    explicit = os.environ.get("JAXAOT_TEST_AXES", "auto") == "explicit"
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(kind,))
+    mesh2 = jax.make_mesh((2, 4), ("a", "b"), axis_types=(kind,) * 2)
 
     def layer(w, x):
         return jnp.tanh(x @ w)
@@ -226,11 +230,7 @@ SHARDED_WORKER = textwrap.dedent(
     w_host = np.eye(8, dtype=np.float32) * 0.5 + 0.05
     x_host = np.arange(128, dtype=np.float32).reshape(16, 8) / 128
     results, split = [], []
-    for name, wsh, xsh in [
-        ("rows", NamedSharding(mesh, P()), NamedSharding(mesh, P("x"))),
-        ("replicated", NamedSharding(mesh, P()), NamedSharding(mesh, P())),
-        ("2d", NamedSharding(mesh2, P(None, "b")), NamedSharding(mesh2, P("a", None))),
-    ]:
+    def case(name, wsh, xsh):
         w, x = global_array(wsh, w_host), global_array(xsh, x_host)
         same(block(w, x), jax.jit(layer)(w, x), name + " top level")
         pinned = (NamedSharding(wsh.mesh, P()), wsh)
@@ -242,6 +242,17 @@ SHARDED_WORKER = textwrap.dedent(
         same(regional(w, x), step(layer)(w, x), name + " in jaxaot.jit")
         split.append(all(plan is not None for plan in regional._plans.values()))
         results.append(float(step(block)(w, x)[0]))
+
+    for name, wsh, xsh in [
+        ("rows", NamedSharding(mesh, P()), NamedSharding(mesh, P("x"))),
+        ("replicated", NamedSharding(mesh, P()), NamedSharding(mesh, P())),
+        # (With shardings in types, w sharded over "b" would contract a sharded
+        # dimension in the second layer: a program jax.jit refuses.)
+        ("2d", NamedSharding(mesh2, P() if explicit else P(None, "b")),
+         NamedSharding(mesh2, P("a", None))),
+    ]:
+        with jax.set_mesh(wsh.mesh) if explicit else contextlib.nullcontext():
+            case(name, wsh, xsh)
     jaxaot.wait_for_writes()
     info = block.cache_info()
     print(json.dumps({"pid": pid, "lowerings": info.lowerings, "compiles": info.compiles,
@@ -259,7 +270,14 @@ def _sharded_job(
     return _job(tmp_path, env, n=2, worker=worker, devices=4, timeout=400)
 
 
-def test_a_two_host_job_on_a_global_mesh(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+@pytest.mark.parametrize("axes", ["auto", "explicit"])
+def test_a_two_host_job_on_a_global_mesh(
+    tmp_path: Path, subprocess_env: dict[str, str], axes: str
+) -> None:
+    """Two processes x 4 devices on a global mesh of Auto or Explicit axes (shardings
+    in types): values and shardings as jax.jit, one lowering per job, split in
+    every process, and a warm job lowers and compiles nothing."""
+    subprocess_env = dict(subprocess_env, JAXAOT_TEST_AXES=axes)
     cold = _sharded_job(tmp_path, subprocess_env)
     leader, other = cold
     assert leader["lowerings"] >= 1 and other["lowerings"] == 0, cold  # one lowering per job

@@ -13,20 +13,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jaxaot._key import (
+
+import jaxaot
+from jaxaot._keys._closure import (
     ClosureError,
-    ComponentKey,
     code_digest,
-    parse_aval_str,
     refuse_closed_arrays,
     same_values,
     seen_values,
-    stable_repr,
-    stable_text,
-    tree_text,
 )
-
-import jaxaot
+from jaxaot._keys._key import ComponentKey
+from jaxaot._keys._text import parse_aval_str, stable_repr, stable_text, tree_text
 
 REQUIRED_PARTS = {
     "format",

@@ -584,7 +584,9 @@ def test_a_component_used_at_top_level_and_in_jaxaot_jit_shares_one_cache(
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every scenario of ``_sharded_worker`` run in one subprocess that sets the
-    device count before importing JAX; per scenario, its counts or its traceback."""
+    device count before importing JAX, on meshes of each axis type (Auto,
+    Explicit: ``jax.make_mesh``'s default, and mixed); per ``"<axes>:<scenario>"``,
+    its counts or its traceback."""
     tmp = tmp_path_factory.mktemp("sharded")
     env = dict(os.environ)
     env["JAXAOT_CACHE_DIR"] = str(tmp / "cache")
@@ -600,50 +602,61 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def _scenario(results: dict[str, Any], name: str) -> Any:
-    outcome = results[name]
+AXES = ["auto", "explicit", "mixed"]
+
+
+def _scenario(results: dict[str, Any], name: str, axes: str) -> Any:
+    outcome = results[f"{axes}:{name}"]
     assert outcome["ok"], outcome["error"]
     return outcome["result"]
 
 
+@pytest.mark.parametrize("axes", AXES)
 def test_sharded_data_parallel_train_step_compiles_each_block_once(
-    sharded: dict[str, Any],
+    sharded: dict[str, Any], axes: str
 ) -> None:
     """Batch sharded, parameters replicated: values, gradients and output shardings
     are jax.jit's, and the block's executables compile once whatever the depth."""
-    compiles = _scenario(sharded, "data_parallel")["compiles"]
+    compiles = _scenario(sharded, "data_parallel", axes)["compiles"]
     assert compiles["1"] == compiles["3"] > 0
 
 
-def test_sharded_fsdp_parameters(sharded: dict[str, Any]) -> None:
-    assert _scenario(sharded, "fsdp")["compiles"] > 0
+@pytest.mark.parametrize("axes", AXES)
+def test_sharded_fsdp_parameters(sharded: dict[str, Any], axes: str) -> None:
+    assert _scenario(sharded, "fsdp", axes)["compiles"] > 0
 
 
-def test_sharded_2d_mesh(sharded: dict[str, Any]) -> None:
-    assert _scenario(sharded, "mesh_2d")["compiles"] > 0
+@pytest.mark.parametrize("axes", AXES)
+def test_sharded_2d_mesh(sharded: dict[str, Any], axes: str) -> None:
+    assert _scenario(sharded, "mesh_2d", axes)["compiles"] > 0
 
 
-def test_sharded_shard_map_component_under_two_meshes(sharded: dict[str, Any]) -> None:
-    values = _scenario(sharded, "shard_map_component")["values"]
+@pytest.mark.parametrize("axes", AXES)
+def test_sharded_shard_map_component_under_two_meshes(sharded: dict[str, Any], axes: str) -> None:
+    values = _scenario(sharded, "shard_map_component", axes)["values"]
     assert values["(8,)"] != values["(2, 4)"]  # the psum ran over 8 devices, then over 2
 
 
-def test_sharded_in_and_out_shardings(sharded: dict[str, Any]) -> None:
-    _scenario(sharded, "in_out_shardings")
+@pytest.mark.parametrize("axes", AXES)
+def test_sharded_in_and_out_shardings(sharded: dict[str, Any], axes: str) -> None:
+    _scenario(sharded, "in_out_shardings", axes)
 
 
-def test_sharded_donation(sharded: dict[str, Any]) -> None:
-    _scenario(sharded, "donation")
+@pytest.mark.parametrize("axes", AXES)
+def test_sharded_donation(sharded: dict[str, Any], axes: str) -> None:
+    _scenario(sharded, "donation", axes)
 
 
-def test_sharded_inside_set_mesh(sharded: dict[str, Any]) -> None:
-    _scenario(sharded, "set_mesh")
+@pytest.mark.parametrize("axes", AXES)
+def test_sharded_inside_set_mesh(sharded: dict[str, Any], axes: str) -> None:
+    _scenario(sharded, "set_mesh", axes)
 
 
+@pytest.mark.parametrize("axes", AXES)
 def test_sharded_failure_falls_back_to_jax_jit_with_its_shardings(
-    sharded: dict[str, Any],
+    sharded: dict[str, Any], axes: str
 ) -> None:
-    assert _scenario(sharded, "fallback")["fell_back"]
+    assert _scenario(sharded, "fallback", axes)["fell_back"]
 
 
 def test_jit_checks_its_shardings() -> None:

@@ -343,3 +343,192 @@ def test_jax_jit_of_components_with_any_shardings() -> None:
                 np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
         """,
     )
+
+
+# -- sharding in types (jax.make_mesh's default: Explicit axes) --------------------------
+
+TYPES = """
+def same_types(got, want, what):
+    same(got, want, what)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert jax.typeof(g) == jax.typeof(w), (what, jax.typeof(g), jax.typeof(w))
+
+def linked(fn, *args):
+    '''Whether jax.jit(fn) links a component's module (a call), not its inlined body.'''
+    return "call @jaxaot_" in jax.jit(fn).lower(*args).as_text()
+"""
+
+
+def test_sharded_types_are_entries_linked_and_transformed_as_jax_jit() -> None:
+    """Types with shardings (explicit axes) are cache entries: lowered, linked into
+    callers, derived under grad, jvp and vmap (over the sharded axis, with and
+    without spmd_axis_name); values, shardings and types as jax.jit gives them."""
+    run_devices(
+        TYPES
+        + textwrap.dedent(
+            """
+        mesh = jax.make_mesh((8,), ("data",))  # Explicit axes: JAX's default
+        assert mesh.axis_types == (AxisType.Explicit,)
+
+        def body(x, w):
+            return jnp.tanh(x @ w) * 2
+
+        f = jaxaot.component(body)
+        with jax.set_mesh(mesh):
+            x = jax.device_put(jnp.arange(512.0).reshape(16, 32) / 512, P("data"))
+            w = jnp.ones((32, 32)) / 32
+            assert str(jax.typeof(x)) == "float32[16@data,32]"
+            same_types(f(x, w), jax.jit(body)(x, w), "top level")
+            two = lambda g: (lambda x, w: g(g(x, w), w))
+            same_types(jax.jit(two(f))(x, w), jax.jit(two(body))(x, w), "under jit")
+            assert linked(two(f), x, w)
+            lowered = f.cache_info().lowerings
+            assert lowered >= 1, f.cache_info()
+
+            loss = lambda g: (lambda x, w: two(g)(x, w).sum())
+            grads = jax.jit(jax.grad(loss(f), argnums=(0, 1)))(x, w)
+            same_types(grads, jax.jit(jax.grad(loss(body), argnums=(0, 1)))(x, w), "grad")
+            assert str(jax.typeof(grads[0])) == "float32[16@data,32]"
+            assert linked(jax.grad(loss(f), argnums=(0, 1)), x, w)
+            assert f.cache_info().lowerings > lowered  # forward, linear, transposed entries
+
+            t = jnp.ones_like(x)
+            jvp = lambda g: jax.jit(lambda x, t: jax.jvp(lambda v: g(v, w), (x,), (t,)))
+            same_types(jvp(f)(x, t), jvp(body)(x, t), "jvp")
+
+            xs = jax.device_put(jnp.arange(256.0).reshape(8, 1, 32) / 256, P("data"))
+            for kw in ({}, {"spmd_axis_name": "data"}):
+                vm = lambda g: jax.vmap(g, in_axes=(0, None), **kw)
+                same_types(jax.jit(vm(f))(xs, w), jax.jit(vm(body))(xs, w), f"vmap {kw}")
+                assert linked(vm(f), xs, w), kw
+                grad_w = lambda g: jax.jit(jax.grad(lambda w: vm(g)(xs, w).sum()))
+                same_types(grad_w(f)(w), grad_w(body)(w), f"grad of vmap {kw}")
+        """
+        )
+    )
+
+
+def test_an_explicit_key_entry_keeps_its_sharded_types_in_a_warm_process(tmp_path: Path) -> None:
+    """A sharded-type entry is written with its types' shardings, and a warm process
+    (explicit key: nothing traced) links it with those types."""
+    script = TYPES + textwrap.dedent(
+        """
+        mesh = jax.make_mesh((8,), ("data",))
+        f = jaxaot.component(lambda x, w: jnp.tanh(x @ w), key="explicit-sharded-v1")
+        with jax.set_mesh(mesh):
+            x = jax.device_put(jnp.arange(512.0).reshape(16, 32) / 512, P("data"))
+            w = jnp.ones((32, 32)) / 32
+            got = jax.jit(lambda x, w: f(x, w) + 1)(x, w)
+            same_types(got, jax.jit(lambda x, w: jnp.tanh(x @ w) + 1)(x, w), "under jit")
+            entry = f.entry(x, w)
+            assert "[16@data,32]" in str(entry.out_avals[0]), entry.out_avals
+        jaxaot.wait_for_writes()
+        info = f.cache_info()
+        print(f"traces={info.traces} lowerings={info.lowerings} hits={info.hits}")
+        """
+    )
+    cold = _counts(run_devices(script, cache=tmp_path / "cache"))
+    assert cold["lowerings"] == 1 and cold["traces"] == 1, cold
+    warm = _counts(run_devices(script, cache=tmp_path / "cache"))
+    assert warm["lowerings"] == 0 and warm["traces"] == 0 and warm["hits"] >= 1, warm
+
+
+def test_bodies_naming_the_callers_devices_are_linked_and_placed_as_jax_jit() -> None:
+    """A body pinning its activations to a concrete mesh (Auto axes) is a linked entry;
+    the caller's computation is placed on that mesh as jax.jit places it, also when
+    its inputs are uncommitted; another device order is another entry."""
+    run_devices(
+        TYPES
+        + textwrap.dedent(
+            """
+        mesh = auto_mesh((8,), ("x",))
+        rows = NamedSharding(mesh, P("x"))
+
+        def layer(x, w):
+            return jax.lax.with_sharding_constraint(jnp.tanh(x @ w), rows)
+
+        f = jaxaot.component(layer)
+        x = jnp.arange(512.0).reshape(16, 32) / 512
+        w = jnp.ones((32, 32)) / 32
+        two = lambda g: (lambda x, w: g(g(x, w), w) * 2)
+        for xs in (x, jax.device_put(x, rows)):  # uncommitted, then committed to the mesh
+            same_types(jax.jit(two(f))(xs, w), jax.jit(two(layer))(xs, w), "under jit")
+            assert linked(two(f), xs, w)
+        assert f.cache_info().lowerings >= 1, f.cache_info()
+        loss = lambda g: (lambda w: two(g)(x, w).sum())
+        same(jax.jit(jax.grad(loss(f)))(w), jax.jit(jax.grad(loss(layer)))(w), "grad")
+        step = jaxaot.jit(jax.value_and_grad(loss(f)))
+        same(step(w), jax.jit(jax.value_and_grad(loss(layer)))(w), "jaxaot.jit")
+        assert all(p is not None for p in step._plans.values())  # split, not jax.jit
+
+        flipped = auto_mesh((8,), ("x",), devices=jax.devices()[::-1])
+        g = jaxaot.component(
+            lambda x, w: jax.lax.with_sharding_constraint(jnp.tanh(x @ w), NamedSharding(flipped, P("x")))
+        )
+        assert g.cache_key(x, w) != f.cache_key(x, w)
+        """
+        )
+    )
+
+
+def test_single_device_inputs_on_any_device_are_split() -> None:
+    """Inputs committed to a device other than the first: jaxaot.jit splits the
+    program (no fallback) and the results are where jax.jit puts them."""
+    run_devices(
+        """
+        block = jaxaot.component(lambda w, v: jnp.tanh(v @ w) + v)
+        def loss(ws, v, body):
+            for w in ws:
+                v = body(w, v)
+            return (v ** 2).mean()
+        dev = jax.devices()[3]
+        ws = [jax.device_put(jnp.eye(8) * 0.1 * (i + 1), dev) for i in range(3)]
+        v = jax.device_put(jnp.ones((4, 8)), dev)
+        step = jaxaot.jit(jax.value_and_grad(lambda ws, v: loss(ws, v, block)))
+        got = step(ws, v)
+        same(got, jax.jit(jax.value_and_grad(lambda ws, v: loss(ws, v, block.__wrapped__)))(ws, v),
+             "device 3")
+        assert all(p is not None for p in step._plans.values())  # split, not jax.jit
+        assert all(leaf.devices() == {dev} for leaf in jax.tree_util.tree_leaves(got))
+        """
+    )
+
+
+WARM_EXPLICIT = """
+devices = jax.device_count()
+mesh = jax.make_mesh((devices,), ("data",))  # Explicit axes
+from jaxaot._regional import _programs
+
+def layer(p, x):
+    return x + jnp.tanh(x @ p["w"] + p["b"])
+
+block = jaxaot.component(layer)
+
+def loss(ps, x, body):
+    for p in ps:
+        x = body(p, x)
+    return (x ** 2).mean()
+
+with jax.set_mesh(mesh):
+    ps = [{"w": jnp.eye(16) * 0.1 * (i + 1), "b": jnp.full((16,), 0.01 * i)} for i in range(4)]
+    x = jax.device_put(jnp.arange(512.0).reshape(32, 16) / 512, P("data"))
+    step = jaxaot.jit(jax.value_and_grad(lambda ps, x: loss(ps, x, block)))
+    got = step(ps, x)
+    same_types(got, jax.jit(jax.value_and_grad(lambda ps, x: loss(ps, x, layer)))(ps, x), "step")
+    assert all(p is not None for p in step._plans.values())  # split, not jax.jit
+jaxaot.wait_for_writes()
+info, glue = block.cache_info(), _programs.GLUE.counters.info()
+print(f"lowerings={info.lowerings} compiles={info.compiles + glue.compiles}")
+"""
+
+
+def test_an_explicit_mesh_step_warm_starts_and_another_mesh_compiles(tmp_path: Path) -> None:
+    """jaxaot.jit of a train step on an Explicit mesh: a warm process with the same
+    mesh lowers and compiles nothing; one with another device count compiles."""
+    cache = tmp_path / "cache"
+    cold = _counts(run_devices(TYPES + WARM_EXPLICIT, cache=cache))
+    assert cold["lowerings"] > 0 and cold["compiles"] > 0, cold
+    warm = _counts(run_devices(TYPES + WARM_EXPLICIT, cache=cache))
+    assert warm == {"lowerings": 0, "compiles": 0}, warm
+    other = _counts(run_devices(TYPES + WARM_EXPLICIT, devices=4, cache=cache))
+    assert other["compiles"] > 0, other

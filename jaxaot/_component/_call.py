@@ -20,8 +20,9 @@ from .._keys._key import ComponentKey
 from .._store._entry import Entry
 from .._store._lookup import Store
 from ._parts import derived_key
+from ._plain import Devices
 from ._rewrites import forwarded_inputs, fuse_dot_transposes, prune_residuals
-from ._types import aval_of, is_differentiable, sds, zeros
+from ._types import aval_of, is_differentiable, sds, traced_under, zeros
 
 __all__ = ["Call", "EntryMaker"]
 
@@ -41,7 +42,7 @@ class Call:
     """The parameter of one ``jaxaot_component`` equation: one cache entry and how to
     derive the entries of its transformations. Equal when the keys are equal."""
 
-    __slots__ = ("component", "key", "entry", "_trace", "_linearized")
+    __slots__ = ("component", "key", "entry", "devices", "_trace", "_linearized")
 
     def __init__(
         self,
@@ -49,10 +50,13 @@ class Call:
         key: ComponentKey,
         entry: Entry,
         trace: Callable[[], Any],
+        devices: Devices = (),
     ) -> None:
         self.component = component
         self.key = key
         self.entry = entry
+        # The devices the computation names (its derived computations name the same).
+        self.devices = devices
         self._trace = trace  # traces this computation afresh: a jax.stages.Traced
         self._linearized: dict[tuple[bool, ...], tuple[Any, Any]] = {}
 
@@ -95,7 +99,8 @@ class Call:
         def trace() -> Any:
             # From the jaxpr this process already has: the body is not run again.
             fn = self.fn()
-            return jax.jit(fn, keep_unused=True).trace(*[sds(a) for a in base.in_avals])
+            with traced_under(base.in_avals):
+                return jax.jit(fn, keep_unused=True).trace(*[sds(a) for a in base.in_avals])
 
         def build() -> Entry:
             entry = self.component.make_entry(key, trace, base.name)
@@ -121,9 +126,10 @@ class Call:
         extra: dict[str, Any] = {}
 
         def trace() -> Any:
-            fn, facts = make_fn()
-            extra.update(facts)
-            return jax.jit(fn, keep_unused=True).trace(*[sds(a) for a in in_avals])
+            with traced_under(in_avals):
+                fn, facts = make_fn()
+                extra.update(facts)
+                return jax.jit(fn, keep_unused=True).trace(*[sds(a) for a in in_avals])
 
         def build() -> Entry:
             entry = component.make_entry(key, trace, name)
@@ -133,7 +139,7 @@ class Call:
             return entry
 
         entry = component.store.entry(key, build)
-        return Call(component, key, entry, trace)
+        return Call(component, key, entry, trace, self.devices)
 
     def vmap(self, axis_data: Any, in_axes: tuple[int | None, ...], args: Sequence[Any]) -> Call:
         """Batched along ``in_axes``; the entry's ``extra["out_axes"]`` says which
@@ -244,7 +250,7 @@ class Call:
             live = [
                 a.to_tangent_aval() for a, m in zip(self.entry.in_avals, mask, strict=True) if m
             ]
-            args = [*residuals, *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in live]]
+            args = [*residuals, *[sds(a) for a in live]]
             names = ["residual"] * len(residuals) + live_names
             return parent._derive(("linearize", mask, "linear"), args, make, names)
 

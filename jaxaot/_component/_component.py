@@ -33,7 +33,6 @@ from .._jax import (
     Tracer,
     cpp_dispatcher,
     default_platform,
-    explicit_mesh_axes_in_scope,
     fastpath_miss,
     has_host_callbacks,
     jaxpr_as_fun,
@@ -55,7 +54,6 @@ from .._keys._sharding import (
     context_mesh_parts,
     input_sharding_parts,
     input_sharding_sig,
-    sharded_type,
 )
 from .._keys._text import stable_repr, tree_text
 from .._store._entry import Entry
@@ -65,8 +63,8 @@ from ._arguments import Arguments
 from ._call import Call
 from ._entries import build_entry
 from ._parts import base_parts, types_text
-from ._plain import needs_plain_jax
-from ._rules import bind, in_regional_trace, naming
+from ._plain import Devices, devices_from_json, devices_of, needs_plain_jax
+from ._rules import bind, naming
 from ._types import aval_of, sds
 
 __all__ = ["Component"]
@@ -117,10 +115,8 @@ class Component(Generic[P, R]):
         self._code = code_digest(fun) if key is not None else ""
         self.store = Store(self.name, self._counters, check=self._check_code)
         # signature -> (root key, the Traced it was found from (default keys), the
-        # values the body saw by name, why the program is served as plain JAX)
-        self._keys: dict[
-            tuple[Any, ...], tuple[ComponentKey, Any, tuple[Any, ...], str | None]
-        ] = {}
+        # values the body saw by name, the devices the program names)
+        self._keys: dict[tuple[Any, ...], tuple[ComponentKey, Any, tuple[Any, ...], Devices]] = {}
         self._annotation = f"jaxaot:{self.name}"
         simple = self._args.simple and not callable(key)
         self._dispatch = cpp_dispatcher(self.name, self._dispatch_miss) if simple else None
@@ -211,8 +207,8 @@ class Component(Generic[P, R]):
                     # rebound global): trace again, as a new jax.jit would.
                     seen = seen_values(self.__wrapped__)
                     key, traced = self._make_key(args, kwargs, in_tree, avals, statics)
-                    plain = needs_plain_jax(traced.jaxpr) if traced is not None else None
-                    known = (key, traced, seen, plain)
+                    devices = devices_of(traced.jaxpr) if traced is not None else ()
+                    known = (key, traced, seen, devices)
                     self._keys[sig] = known
         return known[0], known[1], leaves, sig
 
@@ -326,7 +322,7 @@ class Component(Generic[P, R]):
     ) -> tuple[Call, list[Any]]:
         """The call of the root entry; ``resolved`` is this call's ``_resolve``
         when the caller has it already."""
-        key, traced, leaves, _ = resolved or self._resolve(args, kwargs, allow_sds)
+        key, traced, leaves, sig = resolved or self._resolve(args, kwargs, allow_sds)
 
         def trace() -> Any:
             return self._trace_root(args, kwargs)
@@ -343,7 +339,20 @@ class Component(Generic[P, R]):
         if traced is not None and entry.jaxpr is None:
             # Loaded from a cache: this process traced the same program to find the key.
             entry.jaxpr = traced.jaxpr
-        return Call(self, key, entry, trace), leaves
+        return Call(self, key, entry, trace, self._devices(sig, traced, entry)), leaves
+
+    def _devices(self, sig: tuple[Any, ...], traced: Any, entry: Entry) -> Devices:
+        """The devices the program of signature ``sig`` names: found when a default
+        key traced it, else recorded in its entry when it was made."""
+        if traced is not None:
+            known = self._keys.get(sig)
+            return (
+                known[3] if known is not None and known[1] is traced else devices_of(traced.jaxpr)
+            )
+        try:
+            return devices_from_json(entry.extra.get("devices") or [])
+        except (TypeError, ValueError):  # a malformed record: link no devices, never fail
+            return ()
 
     def _plain_reason(
         self,
@@ -353,21 +362,19 @@ class Component(Generic[P, R]):
         root: Callable[[], Entry],
     ) -> str | None:
         """Why the call with signature ``sig`` (resolved) is served as plain JAX
-        (see :func:`needs_plain_jax`), or ``None``. A default key found it when it
-        traced the body; with an explicit key, inputs with sharded types, a mesh
-        in context with explicit axes, or what the root entry (``root()``) found
-        when it was made, count."""
-        if explicit_mesh_axes_in_scope():
-            return "vmap over an explicit mesh axis"
+        (see ``_plain``), or ``None``. A default key found it when it traced the
+        body; with an explicit key, what the root entry (``root()``) found when
+        it was made counts."""
         if traced is not None:
             known = self._keys.get(sig)
-            if known is not None and known[1] is traced:
-                return known[3]
-            return needs_plain_jax(traced.jaxpr)  # the table was cleared meanwhile
-        if any(sharded_type(aval_of(x)) for x in leaves) or _explicit_context():
-            return "sharded types"
-        plain = root().extra.get("plain")
-        return str(plain) if plain else None
+            devices = known[3] if known is not None and known[1] is traced else None
+            return needs_plain_jax(devices_of(traced.jaxpr) if devices is None else devices)
+        entry = root()
+        plain = entry.extra.get("plain")
+        if plain:
+            return str(plain)
+        # An entry made elsewhere may name devices this process lacks.
+        return needs_plain_jax(self._devices(sig, None, entry))
 
     def _call_traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         resolved = self._resolve(args, kwargs, allow_sds=False)
@@ -379,9 +386,8 @@ class Component(Generic[P, R]):
             return made[-1].entry
 
         reason = self._plain_reason(sig, traced, leaves, root)
-        if reason is not None and not (reason.endswith("names devices") and in_regional_trace()):
-            # Inlined, as jax.jit would: an entry would hide its shardings (jaxaot.jit
-            # compiles a component naming devices for the shardings it is called with).
+        if reason is not None:
+            # Inlined, as jax.jit would.
             logger.debug("jaxaot: component %r is inlined (%s)", self.name, reason)
             if traced is None:
                 return self._counted(*args, **kwargs)
@@ -533,9 +539,3 @@ class Component(Generic[P, R]):
             # A fresh jax.jit too: its own trace cache would otherwise skip the body
             # that makes (and writes) the root entry.
             self._jitted = self._make_jitted()
-
-
-def _explicit_context() -> bool:
-    """Whether the mesh in context has explicit axes (types may then carry shardings)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    return not mesh.empty and jax.sharding.AxisType.Explicit in tuple(mesh.axis_types)

@@ -11,7 +11,8 @@ from .. import _stats
 from .._jax import has_host_callbacks, is_ordered_effect, module_to_bytecode
 from .._keys._key import ComponentKey
 from .._store._entry import Entry
-from ._plain import needs_context, needs_plain_jax
+from ._plain import devices_of, devices_to_json, needs_context, needs_plain_jax
+from ._types import traced_under
 
 __all__ = ["build_entry"]
 
@@ -43,13 +44,14 @@ def build_entry(
             )
     callbacks = has_host_callbacks(closed)
     stablehlo = None
-    # A program with sharded types or named devices is served as plain JAX:
-    # its entry is not lowered, and stays in this process.
-    plain = needs_plain_jax(closed)
+    # A program served as plain JAX: its entry is not lowered, and stays in this process.
+    devices = devices_of(closed)
+    plain = needs_plain_jax(devices)
     local = callbacks or needs_context(closed) or plain is not None
     if not local and lower:
         platform = key.parts["platforms"][0]
-        lowered = traced.lower(lowering_platforms=(platform,))
+        with traced_under((*closed.in_avals, *closed.out_avals)):
+            lowered = traced.lower(lowering_platforms=(platform,))
         counters.add("lowerings")
         stablehlo = module_to_bytecode(lowered.compiler_ir("stablehlo"))
     debug = closed.jaxpr.debug_info
@@ -74,5 +76,8 @@ def build_entry(
         host_callbacks=local,
         jaxpr=closed,
         effects=frozenset(closed.effects),
-        extra={"plain": plain} if plain else {},
+        extra={
+            **({"plain": plain} if plain else {}),
+            **({"devices": devices_to_json(devices)} if devices else {}),
+        },
     )

@@ -1,71 +1,118 @@
-"""Which programs a component serves as plain JAX, and why.
+"""Which devices a component's program names, and which programs stay plain JAX.
 
-A component's entry stands for its program under every transformation, and
-its types are shape, dtype and weak type. Two kinds of program mean more than
-that, and are served as ``jax.jit`` serves them (inlined into the caller
-under tracing, compiled from the body at top level):
+A component's entry hides its program from its callers. One fact about the
+program matters to them beyond its types: the devices it names (a
+``with_sharding_constraint`` or ``device_put`` with a concrete sharding, a
+``shard_map`` over a concrete mesh, a nested ``jit`` with shardings). ``jax.jit``
+chooses the devices of a computation from everything it contains, so such a
+component's equation carries a *device witness* (:func:`device_witness`): a
+small jaxpr naming the same devices in the same order (sharding constraints on
+scalars), which JAX's device assignment reads as it reads the body itself. The
+cached entry is then linked into callers whose devices are its own, and a
+caller on other devices gets the error ``jax.jit`` would give.
 
-* programs whose types carry shardings (explicit mesh axes), and
-* programs that name devices (a concrete mesh or sharding in an equation).
+What stays plain JAX (inlined into the caller, compiled from the body at top
+level), :func:`needs_plain_jax`:
 
-:func:`needs_plain_jax` tells them. :func:`needs_context` tells a program
-that can only be lowered inside a context it does not have (its entry stays
-in this process and is only ever transformed).
+* a program whose named devices cannot be written as a witness (a device this
+  process does not have);
+* a program whose entry must stay in this process and cannot be lowered on its
+  own (:func:`needs_context`: collectives over an axis bound outside it) is not
+  plain, but is never written to a cache.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, NamedSharding, Sharding
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from .._jax import named_axis_effect, uses_primitive, walk_jaxprs
-from .._keys._sharding import sharded_type
+from .._jax import named_axis_effect, named_shardings, uses_primitive
 
-__all__ = ["needs_context", "needs_plain_jax"]
+__all__ = [
+    "Devices",
+    "device_witness",
+    "devices_from_json",
+    "devices_of",
+    "devices_to_json",
+    "needs_context",
+    "needs_plain_jax",
+]
 
+#: The devices a program names, each distinct sharding once: a mesh (axis names,
+#: sizes and types, device ids in mesh order) or a device list (ids in order), and
+#: the memory kind. JSON-able, for entries of explicit-key components.
+Devices = tuple[tuple[Any, ...], ...]
 
-def _concrete(value: Any) -> bool:
-    """A value naming devices: a device, a concrete mesh or a sharding over one."""
-    if isinstance(value, jax.Device):
-        return True
-    if isinstance(value, Mesh):
-        return not value.empty
-    if isinstance(value, NamedSharding):
-        return isinstance(value.mesh, Mesh) and not value.mesh.empty
-    return isinstance(value, Sharding)
-
-
-def _names_devices(eqn: Any) -> bool:
-    for value in eqn.params.values():
-        items = value if isinstance(value, list | tuple) else (value,)
-        if any(_concrete(v) for v in items):
-            return True
-    return False
+_AXIS = "jaxaot_devices"  # the axis of a witness mesh over a device list
 
 
-def needs_plain_jax(closed: Any) -> str | None:
-    """Why a traced program has to be served as plain JAX (inlined into the caller,
-    or compiled as ``jax.jit`` compiles it), or ``None``.
+def _described(sharding: Any) -> tuple[Any, ...]:
+    memory_kind = sharding.memory_kind
+    if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh):
+        mesh = sharding.mesh
+        ids = tuple(int(d.id) for d in np.asarray(mesh.devices).flat)
+        types = tuple(t.name for t in mesh.axis_types)
+        names = tuple(str(n) for n in mesh.axis_names)
+        sizes = tuple(int(z) for z in mesh.axis_sizes)
+        return ("mesh", names, sizes, types, ids, memory_kind)
+    ids = tuple(int(d.id) for d in sharding._device_assignment)  # noqa: SLF001
+    return ("devices", ids, memory_kind)
 
-    * Its types carry shardings (explicit mesh axes): a cached entry's types
-      would lose them, and with them output shardings, cotangent types and what
-      ``jax.typeof(x).sharding`` tells the body.
-    * It names devices (``with_sharding_constraint`` or ``device_put`` with a
-      concrete sharding, ``shard_map`` over a concrete mesh): which devices a
-      computation runs on is decided from everything it contains, and a cached
-      entry hides its contents from that decision.
+
+def devices_of(closed: Any) -> Devices:
+    """The meshes and devices ``closed`` names (see :data:`Devices`), each once, in
+    the order JAX finds them (empty for most programs)."""
+    return tuple(dict.fromkeys(_described(s) for s in named_shardings(closed)))
+
+
+def _sharding_of(item: tuple[Any, ...], by_id: dict[int, Any]) -> NamedSharding:
+    if item[0] == "mesh":
+        _, names, sizes, types, ids, memory_kind = item
+        devices = np.array([by_id[i] for i in ids]).reshape(sizes)
+        mesh = Mesh(devices, tuple(names), axis_types=tuple(AxisType[t] for t in types))
+    else:
+        _, ids, memory_kind = item
+        mesh = Mesh(np.array([by_id[i] for i in ids]), (_AXIS,), axis_types=(AxisType.Auto,))
+    return NamedSharding(mesh, PartitionSpec(), memory_kind=memory_kind)
+
+
+@functools.lru_cache(maxsize=256)
+def device_witness(devices: Devices) -> Any:
+    """A closed jaxpr naming ``devices`` to JAX's device assignment as a program that
+    names them does: one sharding constraint on a scalar per mesh (the same mesh,
+    so that outputs placed from it name the user's mesh) or device list (a
+    one-axis mesh of those devices in that order). ``None`` for no devices.
+
+    Raises:
+      KeyError: a device this process does not have.
     """
-    for jaxpr in walk_jaxprs(closed):
-        for v in (*jaxpr.invars, *jaxpr.outvars):
-            if sharded_type(getattr(v, "aval", None)):
-                return "sharded types"
-        for eqn in jaxpr.eqns:
-            if _names_devices(eqn):
-                return f"{eqn.primitive.name} names devices"
-            if any(sharded_type(getattr(v, "aval", None)) for v in eqn.outvars):
-                return "sharded types"
+    if not devices:
+        return None
+    by_id = {int(d.id): d for d in jax.devices()}
+    shardings = [_sharding_of(item, by_id) for item in devices]
+
+    def witness() -> tuple[Any, ...]:
+        scalar = np.float32(0)
+        return tuple(jax.lax.with_sharding_constraint(scalar, s) for s in shardings)
+
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+        return jax.make_jaxpr(witness)()
+
+
+def needs_plain_jax(devices: Devices) -> str | None:
+    """Why a program naming ``devices`` is served as plain JAX (see the module
+    docstring), or ``None``."""
+    if not devices:
+        return None
+    try:
+        device_witness(devices)
+    except Exception as e:  # a device this process does not have, a memory kind...
+        return f"names devices it cannot be linked on ({type(e).__name__}: {e})"
     return None
 
 
@@ -74,3 +121,21 @@ def needs_context(closed: Any) -> bool:
     a named axis bound outside it (``psum`` over an outer ``vmap`` axis), or a
     ``custom_vjp`` linear part (only transposable)."""
     return named_axis_effect(closed.effects) or uses_primitive(closed, ("custom_lin",))
+
+
+def devices_to_json(devices: Devices) -> list[Any]:
+    return [[list(x) if isinstance(x, tuple) else x for x in item] for item in devices]
+
+
+def devices_from_json(data: Sequence[Any]) -> Devices:
+    """:data:`Devices` from :func:`devices_to_json`; ValueError when malformed."""
+    out: list[tuple[Any, ...]] = []
+    for item in data:
+        if not isinstance(item, list) or not item or item[0] not in ("mesh", "devices"):
+            raise ValueError(f"malformed devices {item!r:.60}")
+        fields = tuple(tuple(x) if isinstance(x, list) else x for x in item)
+        ids = fields[-2]
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValueError(f"malformed device ids {item!r:.60}")
+        out.append(fields)
+    return tuple(out)

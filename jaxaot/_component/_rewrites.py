@@ -23,6 +23,7 @@ from typing import Any
 import jax
 
 from .._jax import ELEMENTWISE_ARITHMETIC, Literal, bind_equation, call_body, evaluate, jaxpr_as_fun
+from ._types import sds
 
 __all__ = ["forwarded_inputs", "fuse_dot_transposes", "prune_residuals"]
 
@@ -105,10 +106,10 @@ def fuse_dot_transposes(fun: Callable[..., Any], avals: Sequence[Any]) -> Callab
     every ``transpose(dot_general(a, b))`` that only swaps the product's free
     dimensions computed as ``dot_general(b, a)``; calls of ``jit`` functions are
     inlined (XLA inlines them anyway). Same values, from the same products."""
-    sds = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
-    closed = jax.make_jaxpr(fun)(*sds)
+    structs = [sds(a) for a in avals]
+    closed = jax.make_jaxpr(fun)(*structs)
     counter = [0]
-    out = jax.make_jaxpr(lambda *xs: _fusing(closed.jaxpr, closed.consts, xs, counter))(*sds)
+    out = jax.make_jaxpr(lambda *xs: _fusing(closed.jaxpr, closed.consts, xs, counter))(*structs)
     logger.debug("jaxaot: %d dot transposes fused", counter[0])
     return jaxpr_as_fun(out)  # type: ignore[no-any-return]
 
@@ -234,13 +235,13 @@ def prune_residuals(known: Any, unknown: Any, n_out: int) -> tuple[Any, Any]:
         values = [r.val if isinstance(r, Literal) else env[r] for r in residuals]
         return linear(*values, *args[len(kept_list) :])  # type: ignore[no-any-return]
 
-    def sds(avals: Sequence[Any]) -> list[Any]:
-        return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    def structs(avals: Sequence[Any]) -> list[Any]:
+        return [sds(a) for a in avals]
 
     tangent_avals = unknown.in_avals[len(residuals) :]
-    new_known = jax.make_jaxpr(forward)(*sds(known.in_avals))
+    new_known = jax.make_jaxpr(forward)(*structs(known.in_avals))
     new_unknown = jax.make_jaxpr(linear_from_kept)(
-        *sds([r.aval for r in kept_list]), *sds(tangent_avals)
+        *structs([r.aval for r in kept_list]), *structs(tangent_avals)
     )
     logger.debug(
         "jaxaot: %d residuals written instead of %d (%d bytes instead of %d)",

@@ -39,6 +39,7 @@ from .._jax import (
     register_linearization,
     register_lowering,
 )
+from ._plain import device_witness
 
 __all__ = ["PREFETCH", "bind", "component_p", "in_regional_trace", "naming"]
 
@@ -67,6 +68,11 @@ def _prefetch(call: Any) -> None:
 
 
 def bind(call: Any, args: Sequence[Any]) -> list[Any]:
+    """Binds a call of ``call``'s entry; where the computation names devices, the
+    equation carries their witness (``devices``, see ``_plain``), which JAX's
+    device assignment reads as it would read the computation itself."""
+    if call.devices:
+        return list(component_p.bind(*args, call=call, devices=device_witness(call.devices)))
     return list(component_p.bind(*args, call=call))
 
 
@@ -98,11 +104,13 @@ def naming(error: Exception, name: str) -> Exception:
     return error
 
 
-def _impl(*args: Any, call: Any) -> Any:
-    return apply_primitive(component_p, *args, call=call)
+def _impl(*args: Any, call: Any, devices: Any = None) -> Any:
+    if devices is None:
+        return apply_primitive(component_p, *args, call=call)
+    return apply_primitive(component_p, *args, call=call, devices=devices)
 
 
-def _abstract_eval(*avals: Any, call: Any) -> tuple[list[Any], Any]:
+def _abstract_eval(*avals: Any, call: Any, devices: Any = None) -> tuple[list[Any], Any]:
     entry = call.entry
     for i, (got, want) in enumerate(zip(avals, entry.in_avals, strict=True)):
         if got.shape != want.shape or got.dtype != want.dtype:
@@ -118,7 +126,9 @@ component_p.def_impl(_impl)
 component_p.def_effectful_abstract_eval(_abstract_eval)
 
 
-def _lower(ctx: Any, *args: Any, call: Any, platform: str | None = None) -> Sequence[Any]:
+def _lower(
+    ctx: Any, *args: Any, call: Any, devices: Any = None, platform: str | None = None
+) -> Sequence[Any]:
     if platform is None:
         platforms = lowering_platforms(ctx)
         if len(platforms) != 1:
@@ -146,7 +156,9 @@ for _platform in KNOWN_PLATFORMS:
         pass
 
 
-def _batch(axis_data: Any, vals: Sequence[Any], dims: Sequence[Any], *, call: Any) -> Any:
+def _batch(
+    axis_data: Any, vals: Sequence[Any], dims: Sequence[Any], *, call: Any, devices: Any = None
+) -> Any:
     in_axes = tuple(None if d is not_mapped else int(d) for d in dims)
     if all(d is None for d in in_axes):
         outs = bind(call, vals)
@@ -164,7 +176,7 @@ def _is_differentiable(aval: Any) -> bool:
     return bool(jnp.issubdtype(aval.dtype, jnp.inexact))
 
 
-def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call: Any) -> Any:
+def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call: Any, devices: Any = None) -> Any:
     outs = bind(call, primals)
     out_avals = call.entry.out_avals
     zeros = [Zero(a.to_tangent_aval()) for a in out_avals]
@@ -183,7 +195,9 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, call: Any) -> Any:
 ad.primitive_jvps[component_p] = _jvp
 
 
-def _linearize(is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, call: Any) -> Any:
+def _linearize(
+    is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, call: Any, devices: Any = None
+) -> Any:
     """Direct linearization (grad, vjp, linearize): a derived *forward* entry gives
     the primal outputs and the residuals, and a derived *linear* entry maps
     residuals and tangents to output tangents. Reverse mode then transposes the
@@ -238,7 +252,7 @@ def _residuals(
     return [taken[i] if i in taken else next(rest) for i in range(len(returned) + len(taken))]
 
 
-def _transpose(cts: Sequence[Any], *args: Any, call: Any) -> list[Any]:
+def _transpose(cts: Sequence[Any], *args: Any, call: Any, devices: Any = None) -> list[Any]:
     undefined = tuple(ad.is_undefined_primal(a) for a in args)
     if all(type(ct) is Zero for ct in cts):
         return [Zero(a.aval) if u else None for a, u in zip(args, undefined, strict=True)]

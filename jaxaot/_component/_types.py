@@ -6,17 +6,28 @@ type carries one (explicit mesh axes); other shardings are placement, not type.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 
-from .._jax import ShapedArray
+from .._jax import ShapedArray, explicit_mesh_axes_in_scope
 from .._keys._sharding import sharded_type
 
-__all__ = ["ARRAY_SCALARS", "aval_of", "is_differentiable", "sds", "type_of", "zeros"]
+__all__ = [
+    "ARRAY_SCALARS",
+    "aval_of",
+    "is_differentiable",
+    "sds",
+    "traced_under",
+    "type_of",
+    "zeros",
+]
 
 #: Python and NumPy scalars a component takes as arrays.
 ARRAY_SCALARS = (bool, int, float, complex, np.generic)
@@ -47,12 +58,32 @@ def type_of(aval: Any) -> Any:
 
 
 def sds(aval: Any) -> jax.ShapeDtypeStruct:
-    """A ``jax.ShapeDtypeStruct`` of type ``aval`` (to trace with)."""
+    """A ``jax.ShapeDtypeStruct`` of type ``aval`` (to trace with): with the
+    sharding the type carries; inside a ``vmap`` over an explicit mesh axis,
+    unsharded over the mesh in context, as JAX types the values there (a nested
+    trace would otherwise see a mesh without that axis, and its types could not
+    be batched along it)."""
     if sharded_type(aval):
-        return jax.ShapeDtypeStruct(
-            aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=aval.sharding
-        )
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+        sharding = aval.sharding
+    elif explicit_mesh_axes_in_scope():
+        sharding = jax.sharding.NamedSharding(jax.sharding.get_abstract_mesh(), PartitionSpec())
+    else:
+        sharding = None
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=sharding)
+
+
+@contextlib.contextmanager
+def traced_under(avals: Sequence[Any]) -> Iterator[None]:
+    """The mesh that types carrying shardings (explicit axes) were made under, as the
+    abstract mesh in context for the block: a derived entry is traced under its
+    own types' mesh, also where it is made (inside a ``vmap`` over an explicit
+    axis, the context's mesh lacks that axis)."""
+    mesh = next((a.sharding.mesh for a in avals if sharded_type(a)), None)
+    if mesh is None or mesh == jax.sharding.get_abstract_mesh():
+        yield
+        return
+    with jax.sharding.use_abstract_mesh(mesh):
+        yield
 
 
 def is_differentiable(dtype: Any) -> bool:
@@ -66,4 +97,6 @@ def zeros(aval: Any) -> Any:
     """Zeros of type ``aval`` (``float0`` tangents as NumPy zeros, as JAX makes them)."""
     if aval.dtype == jax.dtypes.float0:
         return np.zeros(aval.shape, dtype=jax.dtypes.float0)
+    if sharded_type(aval):  # zeros of the same type: its sharding included
+        return jax.numpy.zeros(aval.shape, aval.dtype, out_sharding=aval.sharding)
     return jax.numpy.zeros(aval.shape, aval.dtype)

@@ -14,6 +14,7 @@ the small surface jaxaot depends on:
 * ``_platform``: lowering platform names;
 * ``_executable``: serialized executables and JAX's C++ dispatcher;
 * ``_layout``: types made again by pickling compare equal (``AutoLayout``);
+* ``_placement``: the concrete shardings JAX's device assignment sees in a jaxpr;
 * ``_distributed``: the distributed runtime's key-value client.
 
 Supported JAX: 0.10.2 through 0.12.x (``SUPPORTED_JAX``). The differences
@@ -70,6 +71,7 @@ from ._jaxpr import (
     walk_jaxprs,
 )
 from ._layout import one_auto_layout
+from ._placement import named_shardings
 from ._platform import KNOWN_PLATFORMS, canonical_platform, default_platform
 from ._primitive import (
     ad,
@@ -125,6 +127,7 @@ __all__ = [
     "lowering_platforms",
     "module_to_bytecode",
     "named_axis_effect",
+    "named_shardings",
     "not_mapped",
     "one_auto_layout",
     "partial_eval_jaxpr",

@@ -32,15 +32,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, Tracer, bind_equation
+from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, Tracer, bind_equation, named_shardings
 from ._closure import ClosureError
 from ._key import ComponentKey
-from ._sharding import value_text
+from ._sharding import sharded_type, sharding_text, value_text
 from ._text import jax_type_text, strip_addresses
 
 __all__ = ["content_digest", "program_parts"]
 
 _RULE_PRIMITIVES = ("custom_jvp_call", "custom_vjp_call")
+_COMPONENT_PRIMITIVE = "jaxaot_component"
 _MAX_RULE_DEPTH = 2
 
 
@@ -71,7 +72,10 @@ def _callable_name(fun: Any) -> str:
 
 
 def _sds(aval: Any, dtype: Any = None) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype if dtype is None else dtype)
+    sharding = aval.sharding if sharded_type(aval) else None  # a sharding the type carries
+    return jax.ShapeDtypeStruct(
+        aval.shape, aval.dtype if dtype is None else dtype, sharding=sharding
+    )
 
 
 def _rule_jaxpr(eqn: Any) -> Any:
@@ -149,7 +153,12 @@ class _Canonical:
             self.emit("eqn", eqn.primitive.name, *ins)
             for name in sorted(eqn.params):
                 self.emit(name)
-                self.param(eqn.params[name])
+                if name == "devices" and eqn.primitive.name == _COMPONENT_PRIMITIVE:
+                    # A component call's device witness: keyed by the devices it names
+                    # (its own equations' parameters depend on the context it was made in).
+                    self.emit(*(sharding_text(s) for s in named_shardings(eqn.params[name])))
+                else:
+                    self.param(eqn.params[name])
             self.emit("->", *[var(v) for v in eqn.outvars])
             if eqn.primitive.name in _RULE_PRIMITIVES:
                 self.rule(eqn)

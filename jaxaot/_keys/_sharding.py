@@ -42,6 +42,9 @@ __all__ = [
     "region_sharding_parts",
     "sharded_type",
     "sharding_text",
+    "type_sharding_from_json",
+    "type_sharding_text",
+    "type_sharding_to_json",
     "spec_text",
     "value_text",
 ]
@@ -134,6 +137,94 @@ def spec_text(spec: Any) -> str:
         if axes:
             extra += f";{what}=" + ",".join(sorted(str(a) for a in axes))
     return f"P({inner}{extra})"
+
+
+def type_sharding_text(sharding: Any) -> str:
+    """The sharding a type carries (explicit mesh axes) as text: the mesh's axes
+    (name=size:type) and the spec."""
+    return f"{{{_axes(sharding.mesh)}}}{spec_text(sharding.spec)}"
+
+
+def _spec_entry_to_json(entry: Any) -> Any:
+    if entry is None or isinstance(entry, str):
+        return entry
+    return [str(e) for e in entry]
+
+
+def type_sharding_to_json(sharding: Any) -> dict[str, Any]:
+    """The sharding a type carries as JSON, for entry headers: the mesh's axes
+    (``[name, size, type]``) and the spec (entries, unreduced and reduced axes)."""
+    mesh, spec = sharding.mesh, sharding.spec
+    types = tuple(getattr(mesh, "axis_types", None) or ())
+    data: dict[str, Any] = {
+        "axes": [
+            [str(n), int(z), _enum(types[i]) if i < len(types) else None]
+            for i, (n, z) in enumerate(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+        ],
+        "spec": [_spec_entry_to_json(e) for e in tuple(spec)],
+    }
+    for what in ("unreduced", "reduced"):
+        axes = getattr(spec, what, None)
+        if axes:
+            data[what] = sorted(str(a) for a in axes)
+    kind = getattr(spec, "unreduced_kind", None)
+    if kind is not None and getattr(spec, "unreduced", None):
+        data["unreduced_kind"] = _enum(kind)
+    return data
+
+
+def type_sharding_from_json(data: Any, context: Any = None) -> Any:
+    """The sharding :func:`type_sharding_to_json` wrote, over the abstract mesh
+    ``context`` (the mesh in context, which also names the devices' kind) when its
+    axes are the ones written, else over an abstract mesh of those axes.
+
+    Raises:
+      ValueError: malformed data.
+    """
+    from jax.sharding import AxisType
+
+    if not isinstance(data, dict) or not isinstance(data.get("axes"), list):
+        raise ValueError("a type's sharding is not an object with axes")
+    names, sizes, types = [], [], []
+    for axis in data["axes"]:
+        if not (isinstance(axis, list) and len(axis) == 3):
+            raise ValueError(f"malformed mesh axis {axis!r:.60}")
+        name, size, kind = axis
+        if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int):
+            raise ValueError(f"malformed mesh axis {axis!r:.60}")
+        names.append(name)
+        sizes.append(size)
+        types.append(AxisType[kind] if isinstance(kind, str) else AxisType.Auto)
+    mesh = context
+    if mesh is None or mesh.empty or _axes(mesh) != _axes_of(names, sizes, types):
+        mesh = AbstractMesh(tuple(sizes), tuple(names), axis_types=tuple(types))
+    entries: list[Any] = []
+    for entry in data.get("spec", []):
+        if entry is None or isinstance(entry, str):
+            entries.append(entry)
+        elif isinstance(entry, list) and all(isinstance(e, str) for e in entry):
+            entries.append(tuple(entry))
+        else:
+            raise ValueError(f"malformed partition spec entry {entry!r:.60}")
+    extra: dict[str, Any] = {}
+    for what in ("unreduced", "reduced"):
+        axes = data.get(what)
+        if axes:
+            if not (isinstance(axes, list) and all(isinstance(a, str) for a in axes)):
+                raise ValueError(f"malformed {what} axes")
+            extra[what] = frozenset(axes)
+    kind = data.get("unreduced_kind")
+    if isinstance(kind, str):
+        import inspect
+
+        default = inspect.signature(PartitionSpec).parameters.get("unreduced_kind")
+        if default is not None and isinstance(default.default, enum.Enum):
+            extra["unreduced_kind"] = type(default.default)[kind]
+    return NamedSharding(mesh, PartitionSpec(*entries, **extra))
+
+
+def _axes_of(names: Sequence[str], sizes: Sequence[int], types: Sequence[Any]) -> str:
+    return ",".join(f"{n}={z}:{_enum(t)}" for n, z, t in zip(names, sizes, types, strict=True))
 
 
 def sharding_text(sharding: Any, ndim: int | None = None) -> str:

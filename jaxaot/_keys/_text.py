@@ -142,13 +142,14 @@ def aval_str(shape: tuple[int, ...], dtype: Any, weak_type: bool) -> str:
 
 
 def type_text(aval: Any) -> str:
-    """A type as key and header text: :func:`aval_str`, then ``@`` and the partition
-    spec where the type carries a sharding (explicit mesh axes)."""
-    from ._sharding import sharded_type, spec_text
+    """A type as key and header text: :func:`aval_str`, then ``@``, the mesh's axes
+    and the partition spec where the type carries a sharding (explicit mesh axes:
+    ``float32[16,32]@{data=8:Explicit}P(data,_)``)."""
+    from ._sharding import sharded_type, type_sharding_text
 
     text = aval_str(aval.shape, aval.dtype, aval.weak_type)
     if sharded_type(aval):
-        text += f"@{spec_text(aval.sharding.spec)}"
+        text += "@" + type_sharding_text(aval.sharding)
     return text
 
 

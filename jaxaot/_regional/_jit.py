@@ -60,7 +60,14 @@ import jax
 
 from .._jax import Tracer, cpp_dispatcher, fastpath_miss, trace_context, trace_state_clean
 from .._store import _job
-from ._placement import UNSET, MeshContext, check_shardings, flat_targets, reshard
+from ._placement import (
+    UNSET,
+    MeshContext,
+    canonical_sharding,
+    check_shardings,
+    flat_targets,
+    reshard,
+)
 from ._plan import WHOLE as WHOLE_MODE
 from ._plan import Plan, PlanFailed
 from ._planner import PlanSpec, build_plan
@@ -328,6 +335,8 @@ class RegionalFunction:
             shardings: tuple[Any, ...] = tuple(map(_SHARDING, leaves))
         else:
             shardings = tuple(getattr(x, "sharding", None) for x in leaves)
+        # Equal shardings spelled differently (a step's outputs fed back) are one plan.
+        shardings = tuple(map(canonical_sharding, shardings))
         mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
         return (treedef, _avals(leaves, arrays), statics, shardings, mesh, trace_context())
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, Sharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from .._keys._sharding import leaf_sharding
 
@@ -34,6 +34,7 @@ __all__ = [
     "UNSET",
     "MeshContext",
     "as_sharding",
+    "canonical_sharding",
     "is_target",
     "output_shardings",
     "check_shardings",
@@ -46,7 +47,7 @@ __all__ = [
 
 
 def _default_device() -> Any:
-    if jax.config.read("jax_default_device") is not None:
+    if getattr(jax.config, "jax_default_device", None) is not None:
         return None  # placed by configuration: every sharding counts as given
     return jax.local_devices()[0]
 
@@ -61,14 +62,41 @@ def _default_memory(device: Any) -> str | None:
 def region_sharding(sharding: Any) -> Any:
     """The sharding a region's input is compiled for: ``None`` (compiled as
     ``jax.jit`` compiles an unplaced input) for a single-device sharding on the
-    default device in its default memory, else ``sharding`` itself."""
+    default device in its default memory, else ``sharding`` itself, in one
+    spelling (:func:`canonical_sharding`)."""
     if sharding is None:
         return None
     if isinstance(sharding, jax.sharding.SingleDeviceSharding):
         (device,) = tuple(sharding.device_set)
         if device == _default_device() and sharding.memory_kind in (None, _default_memory(device)):
             return None
-    return sharding
+    return canonical_sharding(sharding)
+
+
+def canonical_sharding(sharding: Any) -> Any:
+    """``sharding`` in one spelling: a ``NamedSharding`` whose spec ends in
+    unsharded dimensions (``P("data", None, None)``, as executables report their
+    outputs) as the same sharding without them (``P("data")``, as users write
+    it), so that equal shardings compare equal."""
+    if not isinstance(sharding, NamedSharding):
+        return sharding
+    entries = list(sharding.spec)
+    if not entries or entries[-1] is not None:
+        return sharding
+    while entries and entries[-1] is None:
+        entries.pop()
+    spec = sharding.spec
+    extra = {
+        name: getattr(spec, name)
+        for name in ("unreduced", "reduced", "unreduced_kind")
+        if getattr(spec, name, None)
+    }
+    try:
+        return NamedSharding(
+            sharding.mesh, PartitionSpec(*entries, **extra), memory_kind=sharding.memory_kind
+        )
+    except (TypeError, ValueError):  # a spec this JAX builds otherwise: keep it as it is
+        return sharding
 
 
 def region_placement(value: Any) -> Any:

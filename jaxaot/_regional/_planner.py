@@ -232,6 +232,11 @@ def build_plan(
     )
     jaxpr = flat.jaxpr
     regions, leftover = split(jaxpr, {jaxpr.invars[i] for i in donated})
+    # A component that names devices places its outputs there: the regions after
+    # it are compiled for the shardings they receive, as in a sharded program.
+    sharded = sharded or any(
+        region.kind == "component" and region.eqns[0].params["call"].devices for region in regions
+    )
     slots = _Slots(jaxpr, flat.consts, regions)
     makers = [_maker(region, jaxpr.debug_info) for region in regions]
     step_ins = [tuple(slots(v) for v in region.invars) for region in regions]

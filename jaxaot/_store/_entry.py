@@ -38,6 +38,10 @@ key part, so entries of another version are never read, only missed):
   * 2 (2026-12-01): a flags field; a SHA-256 checksum on every entry and, for
     signed entries, an HMAC signature after it (version 1 had one digest that
     was either), so that damage and a foreign key can be told apart.
+    Later additions within version 2, read as absent by earlier readers (whose
+    keys never name such entries): ``in_shardings``/``out_shardings``, the
+    sharding each type carries (explicit mesh axes), for entries with sharded
+    types; their ``in_avals``/``out_avals`` texts end in ``@`` and that sharding.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ import numpy as np
 from .._caches import BadEntry
 from .._caches._trust import HMAC_ENV, hmac_secret
 from .._keys._key import ComponentKey
+from .._keys._sharding import sharded_type, type_sharding_from_json, type_sharding_to_json
 from .._keys._text import parse_aval_str, type_text
 from ._trees import LEAF, NotPersistable, tree_from_json, tree_to_json
 
@@ -196,6 +201,21 @@ def _header(entry: Entry, sections: list[tuple[str, bytes]]) -> dict[str, Any]:
         "host_callbacks": entry.host_callbacks,
         "sections": [[name, len(blob)] for name, blob in sections],
         "extra": entry.extra,
+        **_type_shardings(entry),
+    }
+
+
+def _type_shardings(entry: Entry) -> dict[str, Any]:
+    """``in_shardings``/``out_shardings``: for each input and output, the sharding
+    its type carries (explicit mesh axes), or ``None``; absent when no type carries
+    one (so entries without sharded types are as they always were)."""
+    if not any(sharded_type(a) for a in (*entry.in_avals, *entry.out_avals)):
+        return {}
+    return {
+        f"{what}_shardings": [
+            type_sharding_to_json(a.sharding) if sharded_type(a) else None for a in avals
+        ]
+        for what, avals in (("in", entry.in_avals), ("out", entry.out_avals))
     }
 
 
@@ -371,6 +391,14 @@ def _check_header(header: Any, body_len: int) -> None:
     for name in ("in_avals", "out_avals", "arg_names", "result_paths", "platforms"):
         if name in header:
             _texts(header[name], name)
+    for what in ("in", "out"):
+        shardings = header.get(f"{what}_shardings")
+        if shardings is not None and (
+            not isinstance(shardings, list)
+            or len(shardings) != len(header[f"{what}_avals"])
+            or not all(s is None or isinstance(s, dict) for s in shardings)
+        ):
+            raise HeaderError(f"header field '{what}_shardings' is not a list of shardings")
     _check_tree(header["out_tree"], "out_tree")
     created = _number(header["created"], "created")
     if not 0 <= created <= _MAX_TIME:
@@ -471,18 +499,26 @@ def decode(blob: bytes, expected: ComponentKey | None = None) -> Entry:
             raise EntryError("entry belongs to another key: " + "; ".join(expected.explain(key)))
         from .._jax import ShapedArray
 
-        def avals(texts: list[str]) -> tuple[Any, ...]:
+        context = jax.sharding.get_abstract_mesh()
+
+        def avals(what: str) -> tuple[Any, ...]:
+            texts = header[f"{what}_avals"]
+            shardings = header.get(f"{what}_shardings") or [None] * len(texts)
             out = []
-            for t in texts:
-                shape, dtype, weak = parse_aval_str(t)
-                out.append(ShapedArray(shape, dtype, weak_type=weak))
+            for t, sharding in zip(texts, shardings, strict=True):
+                shape, dtype, weak = parse_aval_str(t.split("@", 1)[0])
+                if sharding is None:
+                    out.append(ShapedArray(shape, dtype, weak_type=weak))
+                else:
+                    typed = type_sharding_from_json(sharding, context)
+                    out.append(ShapedArray(shape, dtype, weak_type=weak, sharding=typed))
             return tuple(out)
 
         return Entry(
             key=key,
             name=str(header["name"]),
-            in_avals=avals(header["in_avals"]),
-            out_avals=avals(header["out_avals"]),
+            in_avals=avals("in"),
+            out_avals=avals("out"),
             out_tree=tree_from_json(header["out_tree"]),
             arg_names=tuple(header["arg_names"]),
             result_paths=tuple(header["result_paths"]),

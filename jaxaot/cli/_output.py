@@ -164,8 +164,8 @@ _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400
 
 def parse_size(text: str) -> int:
     """Bytes from ``123``, ``500M``, ``2G``, ``1.5GiB``...; K/M/G/T/P are powers of 1024
-    (``jaxaot._config.parse_size``, the syntax of ``JAXAOT_CACHE_MAX_BYTES`` too)."""
-    from .._config import parse_size as parse
+    (``jaxaot._store._active.parse_size``, the syntax of ``JAXAOT_CACHE_MAX_BYTES`` too)."""
+    from .._store._active import parse_size as parse
 
     try:
         return parse(text)

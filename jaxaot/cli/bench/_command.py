@@ -1,0 +1,188 @@
+"""``jaxaot bench``'s command line: its options, the :class:`~._config.BenchConfig`
+they make, and the extras each suite needs, checked before anything runs."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+
+from .._output import CLIError, Command, Output
+from ._config import AXIS_TYPES, LAYOUTS, SUITES, ArgumentError, BenchConfig, ModelShape
+
+__all__ = ["BENCH", "EXTRAS", "add_arguments", "config_from_args", "missing_extras"]
+
+#: What each suite imports, and why (the ``bench`` extra installs them all).
+EXTRAS = {
+    "matplotlib": "the plots",
+    "flatbuffers": "jax.export, the warm-start suite's export contender",
+    "equinox": "the regional suite's Equinox noinline contender",
+}
+SUITE_NEEDS = {
+    "warm-start": ("matplotlib", "flatbuffers"),
+    "regional": ("matplotlib", "equinox"),
+    "sharded": ("matplotlib",),
+    "all": ("matplotlib", "flatbuffers", "equinox"),
+}
+
+
+def importable(name: str) -> bool:
+    """Whether ``import name`` would find the module (without importing it)."""
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_extras(suite: str) -> list[str]:
+    return [name for name in SUITE_NEEDS.get(suite, tuple(EXTRAS)) if not importable(name)]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``jaxaot bench`` (and of the ``benchmarks/`` scripts)."""
+    default = ModelShape()
+    parser.add_argument(
+        "suite",
+        nargs="?",
+        default="warm-start",
+        choices=SUITES,
+        help="which benchmark (default warm-start; all = warm-start and regional)",
+    )
+    parser.add_argument("--layers", type=int, nargs="+", default=None, help="depths to run")
+    parser.add_argument("--full", action="store_true", help="warm-start: also L=8 and L=48")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="regional: stop at L=16; sharded: L=2 and 4 on a tiny model (for tests)",
+    )
+    parser.add_argument(
+        "--max-jit-layers",
+        type=int,
+        default=48,
+        help="regional, sharded: run the whole-program jax.jit contenders (and the sharded "
+        "suite's physical limit) only up to this depth (default 48)",
+    )
+    _add_sharded_arguments(parser)
+    parser.add_argument("--repeats", type=int, default=3, help="steady-state repeats (default 3)")
+    parser.add_argument(
+        "--trials",
+        type=int,
+        default=1,
+        help="regional: run the contenders this many times, interleaved, each in a fresh "
+        "process, and report each one's median (default 1)",
+    )
+    for flag, what, value in (
+        ("--width", "model width", default.width),
+        ("--batch", "batch size", default.batch),
+        ("--seq", "sequence length", default.seq),
+    ):
+        parser.add_argument(
+            flag, type=int, default=None, help=f"regional, sharded: {what} (default {value})"
+        )
+    parser.add_argument(
+        "--inference",
+        action="store_true",
+        help="regional, sharded: time the forward pass alone, not the train step",
+    )
+    parser.add_argument(
+        "--out",
+        default=os.path.join("docs", "results"),
+        help="output folder (default ./docs/results, where a checkout's docs read them)",
+    )
+
+
+def _add_sharded_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=8,
+        help="sharded: simulated CPU devices on the mesh (default 8; the 2d layout's mesh "
+        "is N/2 x 2)",
+    )
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="sharded: run only these contenders (default: all of them)",
+    )
+    parser.add_argument(
+        "--layouts",
+        nargs="+",
+        default=None,
+        choices=LAYOUTS,
+        help="sharded: the layouts to run (default all three)",
+    )
+    parser.add_argument(
+        "--axis-types",
+        nargs="+",
+        default=None,
+        choices=AXIS_TYPES,
+        help="sharded: the mesh's axis types, explicit (jax.make_mesh's default: shardings "
+        "in the types, under jax.set_mesh) and/or auto (default both)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The run the parsed options describe."""
+    from pathlib import Path
+
+    return BenchConfig(
+        suite=args.suite,
+        layers=tuple(args.layers) if args.layers else None,
+        full=args.full,
+        quick=args.quick,
+        repeats=args.repeats,
+        trials=args.trials,
+        max_jit_layers=args.max_jit_layers,
+        width=args.width,
+        batch=args.batch,
+        seq=args.seq,
+        inference=args.inference,
+        devices=args.devices,
+        contenders=tuple(args.contenders) if args.contenders else None,
+        layouts=tuple(args.layouts) if args.layouts else None,
+        axis_types=tuple(args.axis_types) if args.axis_types else None,
+        out=Path(args.out),
+    )
+
+
+def _cmd_bench(args: argparse.Namespace, out: Output) -> int:
+    missing = missing_extras(args.suite)
+    if missing:
+        needs = "; ".join(f"{name} ({EXTRAS[name]})" for name in missing)
+        raise CLIError(
+            f'jaxaot bench {args.suite} needs {needs}: pip install ".[bench]" '
+            "(in a checkout of jaxaot; or pip install 'jaxaot[bench]')",
+            2,
+        )
+    from . import _suites
+
+    config = config_from_args(args)
+    try:
+        text = _suites.run(config, lambda message: print(message, file=sys.stderr))
+    except ArgumentError as e:
+        raise CLIError(f"jaxaot bench {args.suite}: {e}", 2) from e
+    out.line(text)
+    out.line(f"tables, JSON and plots written to {os.path.abspath(config.out)}")
+    return 0
+
+
+BENCH = Command(
+    "bench",
+    "benchmark warm starts, regional compilation and sharded steps against JAX's own caches",
+    add_arguments,
+    _cmd_bench,
+    description="Run the warm-start benchmark (jax.jit, JAX's persistent cache, jax.export, "
+    "jaxaot, the physical limit) and/or the regional-compilation depth sweep (jax.jit, scan, "
+    "Equinox noinline, jaxaot.jit), and/or the sharded suite (jax.jit, scan, jaxaot.jit and "
+    "the physical limit on a mesh of simulated CPU devices, data-parallel, FSDP and 2-D, "
+    "explicit and auto axes; not part of all), each contender in a fresh process; write "
+    "Markdown tables, JSON and PNG plots.",
+    epilog='Needs the bench extra (pip install ".[bench]": matplotlib, flatbuffers, equinox); '
+    "without it the command stops at once and names what is missing (exit status 2).",
+    uses_cache=False,
+)

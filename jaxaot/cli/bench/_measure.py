@@ -1,0 +1,121 @@
+"""How a worker times things: one call, the stages of ``jax.jit`` (trace, lower,
+compile, first run), a steady step, and a ``jaxaot.jit`` step's steady state.
+
+Runs in the worker process; JAX and jaxaot are imported when first needed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "PHASES",
+    "ROUND_SECONDS",
+    "SETTLE_SECONDS",
+    "block",
+    "measure_stages",
+    "settle",
+    "steady",
+    "steady_after_warmup",
+    "timed",
+]
+
+#: The stages whose sum is the time to first result.
+PHASES = ("trace", "lower", "compile", "first_run")
+
+#: How long a ``jaxaot.jit`` contender may keep choosing its steady state before
+#: its steady step is measured anyway (seconds).
+SETTLE_SECONDS = 600.0
+
+#: A steady-step round runs back-to-back calls for at least this long (seconds), so
+#: that a step of a millisecond is not timed by one call on a shared machine.
+ROUND_SECONDS = 0.2
+
+
+def block(out: Any) -> Any:
+    """``out``, once every array in it is computed."""
+    import jax
+
+    return jax.block_until_ready(out)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``fn()`` and the seconds it took."""
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def steady(fn: Callable[[], Any], repeats: int) -> float:
+    """Seconds a call: the median over ``repeats`` rounds of back-to-back calls,
+    each call waited for before the next, a round lasting ``ROUND_SECONDS`` or
+    one call."""
+    t0 = time.perf_counter()
+    block(fn())
+    calls = max(1, int(ROUND_SECONDS / max(time.perf_counter() - t0, 1e-6)))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            block(fn())
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
+
+
+def measure_stages(
+    jitted: Any, args: tuple[Any, ...], result: dict[str, Any], repeats: int
+) -> None:
+    """Times ``jitted``'s trace, lower, compile and first run, then its steady step."""
+    traced, result["trace"] = timed(lambda: jitted.trace(*args))
+    lowered, result["lower"] = timed(traced.lower)
+    compiled, result["compile"] = timed(lowered.compile)
+    _, result["first_run"] = timed(lambda: block(compiled(*args)))
+    result["steady"] = steady(lambda: compiled(*args), repeats)
+
+
+def settle(step: Any, args: tuple[Any, ...], result: dict[str, Any]) -> None:
+    """Runs a ``jaxaot.jit`` step until it has chosen its steady state (split or
+    whole program), and records the choice and each form's steady step. (The
+    forms are then set from here, so a close choice is not timed again later.)"""
+    from ..._regional import _plan
+
+    start = time.perf_counter()
+    (plan,) = step._plans.values()
+    while plan is not None and plan.pending() and time.perf_counter() - start < SETTLE_SECONDS:
+        block(step(*args))
+    result["settle"] = time.perf_counter() - start
+    if plan is None:
+        return
+    result["steps"] = len(plan.steps)
+    result["mode"] = plan.mode
+    result["whole_calls"] = plan.whole_calls
+    chosen = plan.mode
+    for mode in (_plan.SPLIT, _plan.WHOLE):
+        if mode == _plan.WHOLE and (plan.whole is None or plan.whole.exception() is not None):
+            continue
+        plan.mode = mode
+        result[f"steady_{mode}"] = steady_after_warmup(lambda: step(*args), 5)
+    plan.mode = chosen
+
+
+def steady_after_warmup(fn: Callable[[], Any], repeats: int) -> float:
+    """:func:`steady` of a ``jaxaot.jit`` step once its background work is done,
+    as in a long run: cache writes, a whole-program compile, and the C++ fast path
+    the first call in this state starts loading."""
+    block(fn())
+    _quiesce()
+    return steady(fn, repeats)
+
+
+def _quiesce() -> None:
+    """Waits for jaxaot's background work (cache writes, whole-program
+    executables, C++ fast paths being loaded)."""
+    import jaxaot
+
+    from ... import _regional
+
+    _regional.wait_for_background()
+    jaxaot.wait_for_writes()

@@ -1,0 +1,72 @@
+"""The suites a ``jaxaot bench`` run is made of: what each runs (its contenders,
+depths and model, from the :class:`~._config.BenchConfig`) and the files each
+writes to ``config.out`` (``<suite>.md``, ``.json``, ``.png``)."""
+
+from __future__ import annotations
+
+import json
+
+from . import _config, _runner
+from ._config import BenchConfig, Job
+from ._plots import regional_plot, warm_start_plot
+from ._report import regional_markdown, warm_start_markdown
+from ._runner import Log
+
+__all__ = ["run"]
+
+
+def run(config: BenchConfig, log: Log) -> str:
+    """Runs the suites ``config.suite`` names; returns their Markdown."""
+    config.out.mkdir(parents=True, exist_ok=True)
+    texts = []
+    if config.suite in ("warm-start", "all"):
+        texts.append(_warm_start(config, log))
+    if config.suite in ("regional", "all"):
+        texts.append(_regional(config, log))
+    if config.suite == "sharded":
+        from ._sharded import run_sharded
+
+        texts.append(run_sharded(config, log))
+    return "\n".join(texts)
+
+
+def _warm_start(config: BenchConfig, log: Log) -> str:
+    layers = config.layers or ([4, 8, 16, 48] if config.full else [4, 16])
+    job = Job("", 0, "", config.repeats, config.shape("warm-start"))
+    rows = _runner.run_contenders(_config.CONTENDERS, job, layers, log)
+    (config.out / "warm_start.json").write_text(json.dumps(rows, indent=1))
+    text = warm_start_markdown(rows)
+    (config.out / "warm_start.md").write_text(text)
+    warm_start_plot(rows, config.out / "warm_start.png")
+    return text
+
+
+def _have_equinox() -> bool:
+    try:
+        import equinox  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _regional(config: BenchConfig, log: Log) -> str:
+    layers = config.layers or ([4, 8, 16] if config.quick else [4, 8, 16, 32, 48])
+    have_equinox = _have_equinox()
+    if not have_equinox:
+        log("equinox is not installed: skipping the noinline contender (pip install equinox)")
+
+    def skip(name: str, depth: int) -> bool:
+        if name == "noinline_cold" and not have_equinox:
+            return True
+        whole = name in ("jit_cold", "jit_components_cold", "pcc_warm")
+        return whole and depth > config.max_jit_layers
+
+    shape = config.shape("regional")
+    table = _config.REGIONAL  # looked up when run
+    job = Job("", 0, "", config.repeats, shape)
+    rows = _runner.run_contenders(table, job, layers, log, skip, trials=config.trials)
+    (config.out / "regional.json").write_text(json.dumps(rows, indent=1))
+    text = regional_markdown(rows, shape)
+    (config.out / "regional.md").write_text(text)
+    regional_plot(rows, config.out / "regional.png", table=table)
+    return text

@@ -1,0 +1,40 @@
+"""``jaxaot cache clear``: remove every entry, after asking on the terminal unless
+``--yes``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .._output import CLIError, Output, entries_text, human_bytes, is_terminal
+from ._view import open_cache
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+
+
+def _cmd_clear(args: argparse.Namespace, out: Output) -> int:
+    view = open_cache(args)
+    stats = view.cache.stats()
+    n, size = int(stats.get("entries") or 0), int(stats.get("bytes") or 0)
+    what = f"{entries_text(n)} ({human_bytes(size)})"
+    if n == 0:
+        out.line(f"no entries in {view.location}")
+        return 0
+    if not args.yes:
+        if not is_terminal(sys.stdin):
+            raise CLIError(
+                f"not clearing {what} from {view.location}: stdin is not a terminal to "
+                "confirm on; pass --yes"
+            )
+        try:
+            answer = input(f"Remove {what} from {view.location}? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            out.line("nothing removed")
+            return 1
+    view.cache.clear()
+    out.line(f"removed {what} from {view.location}")
+    return 0

@@ -1,0 +1,70 @@
+"""``jaxaot cache stats``: entries, size, cap and the backend's own figures about
+the store (not its per-process counters)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .._output import Output, human_bytes
+from ._text import opt, value_text
+from ._view import open_cache
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+
+
+#: A backend instance's counters of its own calls: always 0 in a fresh CLI
+#: process, so ``stats`` leaves them out (``recorded hits`` is the persistent count).
+_PROCESS_COUNTERS = frozenset(
+    {
+        "hits",
+        "misses",
+        "puts",
+        "evictions",
+        "errors",
+        "skipped_offline",
+        "promotions",
+        "refused",
+        "tier_errors",
+        "tier_hits",
+        "writes",
+        "write_errors",
+        "corrupt",
+    }
+)
+
+
+def _is_process_counter(name: str) -> bool:
+    return name in _PROCESS_COUNTERS or name.endswith(
+        ("_errors", "_timeouts", "_hits", "_misses", "_puts", "_failures")
+    )
+
+
+def _cmd_stats(args: argparse.Namespace, out: Output) -> int:
+    view = open_cache(args)
+    stats = {k: v for k, v in view.cache.stats().items() if not _is_process_counter(k)}
+    stats.setdefault("path", view.location)
+    recorded = None
+    if view.has_hit_counts:
+        recorded = sum(view.hits(k) or 0 for k in view.keys())
+    stats["recorded_hits"] = recorded
+    if args.json:
+        out.json(stats)
+        return 0
+    entries, total, cap = stats.get("entries"), stats.get("bytes"), stats.get("max_bytes")
+    rows = [
+        ("path", str(stats["path"])),
+        ("backend", str(stats.get("backend", type(view.cache).__name__))),
+        ("entries", opt(entries)),
+        ("total", f"{human_bytes(total)} ({total} bytes)" if total is not None else "-"),
+    ]
+    if cap is not None:
+        used = f", {100.0 * total / cap:.1f}% used" if total is not None and cap else ""
+        rows.append(("cap", f"{human_bytes(cap)} ({cap} bytes{used})"))
+    rows.append(("recorded hits", opt(recorded)))
+    shown = {"path", "backend", "entries", "bytes", "max_bytes", "recorded_hits"}
+    # Whatever else the backend reports about the store itself (temp files, TTL, ...).
+    rows += [(n.replace("_", " "), value_text(v)) for n, v in stats.items() if n not in shown]
+    out.fields(rows)
+    return 0
