@@ -191,6 +191,30 @@ def _data_parallel_step(blk: Any, layers: int, repl: Any, x: jax.Array) -> int:
     return blk.cache_info().compiles
 
 
+def auto_blocks() -> dict[str, Any]:
+    """No annotation: each layer a jax.checkpoint region, batch sharded, parameters
+    replicated. jaxaot.jit finds the blocks; they compile once whatever the depth."""
+    mesh = _mesh((8,), ("data",))
+    with _context(mesh):
+        repl, data = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+        x = jax.device_put(_x(), data)
+        compiles = {}
+        layer = jax.checkpoint(mlp)
+        for layers in (2, 4):  # a block called once stays in its glue
+            blocks = _put(_blocks(layers), jax.tree_util.tree_map(lambda _: repl, _blocks(layers)))
+            with jaxaot.using_cache(jaxaot.MemoryCache()):
+                from jaxaot._component import _blocks as block_store
+
+                block_store._BLOCKS.clear()
+                regional = jaxaot.jit(_train_step(layer))
+                _same(regional(blocks, x), jax.jit(_train_step(mlp))(blocks, x))
+                assert _split(regional), regional.explain(blocks, x)
+                compiles[layers] = sum(
+                    b.cache_info().compiles for b in block_store._BLOCKS.values()
+                )
+        return {"compiles": compiles}
+
+
 def _fsdp_spec(a: jax.Array) -> P:
     return P("data") if a.shape[0] % 8 == 0 else P()
 
@@ -404,6 +428,7 @@ SCENARIOS = {
         donation,
         set_mesh,
         fallback,
+        auto_blocks,
     )
 }
 

@@ -622,6 +622,16 @@ def test_sharded_data_parallel_train_step_compiles_each_block_once(
 
 
 @pytest.mark.parametrize("axes", AXES)
+def test_sharded_unannotated_blocks_compile_once_whatever_the_depth(
+    sharded: dict[str, Any], axes: str
+) -> None:
+    """jax.checkpoint layers with no jaxaot annotation, batch sharded: found as
+    blocks, split, values and shardings as jax.jit gives them."""
+    compiles = _scenario(sharded, "auto_blocks", axes)["compiles"]
+    assert compiles["2"] == compiles["4"] > 0
+
+
+@pytest.mark.parametrize("axes", AXES)
 def test_sharded_fsdp_parameters(sharded: dict[str, Any], axes: str) -> None:
     assert _scenario(sharded, "fsdp", axes)["compiles"] > 0
 

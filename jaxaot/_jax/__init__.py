@@ -5,6 +5,7 @@ it imports no other module of jaxaot but ``_versions``. The names below are
 the small surface jaxaot depends on:
 
 * ``_jaxpr``: jaxpr types, walking jaxprs, call bodies, effects and callbacks;
+* ``_intercept``: seeing inner ``jit`` and ``checkpoint`` calls as they are bound;
 * ``_interpret``: evaluating a jaxpr equation by equation, binding one equation;
 * ``_primitive``: defining a primitive (abstract evaluation, lowering,
   batching, JVP, linearization, transpose), linking a StableHLO module into
@@ -43,6 +44,17 @@ from ._executable import (
     deserialize_executable,
     fastpath_miss,
     serialize_executable,
+)
+from ._intercept import (
+    BoundCall,
+    bind_plainly,
+    call_jaxpr,
+    current_trace,
+    hoisted,
+    intercepting,
+    is_inline,
+    not_intercepting,
+    within,
 )
 from ._interpret import bind_equation, evaluate
 from ._jaxpr import (
@@ -103,11 +115,15 @@ __all__ = [
     "ShapedArray",
     "Tracer",
     "Zero",
+    "BoundCall",
     "ad",
     "apply_primitive",
     "batch_jaxpr",
     "batching",
     "bind_equation",
+    "bind_plainly",
+    "call_jaxpr",
+    "current_trace",
     "call_body",
     "call_module_function",
     "canonical_platform",
@@ -119,7 +135,10 @@ __all__ = [
     "explicit_mesh_axes_in_scope",
     "fastpath_miss",
     "has_host_callbacks",
+    "hoisted",
     "inline_jaxpr_lowering",
+    "intercepting",
+    "is_inline",
     "is_ordered_effect",
     "jaxpr_as_fun",
     "jaxprs_in_params",
@@ -128,6 +147,7 @@ __all__ = [
     "module_to_bytecode",
     "named_axis_effect",
     "named_shardings",
+    "not_intercepting",
     "not_mapped",
     "one_auto_layout",
     "partial_eval_jaxpr",
@@ -139,4 +159,5 @@ __all__ = [
     "trace_state_clean",
     "uses_primitive",
     "walk_jaxprs",
+    "within",
 ]

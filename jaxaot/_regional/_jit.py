@@ -50,6 +50,7 @@ case is not guarded against.
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import threading
@@ -60,6 +61,8 @@ import jax
 
 from .._jax import Tracer, cpp_dispatcher, fastpath_miss, trace_context, trace_state_clean
 from .._store import _job
+from ._auto import program_entered
+from ._named import check_blocks
 from ._placement import (
     UNSET,
     MeshContext,
@@ -104,6 +107,8 @@ class RegionalFunction:
         whole_program: bool = True,
         in_shardings: Any = UNSET,
         out_shardings: Any = UNSET,
+        auto_regions: bool = True,
+        blocks: Any = (),
     ) -> None:
         self.__wrapped__ = fun
         self._static_argnums = (
@@ -134,11 +139,29 @@ class RegionalFunction:
             **placement,
         )
         self._plans: dict[Any, Plan | None] = {}
+
+        @functools.wraps(fun)
+        def entered(*args: Any, **kwargs: Any) -> Any:
+            program_entered()  # the trace that finds blocks starts here
+            return fun(*args, **kwargs)
+
+        # A jax.jit of its own to trace plans with (its trace cache apart from the
+        # fallback's, which traces without finding blocks).
+        tracer = jax.jit(
+            entered,
+            static_argnums=self._static_argnums,
+            static_argnames=self._static_argnames,
+            donate_argnums=self._donate_argnums,
+            **placement,
+        )
         self._spec = PlanSpec(
             name=getattr(fun, "__name__", "function"),
-            jitted=self._jitted,
+            jitted=tracer,
             whole_program=self._whole_program,
             out_shardings=out_shardings,
+            auto_regions=bool(auto_regions),
+            blocks=check_blocks(blocks),
+            program=fun,
         )
         # Calls of plain arguments whose plan runs its whole-program form go
         # through JAX's C++ dispatcher straight to that executable (see
@@ -387,6 +410,27 @@ class RegionalFunction:
             except PlanFailed as e:
                 self._give_up(sig, e)
 
+    def explain(self, *args: Any, **kwargs: Any) -> str:
+        """What ``jaxaot.jit`` makes of a call with these arguments, without running
+        it: per component and per block it found (inner ``jax.jit`` functions,
+        ``jax.checkpoint`` regions), how many calls of each of its entries run as
+        regions; how many glue programs; the blocks called only once (left in
+        their glue); or why the call runs under plain ``jax.jit``."""
+        leaves, treedef, statics, donated = self._dynamic(args, kwargs)
+        if self._in_shardings is not UNSET:
+            placed = self._placed(leaves, treedef)
+            if placed is None:
+                return f"jaxaot.jit {self.__name__}: jax.jit (an input is committed elsewhere)"
+            leaves = placed
+        sig = self._signature(leaves, treedef, statics, set(map(type, leaves)) <= _ARRAY_TYPES)
+        with self._lock:
+            if sig not in self._plans:
+                self._plans[sig] = self._agreed(self._plan(args, kwargs, donated, leaves))
+            plan = self._plans[sig]
+        if plan is None:
+            return f"jaxaot.jit {self.__name__}: jax.jit (nothing to split; DEBUG logs say why)"
+        return f"jaxaot.jit {self.__name__}: split into\n{plan.summary}"
+
     def _plan(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int], leaves: list[Any]
     ) -> Plan | None:
@@ -411,12 +455,26 @@ def jit(
     whole_program: bool = True,
     in_shardings: Any = UNSET,
     out_shardings: Any = UNSET,
+    auto_regions: bool = True,
+    blocks: Any = (),
 ) -> Any:
-    """Like ``jax.jit``, for programs that call components: each component is
-    compiled once per signature (and per derived transformation) instead of
-    once per call site, and the glue between component calls is compiled once
-    per distinct glue program. Executables live in the cache, so a warm
-    process neither traces component bodies nor compiles them.
+    """Like ``jax.jit``, compiled region by region: each component is compiled
+    once per signature (and per derived transformation) instead of once per
+    call site, and the glue between component calls is compiled once per
+    distinct glue program. Executables live in the cache, so a warm process
+    neither traces component bodies nor compiles them.
+
+    With ``auto_regions`` (the default), a program needs no annotation: the
+    blocks it repeats (inner ``jax.jit`` functions and ``jax.checkpoint``
+    regions, as Flax ``nnx.remat``/``nn.remat`` and Equinox
+    ``filter_checkpoint`` make them, called more than once) are found while
+    the program is traced and become components, keyed by their programs.
+    ``explain(*args)`` says what was found. Code without such boundaries (a
+    plain Python loop of layers) names its blocks: ``blocks=(Layer, ...)``,
+    module classes (Equinox, Flax NNX and linen modules, any pytree class) or
+    functions, whose calls then become blocks, their arrays passed as
+    arguments. ``auto_regions=False`` finds none (and runs unannotated
+    programs under plain ``jax.jit``).
 
     With ``whole_program`` (the default), once the split program has run, a
     whole-program form of it (one executable, in which repeated layers are a
@@ -450,6 +508,8 @@ def jit(
             whole_program=whole_program,
             in_shardings=in_shardings,
             out_shardings=out_shardings,
+            auto_regions=auto_regions,
+            blocks=blocks,
         )
 
     return wrap if fun is None else wrap(fun)

@@ -114,8 +114,10 @@ class Plan:
         start_whole: Callable[[], tuple[concurrent.futures.Future[Any], int, bool] | None] | None,
         out_shardings: Sequence[Any] | None = None,
         in_flight: int | None = None,
+        summary: str = "",
     ) -> None:
         self.name = name
+        self.summary = summary  # what the program was split into (``jaxaot.jit(...).explain``)
         self.n_inputs = n_inputs
         self.fixed = list(fixed)
         self.n_consts = n_consts  # the first ``n_consts`` of ``fixed`` are the program's constants

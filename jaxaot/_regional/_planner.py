@@ -11,6 +11,7 @@ its inputs have, which are known only once the regions before it are compiled
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import functools
 import logging
@@ -20,9 +21,12 @@ from typing import Any, NamedTuple
 
 import jax
 
+from .._component._blocks import Block
 from .._component._rules import PREFETCH, component_p
 from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, has_host_callbacks, join_effects
 from . import _whole
+from ._auto import BlockFinder, finding
+from ._named import named_blocks
 from ._placement import (
     UNSET,
     MeshContext,
@@ -55,6 +59,9 @@ class PlanSpec:
     jitted: Any  # the function under jax.jit (with its static and donated arguments)
     whole_program: bool
     out_shardings: Any = UNSET
+    auto_regions: bool = True  # find the blocks an unmodified program repeats
+    blocks: tuple[Any, ...] = ()  # functions and classes the user names as blocks
+    program: Any = None  # the user's function (where named functions are found)
 
 
 class _Maker(NamedTuple):
@@ -106,22 +113,31 @@ class _Slots:
         return tuple(self(v) if not isinstance(v, DropVar) else self.next for v in region.outvars)
 
 
-def _trace(spec: PlanSpec, args: tuple[Any, ...], kwargs: dict[str, Any], sharded: bool) -> Any:
-    """The traced program, and the region executables autodiff started compiling
-    during the trace (by entry key)."""
+def _trace(
+    spec: PlanSpec, args: tuple[Any, ...], kwargs: dict[str, Any], sharded: bool
+) -> tuple[Any, dict[Any, concurrent.futures.Future[Any]], BlockFinder | None]:
+    """The traced program, the region executables autodiff started compiling
+    during the trace (by entry key), and what found its blocks."""
     early: dict[Any, concurrent.futures.Future[Any]] = {}
+    seen: collections.Counter[Any] = collections.Counter()
 
     def prefetch(call: Any) -> None:
+        if isinstance(call.component, Block):  # a block called once stays in its glue
+            seen[call.key] += 1
+            if seen[call.key] < 2:
+                return
         if call.key not in early:
             early.update(submit_jobs({call.key: functools.partial(region_executable, call)}))
 
+    finder = BlockFinder() if spec.auto_regions or spec.blocks else None
     token = None if sharded else PREFETCH.set(prefetch)
     try:
-        traced = spec.jitted.trace(*args, **kwargs)
+        with finding(finder), named_blocks(spec.blocks, spec.program):
+            traced = spec.jitted.trace(*args, **kwargs)
     finally:
         if token is not None:
             PREFETCH.reset(token)
-    return traced, early
+    return traced, early, finder
 
 
 def _glue_for(
@@ -216,21 +232,26 @@ def build_plan(
     component (``jax.jit`` serves it). Raises where it cannot be split."""
     placements = [region_placement(x) for x in leaves]
     sharded = any(p is not None for p in placements) or not MeshContext().empty
-    traced, early = _trace(spec, args, kwargs, sharded)
+    traced, early, finder = _trace(spec, args, kwargs, sharded)
     closed = traced.jaxpr
     if not contains_components(closed.jaxpr):
         logger.debug("jaxaot.jit %s: no component calls; using jax.jit", spec.name)
         return None
+    counts = BlockFinder.counts(closed.jaxpr)
+    unsplit = BlockFinder.once(counts) if counts else None
     in_avals = closed.in_avals
     if len(in_avals) != len(placements):
         raise ValueError(f"{len(in_avals)} traced inputs for {len(placements)} leaves")
-    flat = jax.make_jaxpr(lambda *xs: inline_calls(closed.jaxpr, closed.consts, xs))(
+    flat = jax.make_jaxpr(lambda *xs: inline_calls(closed.jaxpr, closed.consts, xs, unsplit))(
         *[
             jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=p)
             for a, p in zip(in_avals, placements, strict=True)
         ]
     )
     jaxpr = flat.jaxpr
+    if not contains_components(jaxpr):
+        logger.debug("jaxaot.jit %s: no repeated blocks; using jax.jit", spec.name)
+        return None
     regions, leftover = split(jaxpr, {jaxpr.invars[i] for i in donated})
     # A component that names devices places its outputs there: the regions after
     # it are compiled for the shardings they receive, as in a sharded program.
@@ -256,14 +277,8 @@ def build_plan(
             regions, step_futures, step_ins, step_outs, makers, strict=True
         )
     ]
-    n_comp = sum(s.kind == "component" for s in steps)
-    logger.debug(
-        "jaxaot.jit %s: %d component calls, %d glue programs%s",
-        spec.name,
-        n_comp,
-        len(steps) - n_comp,
-        " (sharded)" if sharded else "",
-    )
+    summary = _summary(regions, counts)
+    logger.debug("jaxaot.jit %s:%s\n%s", spec.name, " (sharded)" if sharded else "", summary)
     start_whole = None
     # Sharded programs have no whole-program form: the choice between the two
     # forms is by local timing, which differs from process to process (their
@@ -288,7 +303,34 @@ def build_plan(
         start_whole=start_whole,
         out_shardings=out_shardings,
         in_flight=in_flight_limit() if sharded else None,
+        summary=summary,
     )
+
+
+def _summary(regions: Sequence[Region], counts: collections.Counter[Any]) -> str:
+    """What the program was split into: per component and block, how many calls
+    of each of its entries (``forward``, ``transpose``...) run as regions; how
+    many glue programs; which blocks stayed in their glue (called once)."""
+    calls: dict[str, collections.Counter[str]] = {}
+    for region in regions:
+        if region.kind != "component":
+            continue
+        call = region.eqns[0].params["call"]
+        kind = "block" if isinstance(call.component, Block) else "component"
+        transform = call.key.parts.get("transform") or ()
+        entry = "/".join(str(t[0]) if t and t[0] != "linearize" else str(t[2]) for t in transform)
+        calls.setdefault(f"{kind} {call.component.name}", collections.Counter())[
+            entry or "call"
+        ] += 1
+    lines = [
+        f"  {name}: " + ", ".join(f"{n} {entry}" for entry, n in sorted(entries.items()))
+        for name, entries in sorted(calls.items())
+    ]
+    lines.append(f"  glue: {sum(r.kind == 'glue' for r in regions)} programs")
+    inlined = sorted({call.component.name for call, n in counts.items() if n < 2})
+    if inlined:
+        lines.append("  in glue (called once): " + ", ".join(inlined))
+    return "\n".join(lines)
 
 
 def _start_whole(

@@ -10,7 +10,7 @@ glue (one DEBUG line).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from .._component._rules import component_p
@@ -34,15 +34,26 @@ def contains_components(jaxpr: Any) -> bool:
     return any(eqn.primitive is component_p for j in walk_jaxprs(jaxpr) for eqn in j.eqns)
 
 
-def inline_calls(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+def inline_calls(
+    jaxpr: Any,
+    consts: Sequence[Any],
+    args: Sequence[Any],
+    unsplit: Callable[[Any], bool] | None = None,
+) -> list[Any]:
     """Evaluates ``jaxpr`` (under a trace: restages it), inlining the calls (jit,
-    checkpoint) that contain components."""
+    checkpoint) that contain components, and the component calls ``unsplit``
+    says stay in their glue (blocks called once): their computations' own
+    equations in their place."""
 
     def visit(eqn: Any, invals: list[Any], read: Any) -> list[Any] | None:
         name = eqn.primitive.name
+        if eqn.primitive is component_p:
+            if unsplit is not None and unsplit(eqn):
+                return list(eqn.params["call"].fn()(*invals))
+            return None
         inner = call_body(eqn) if name in CALL_PRIMITIVES else None
         if inner is not None and contains_components(inner[0]):
-            return inline_calls(inner[0], inner[1], invals)
+            return inline_calls(inner[0], inner[1], invals, unsplit)
         if name not in CALL_PRIMITIVES and any(
             contains_components(j) for j in jaxprs_in_params(eqn.params)
         ):

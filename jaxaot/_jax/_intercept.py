@@ -1,0 +1,157 @@
+"""Seeing the calls a traced program makes (inner ``jax.jit`` functions and
+``jax.checkpoint`` regions) as they are bound, before autodiff transforms them.
+
+JAX differentiates a ``checkpoint`` region by inlining its forward pass into
+the caller: once the program is traced, the forward blocks have no boundary
+left. So ``jaxaot.jit`` looks at each call when it is bound, in the program's
+own trace (or a JVP, linearize or vmap trace over it), and may bind something
+else in its place (a component call). :func:`intercepting` installs a hook for
+the block; :func:`bind_plainly` binds a call as JAX would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+from jax._src import ad_checkpoint as _ad_checkpoint
+from jax._src import core as _core
+from jax._src import pjit as _pjit
+from jax._src.interpreters import partial_eval as _pe
+from jax._src.sharding_impls import UNSPECIFIED
+
+from ._jaxpr import ClosedJaxpr
+
+__all__ = [
+    "BoundCall",
+    "bind_plainly",
+    "call_jaxpr",
+    "current_trace",
+    "hoisted",
+    "intercepting",
+    "is_inline",
+    "not_intercepting",
+    "within",
+]
+
+
+class BoundCall(NamedTuple):
+    """A call being bound: its kind (``"jit"`` or ``"checkpoint"``), the
+    primitive's parameters, and its operands."""
+
+    kind: str
+    params: dict[str, Any]
+    args: tuple[Any, ...]
+
+
+#: Called with each call bound while it is set; returns the call's outputs, or
+#: ``None`` to let JAX bind it.
+_HOOK: contextvars.ContextVar[Callable[[BoundCall], Sequence[Any] | None] | None] = (
+    contextvars.ContextVar("jaxaot_call_hook", default=None)
+)
+_ORIGINAL: dict[str, Callable[..., Any]] = {}
+_INSTALLED = threading.Lock()
+_PRIMITIVES = {"jit": _pjit.jit_p, "checkpoint": _ad_checkpoint.remat_p}
+
+
+def _hooked(kind: str) -> Callable[..., Any]:
+    original = _ORIGINAL[kind]
+
+    def bind(*args: Any, **params: Any) -> Any:
+        hook = _HOOK.get()
+        if hook is not None:
+            outs = hook(BoundCall(kind, params, args))
+            if outs is not None:
+                return outs
+        return original(*args, **params)
+
+    return bind
+
+
+def _install() -> None:
+    """Puts the hooks in place, once per process (idle unless a hook is set)."""
+    with _INSTALLED:
+        if _ORIGINAL:
+            return
+        for kind, primitive in _PRIMITIVES.items():
+            _ORIGINAL[kind] = primitive.bind
+        for kind, primitive in _PRIMITIVES.items():
+            primitive.bind = _hooked(kind)  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def intercepting(hook: Callable[[BoundCall], Sequence[Any] | None]) -> Iterator[None]:
+    """Calls ``hook`` with every inner ``jit`` and ``checkpoint`` call bound in this
+    context (thread) during the block."""
+    _install()
+    token = _HOOK.set(hook)
+    try:
+        yield
+    finally:
+        _HOOK.reset(token)
+
+
+def bind_plainly(call: BoundCall) -> list[Any]:
+    """Binds ``call`` as JAX would, hooks aside."""
+    _install()
+    with not_intercepting():
+        return list(_ORIGINAL[call.kind](*call.args, **call.params))
+
+
+def hoisted(call: BoundCall) -> BoundCall:
+    """``call`` with the constants of an inner ``jit``'s closed jaxpr passed as
+    its first operands instead (calls that differ only in constants' values are
+    then one program)."""
+    if call.kind != "jit" or not call.params["jaxpr"].consts:
+        return call
+    params = dict(call.params)
+    closed = params["jaxpr"]
+    n = len(closed.consts)
+    jaxpr = _pe.convert_constvars_jaxpr(closed.jaxpr)
+    params["jaxpr"] = ClosedJaxpr(jaxpr, ())
+    params["in_shardings"] = (*(UNSPECIFIED,) * n, *params["in_shardings"])
+    params["in_layouts"] = (*(None,) * n, *params["in_layouts"])
+    params["donated_invars"] = (*(False,) * n, *params["donated_invars"])
+    return BoundCall(call.kind, params, (*closed.consts, *call.args))
+
+
+def call_jaxpr(call: BoundCall) -> Any:
+    """The body of ``call`` (a jaxpr, closed or not)."""
+    return call.params["jaxpr"]
+
+
+def is_inline(call: BoundCall) -> bool:
+    """Whether ``call`` is an inner ``jit`` JAX inlines anyway (``jax.numpy``'s own)."""
+    return bool(call.params.get("inline", False))
+
+
+def current_trace() -> Any:
+    """The trace values are bound into now."""
+    return _core.trace_ctx.trace
+
+
+def within(trace: Any, root: Any) -> bool:
+    """Whether ``trace`` is ``root`` or a transformation over it (JVP, linearize,
+    vmap...): not the separate trace of an inner function, nor one jaxaot made."""
+    seen = 0
+    while trace is not None and seen < 64:
+        if trace is root:
+            return True
+        if isinstance(trace, _pe.DynamicJaxprTrace):
+            return False  # a trace of its own (an inner function's, or a jaxpr being made)
+        trace = getattr(trace, "parent_trace", None)
+        seen += 1
+    return False
+
+
+@contextlib.contextmanager
+def not_intercepting() -> Iterator[None]:
+    """No hook during the block (jaxaot's own work while it handles a call)."""
+    token = _HOOK.set(None)
+    try:
+        yield
+    finally:
+        _HOOK.reset(token)

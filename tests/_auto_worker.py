@@ -1,0 +1,185 @@
+"""Train steps of unmodified models (no jaxaot annotation) under ``jaxaot.jit``, for
+``tests/test_auto.py``: run as ``python _auto_worker.py LAYERS`` in a fresh
+interpreter. For each kind of block boundary (an inner ``jax.jit`` layer, a
+``jax.checkpoint`` layer, Equinox ``filter_checkpoint``, Flax NNX ``nnx.remat``,
+Flax linen ``nn.remat``), it runs the first step, counts the XLA compilations
+JAX reports, compares values with ``jax.jit``'s, and prints one JSON line:
+per kind, its compile count, whether the step was split, and the explanation."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import jaxaot
+from jaxaot._component import _blocks
+from jaxaot._regional import _programs
+
+WIDTH = 16
+COMPILES: list[str] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **kw: (
+        COMPILES.append(event) if event == "/jax/core/compile/backend_compile_duration" else None
+    )
+)
+
+
+#: Each kind's layer has a scale of its own: each kind's programs differ, so JAX's
+#: own in-process caches never serve one kind's compilations to another.
+SCALE = {"jit": 1.0}
+
+
+def _layer(w: jax.Array, x: jax.Array) -> jax.Array:
+    return jnp.tanh(x @ w) * SCALE["jit"] + x
+
+
+def _weights(layers: int) -> list[jax.Array]:
+    return [jnp.eye(WIDTH) * 0.1 * (i + 1) for i in range(layers)]
+
+
+def _x() -> jax.Array:
+    return jnp.arange(4 * WIDTH, dtype=jnp.float32).reshape(4, WIDTH) / 64
+
+
+def functions(layers: int, wrap: Callable[[Any], Any]) -> tuple[Any, tuple[Any, ...]]:
+    """A loop of layers, each wrapped in ``wrap`` (jax.jit, jax.checkpoint)."""
+    block = wrap(_layer)
+
+    def loss(ws: Any, x: jax.Array) -> jax.Array:
+        for w in ws:
+            x = block(w, x)
+        return (x**2).mean()
+
+    return jax.value_and_grad(loss), (_weights(layers), _x())
+
+
+class ELayer(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return _layer(self.w, x)
+
+
+def equinox(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    def loss(model: Any, x: jax.Array) -> jax.Array:
+        for layer in model:
+            x = eqx.filter_checkpoint(lambda m, v: m(v))(layer, x)
+        return (x**2).mean()
+
+    return jax.value_and_grad(loss), ([ELayer(w) for w in _weights(layers)], _x())
+
+
+class NLayer(nnx.Module):
+    def __init__(self, w: jax.Array) -> None:
+        self.w = nnx.Param(w)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return _layer(self.w[...], x)
+
+
+class NModel(nnx.Module):
+    def __init__(self, layers: int) -> None:
+        self.layers = nnx.List([NLayer(w) for w in _weights(layers)])
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for layer in self.layers:
+            x = nnx.remat(lambda m, v: m(v))(layer, x)
+        return x
+
+
+def flax_nnx(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    graphdef, state = nnx.split(NModel(layers))
+
+    def loss(state: Any, x: jax.Array) -> jax.Array:
+        return (nnx.merge(graphdef, state)(x) ** 2).mean()
+
+    return jax.value_and_grad(loss), (state, _x())
+
+
+class LLayer(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        w = self.param("w", lambda key, shape: jnp.eye(WIDTH) * 0.1, (WIDTH, WIDTH))
+        return _layer(w, x)
+
+
+class LModel(nn.Module):
+    layers: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for i in range(self.layers):
+            x = nn.remat(LLayer)(name=f"layer{i}")(x)
+        return x
+
+
+def flax_linen(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    model = LModel(layers)
+    params = model.init(jax.random.key(0), _x())
+
+    def loss(params: Any, x: jax.Array) -> jax.Array:
+        return (model.apply(params, x) ** 2).mean()
+
+    return jax.value_and_grad(loss), (params, _x())
+
+
+class PlainLayer(eqx.Module):
+    """A layer with no boundary: a block only because ``blocks=`` names it."""
+
+    w: jax.Array
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return _layer(self.w, x)
+
+
+def named(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    def loss(model: Any, x: jax.Array) -> jax.Array:
+        for layer in model:
+            x = layer(x)
+        return (x**2).mean()
+
+    return jax.value_and_grad(loss), ([PlainLayer(w) for w in _weights(layers)], _x())
+
+
+KINDS: dict[str, Callable[[int], tuple[Any, tuple[Any, ...]]]] = {
+    "jit": lambda n: functions(n, jax.jit),
+    "checkpoint": lambda n: functions(n, jax.checkpoint),
+    "equinox": equinox,
+    "flax_nnx": flax_nnx,
+    "flax_linen": flax_linen,
+    "blocks": named,
+}
+#: Blocks named by the user, per kind (``jaxaot.jit(..., blocks=...)``).
+BLOCKS: dict[str, tuple[Any, ...]] = {"blocks": (PlainLayer,)}
+
+
+def run(kind: str, layers: int) -> dict[str, Any]:
+    SCALE["jit"] = 1.0 + 0.1 * list(KINDS).index(kind)
+    step, args = KINDS[kind](layers)
+    _blocks._BLOCKS.clear()  # this kind's first step, as in a fresh process
+    _programs.GLUE._exes.clear()
+    regional = jaxaot.jit(step, whole_program=False, blocks=BLOCKS.get(kind, ()))
+    before = len(COMPILES)
+    got = jax.block_until_ready(regional(*args))
+    compiles = len(COMPILES) - before
+    want = jax.jit(step)(*args)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+        assert g.dtype == w.dtype
+    split = all(plan is not None for plan in regional._plans.values())
+    return {"compiles": compiles, "split": split, "explain": regional.explain(*args)}
+
+
+if __name__ == "__main__":
+    depth = int(sys.argv[1])
+    kinds = sys.argv[2:] or list(KINDS)
+    print(json.dumps({kind: run(kind, depth) for kind in kinds}))

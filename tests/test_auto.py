@@ -1,0 +1,244 @@
+"""Regional compilation of unmodified models: the blocks ``jaxaot.jit`` finds itself
+(``jaxaot._regional._auto``, ``jaxaot._component._blocks``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+
+WORKER = Path(__file__).with_name("_auto_worker.py")
+KINDS = ["jit", "checkpoint", "equinox", "flax_nnx", "flax_linen", "blocks"]
+
+
+def _run(layers: int, env: dict[str, str]) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), str(layers)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def first_steps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """The first step of every kind of model at 2 and 8 layers (fresh processes,
+    one cache per depth), then at 8 layers again in a warm process."""
+    import os
+
+    tmp = tmp_path_factory.mktemp("auto")
+    base = dict(os.environ)
+    base["PYTHONPATH"] = os.pathsep.join([str(WORKER.parents[1]), base.get("PYTHONPATH", "")])
+    base["JAX_PLATFORMS"] = "cpu"
+    runs = {}
+    for name, layers, cache in (("2", 2, "two"), ("8", 8, "eight"), ("warm", 8, "eight")):
+        env = dict(base, JAXAOT_CACHE_DIR=str(tmp / cache))
+        runs[name] = _run(layers, env)
+    return runs
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unannotated_blocks_compile_once_whatever_the_depth(
+    first_steps: dict[str, dict[str, Any]], kind: str
+) -> None:
+    """Values equal jax.jit's (checked in the worker); the step is split; the XLA
+    compilations of its first step are as many at 8 layers as at 2, and more than
+    one (each block's forward and backward, and the glue, not one program)."""
+    two, eight = first_steps["2"][kind], first_steps["8"][kind]
+    assert two["split"] and eight["split"], (two, eight)
+    assert two["compiles"] == eight["compiles"] >= 2, (two, eight)
+    assert "block " in eight["explain"] and "8 forward" in eight["explain"], eight["explain"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_warm_process_compiles_no_block(
+    first_steps: dict[str, dict[str, Any]], kind: str
+) -> None:
+    warm = first_steps["warm"][kind]
+    assert warm["split"] and warm["compiles"] == 0, warm
+
+
+def _loss(ws: Any, x: jax.Array, block: Any, head: Any = None) -> jax.Array:
+    for w in ws:
+        x = block(w, x)
+    if head is not None:
+        x = head(x)
+    return (x**2).mean()
+
+
+def _close(got: Any, want: Any) -> None:
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+        assert g.dtype == w.dtype
+
+
+def test_blocks_called_once_stay_in_their_glue_and_the_switch_turns_it_off() -> None:
+    layer = jax.jit(lambda w, x: jnp.tanh(x @ w) + x)
+    head = jax.jit(lambda x: jnp.sin(x @ jnp.ones((8, 8))))  # one call: not a block
+    ws = [jnp.eye(8) * 0.1 * (i + 1) for i in range(3)]
+    x = jnp.ones((2, 8))
+    step = jax.value_and_grad(lambda ws, x: _loss(ws, x, layer, head))
+    regional = jaxaot.jit(step, whole_program=False)
+    _close(regional(ws, x), jax.jit(step)(ws, x))
+    explained = regional.explain(ws, x)
+    assert "block jit(<lambda>): 3 forward" in explained, explained
+    assert "in glue (called once)" in explained, explained
+    off = jaxaot.jit(step, auto_regions=False)
+    _close(off(ws, x), jax.jit(step)(ws, x))
+    assert list(off._plans.values()) == [None]  # nothing annotated: jax.jit
+    assert "jax.jit" in off.explain(ws, x)
+
+
+@pytest.mark.parametrize(
+    ("policy", "saved"),
+    [(None, 0), (jax.checkpoint_policies.dots_saveable, 1)],
+)
+def test_a_checkpoint_policy_decides_what_the_forward_entry_saves(policy: Any, saved: int) -> None:
+    """The backward pass recomputes what the policy says: the forward entries save
+    nothing but their inputs by default, and the product with ``dots_saveable``."""
+    from jaxaot._component import _blocks
+
+    def body(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w) + x
+
+    layer = jax.checkpoint(body, policy=policy)
+    _blocks._BLOCKS.clear()  # only this test's entries
+    ws = [jnp.eye(8) * 0.1 * (i + 1) for i in range(3)]
+    x = jnp.ones((2, 8))
+    step = jax.value_and_grad(lambda ws, x: _loss(ws, x, layer))
+    regional = jaxaot.jit(step, whole_program=False)
+    _close(regional(ws, x), jax.jit(step)(ws, x))
+    (block,) = [b for name, b in _blocks._BLOCKS.items() if name == "checkpoint(body)"]
+    forwards = [
+        e
+        for k, e in block.store.entries.items()
+        if k.parts["transform"] and k.parts["transform"][-1][2:3] == ("forward",)
+    ]
+    assert forwards, list(block.store.entries)
+    # The primal output, then the residuals it writes (its own inputs are forwarded).
+    assert {len(e.out_avals) - 1 for e in forwards} == {saved}, [e.out_avals for e in forwards]
+
+
+def test_a_changed_layer_is_a_new_block_never_a_stale_one() -> None:
+    ws = [jnp.eye(8) * 0.1 * (i + 1) for i in range(3)]
+    x = jnp.ones((2, 8))
+    results = []
+    for act in (jnp.tanh, jnp.sin):
+        layer = jax.checkpoint(lambda w, x, act=act: act(x @ w) + x)
+        step = jax.value_and_grad(lambda ws, x, layer=layer: _loss(ws, x, layer))
+        got = jaxaot.jit(step, whole_program=False)(ws, x)
+        _close(got, jax.jit(step)(ws, x))
+        results.append(float(got[0]))
+    assert results[0] != results[1]
+
+
+def test_donation_and_the_whole_program_form_keep_jax_jit_results() -> None:
+    from jaxaot._regional import _plan
+
+    layer = jax.checkpoint(lambda w, x: jnp.tanh(x @ w) + x)
+
+    def step(ws: Any, x: jax.Array) -> Any:
+        loss, grads = jax.value_and_grad(lambda ws: _loss(ws, x, layer))(ws)
+        return [w - 0.1 * g for w, g in zip(ws, grads, strict=True)], loss
+
+    def fresh() -> list[jax.Array]:
+        return [jnp.eye(8) * 0.1 * (i + 1) for i in range(3)]
+
+    x = jnp.ones((2, 8))
+    want = jax.jit(step)(fresh(), x)
+    mine = fresh()
+    donated = jaxaot.jit(step, donate_argnums=0, whole_program=False)
+    _close(donated(mine, x), want)
+    assert all(w.is_deleted() for w in mine)
+    regional = jaxaot.jit(step)
+    _close(regional(fresh(), x), want)
+    (plan,) = regional._plans.values()
+    regional(fresh(), x)
+    plan.whole.result()
+    plan.mode = _plan.WHOLE
+    _close(regional(fresh(), x), want)
+
+
+def test_blocks_named_by_the_user_become_blocks_functions_and_modules() -> None:
+    """Code without boundaries: functions, Flax NNX and linen modules named in
+    ``blocks=`` are blocks (values as jax.jit gives them); the classes are left as
+    they were."""
+    import flax.linen as nn
+    from flax import nnx
+
+    ws = [jnp.eye(8) * 0.1 * (i + 1) for i in range(3)]
+    x = jnp.ones((2, 8))
+
+    def layer(w: jax.Array, v: jax.Array) -> jax.Array:
+        return jnp.tanh(v @ w) + v
+
+    def floss(ws: Any, v: jax.Array) -> jax.Array:
+        for w in ws:
+            v = layer(w, v)
+        return (v**2).mean()
+
+    class NLayer(nnx.Module):
+        def __init__(self, w: jax.Array) -> None:
+            self.w = nnx.Param(w)
+
+        def __call__(self, v: jax.Array) -> jax.Array:
+            return layer(self.w[...], v)
+
+    class NModel(nnx.Module):
+        def __init__(self) -> None:
+            self.layers = nnx.List([NLayer(w) for w in ws])
+
+        def __call__(self, v: jax.Array) -> jax.Array:
+            for each in self.layers:
+                v = each(v)
+            return v
+
+    graphdef, state = nnx.split(NModel())
+
+    def nloss(state: Any, v: jax.Array) -> jax.Array:
+        return (nnx.merge(graphdef, state)(v) ** 2).mean()
+
+    class LLayer(nn.Module):
+        @nn.compact
+        def __call__(self, v: jax.Array) -> jax.Array:
+            return layer(self.param("w", lambda k, s: jnp.eye(8) * 0.1, (8, 8)), v)
+
+    class LModel(nn.Module):
+        @nn.compact
+        def __call__(self, v: jax.Array) -> jax.Array:
+            for i in range(3):
+                v = LLayer(name=f"layer{i}")(v)
+            return v
+
+    lmodel = LModel()
+    params = lmodel.init(jax.random.key(0), x)
+
+    def lloss(p: Any, v: jax.Array) -> jax.Array:
+        return (lmodel.apply(p, v) ** 2).mean()
+
+    calls = {NLayer: NLayer.__call__, LLayer: LLayer.__call__}
+    for loss, args, blocks in (
+        (floss, (ws, x), (layer,)),
+        (nloss, (state, x), (NLayer,)),
+        (lloss, (params, x), (LLayer,)),
+    ):
+        step = jax.value_and_grad(loss)
+        regional = jaxaot.jit(step, whole_program=False, blocks=blocks)
+        _close(regional(*args), jax.jit(step)(*args))
+        explained = regional.explain(*args)
+        assert "3 forward" in explained, explained
+    assert {cls: cls.__call__ for cls in calls} == calls  # patched for the trace only
+    with pytest.raises(TypeError, match="blocks must be functions or module classes"):
+        jaxaot.jit(floss, blocks=(3,))
