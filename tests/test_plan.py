@@ -17,6 +17,28 @@ from jaxaot._regional import _plan, _programs
 from jaxaot.cli import _model
 
 
+class _VirtualClock:
+    """The plan's clock in these tests: it advances only by the time the stand-in
+    forms say they take, so a busy machine cannot change what is measured."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+_CLOCK = _VirtualClock()
+
+
+@pytest.fixture
+def virtual_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_plan, "time", _CLOCK)
+
+
 def test_whole_program_gives_jax_jit_results_and_the_faster_form_is_kept() -> None:
     step, optimizer = train_step_factory(block)
     plain, _ = train_step_factory(_model.block)
@@ -111,14 +133,13 @@ def test_whole_program_off_on_request() -> None:
 
 def test_the_choice_times_each_form_after_a_call_of_the_same_form(
     monkeypatch: pytest.MonkeyPatch,
+    virtual_clock: None,
 ) -> None:
     """A form's call right after the other form's pays some of that form's costs:
     here every whole-program call that follows a split call takes 60 ms more (the
     split program's leftovers), while back to back it is the faster form. The choice
     times each form in runs of calls of the same form, not those first calls, so it
     keeps the whole program; alternating single calls would have kept the split one."""
-    import time
-
     blocks, x = setup(3)
     grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
     want = jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x)
@@ -129,13 +150,13 @@ def test_the_choice_times_each_form_after_a_call_of_the_same_form(
 
     def split_run(leaves: Any) -> Any:
         forms.append(_plan.SPLIT)
-        time.sleep(0.03)
+        _CLOCK.sleep(0.03)
         return run(leaves)
 
     def whole_run(exe: Any, leaves: Any) -> Any:
         after_split = bool(forms) and forms[-1] == _plan.SPLIT
         forms.append(_plan.WHOLE)
-        time.sleep(0.07 if after_split else 0.01)
+        _CLOCK.sleep(0.07 if after_split else 0.01)
         return run_whole(exe, leaves)
 
     monkeypatch.setattr(plan, "run", split_run)
@@ -152,14 +173,13 @@ def test_the_choice_times_each_form_after_a_call_of_the_same_form(
 
 def test_the_choice_goes_by_each_forms_typical_call_not_its_fastest(
     monkeypatch: pytest.MonkeyPatch,
+    virtual_clock: None,
 ) -> None:
     """A split program of many small executables varies from call to call, and now
     and then one is much faster than it usually is. Here one split call in four
     takes 5 ms and the others 60 ms, while every whole-program call takes 20 ms:
     the choice keeps the whole program (by fastest calls it would keep the split
     one), and the whole program still gives ``jax.grad``'s result."""
-    import time
-
     blocks, x = setup(3)
     grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
     want = jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x)
@@ -169,11 +189,11 @@ def test_the_choice_goes_by_each_forms_typical_call_not_its_fastest(
     run, run_whole = plan.run, plan.run_whole
 
     def split_run(leaves: Any) -> Any:
-        time.sleep(0.005 if next(split_calls) % 4 == 1 else 0.06)
+        _CLOCK.sleep(0.005 if next(split_calls) % 4 == 1 else 0.06)
         return run(leaves)
 
     def whole_run(exe: Any, leaves: Any) -> Any:
-        time.sleep(0.02)
+        _CLOCK.sleep(0.02)
         return run_whole(exe, leaves)
 
     monkeypatch.setattr(plan, "run", split_run)
@@ -190,19 +210,17 @@ def _timed_forms(
 ) -> dict[str, int]:
     """Makes each form of ``plan`` take ``seconds[form]`` more a call (changeable
     later); returns how many calls of each form were made."""
-    import time
-
     made = {_plan.SPLIT: 0, _plan.WHOLE: 0}
     run, run_whole = plan.run, plan.run_whole
 
     def split_run(leaves: Any) -> Any:
         made[_plan.SPLIT] += 1
-        time.sleep(seconds[_plan.SPLIT])
+        _CLOCK.sleep(seconds[_plan.SPLIT])
         return run(leaves)
 
     def whole_run(exe: Any, leaves: Any) -> Any:
         made[_plan.WHOLE] += 1
-        time.sleep(seconds[_plan.WHOLE])
+        _CLOCK.sleep(seconds[_plan.WHOLE])
         return run_whole(exe, leaves)
 
     monkeypatch.setattr(plan, "run", split_run)
@@ -224,7 +242,7 @@ def _settled_grad(
 
 
 def test_a_close_choice_of_the_split_program_is_timed_again_and_can_change(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, virtual_clock: None
 ) -> None:
     """The split program measures a little faster (20 ms against 24 ms) and is
     kept; later it is slower (the machine's load changed). After the calls of
@@ -249,7 +267,9 @@ def test_a_close_choice_of_the_split_program_is_timed_again_and_can_change(
     close(grad(blocks, x), want)
 
 
-def test_a_clear_or_imposed_choice_is_not_timed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_clear_or_imposed_choice_is_not_timed_again(
+    monkeypatch: pytest.MonkeyPatch, virtual_clock: None
+) -> None:
     """A split program far faster than the whole program (10 ms against 40 ms)
     is kept for good; so is a form set from outside after a close choice."""
     monkeypatch.setattr(_plan, "RECHECK_AFTER", (3, 3))
