@@ -165,7 +165,7 @@ BLOCKS: dict[str, tuple[Any, ...]] = {"blocks": (PlainLayer,)}
 def run(kind: str, layers: int) -> dict[str, Any]:
     SCALE["jit"] = 1.0 + 0.1 * list(KINDS).index(kind)
     step, args = KINDS[kind](layers)
-    _blocks._BLOCKS.clear()  # this kind's first step, as in a fresh process
+    _blocks.forget_blocks()  # this kind's first step, as in a fresh process
     _programs.GLUE._exes.clear()
     regional = jaxaot.jit(step, whole_program=False, blocks=BLOCKS.get(kind, ()))
     before = len(COMPILES)

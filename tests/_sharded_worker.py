@@ -205,7 +205,7 @@ def auto_blocks() -> dict[str, Any]:
             with jaxaot.using_cache(jaxaot.MemoryCache()):
                 from jaxaot._component import _blocks as block_store
 
-                block_store._BLOCKS.clear()
+                block_store.forget_blocks()
                 regional = jaxaot.jit(_train_step(layer))
                 _same(regional(blocks, x), jax.jit(_train_step(mlp))(blocks, x))
                 assert _split(regional), regional.explain(blocks, x)

@@ -114,7 +114,7 @@ def test_a_checkpoint_policy_decides_what_the_forward_entry_saves(policy: Any, s
         return jnp.tanh(x @ w) + x
 
     layer = jax.checkpoint(body, policy=policy)
-    _blocks._BLOCKS.clear()  # only this test's entries
+    _blocks.forget_blocks()  # only this test's entries
     ws = [jnp.eye(8) * 0.1 * (i + 1) for i in range(3)]
     x = jnp.ones((2, 8))
     step = jax.value_and_grad(lambda ws, x: _loss(ws, x, layer))

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 
 from .. import _stats
-from .._jax import BoundCall, bind_plainly, default_platform, hoisted
+from .._jax import BoundCall, bind_plainly, default_platform, hoisted, trace_context
 from .._keys._key import ComponentKey
 from .._keys._program import program_parts
 from .._keys._text import tree_text
@@ -31,7 +31,7 @@ from ._parts import base_parts, types_text
 from ._plain import devices_of
 from ._types import aval_of, sds
 
-__all__ = ["Block", "block_call", "block_name"]
+__all__ = ["Block", "block_call", "block_name", "forget_blocks"]
 
 
 class Block:
@@ -75,11 +75,50 @@ def block_name(call: BoundCall) -> str:
     return f"{call.kind}({fn})"
 
 
+#: Block calls already made in this process, by the call's body (the very jaxpr
+#: object, kept alive here so that its id is not reused), its other parameters,
+#: its input types and the trace context: JAX traces a function once per types,
+#: so every layer of a model binds the same body, and its key is worked out once.
+_MADE: dict[tuple[Any, ...], tuple[Any, Call]] = {}
+_MADE_MAX = 1024
+
+
+def forget_blocks() -> None:
+    """Forgets every block of this process (their entries stay in the cache)."""
+    with _LOCK:
+        _BLOCKS.clear()
+        _MADE.clear()
+
+
+def _memo_key(call: BoundCall, avals: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    others = tuple(sorted((k, repr(v)) for k, v in call.params.items() if k != "jaxpr"))
+    try:
+        key = (call.kind, id(call.params["jaxpr"]), others, avals, trace_context())
+        hash(key)
+    except TypeError:  # an unhashable type or context: not memoized
+        return None
+    return key
+
+
 def block_call(call: BoundCall) -> tuple[Call, tuple[Any, ...]]:
     """The component call standing for ``call``, and the operands to bind it with
     (an inner ``jit``'s constants first)."""
     call = hoisted(call)
     avals = tuple(aval_of(a) for a in call.args)
+    memo = _memo_key(call, avals)
+    made = _MADE.get(memo) if memo is not None else None
+    if made is not None and made[0] is call.params["jaxpr"]:
+        return made[1], call.args
+    made_call = _made(call, avals)
+    if memo is not None:
+        with _LOCK:
+            if len(_MADE) >= _MADE_MAX:
+                _MADE.clear()
+            _MADE[memo] = (call.params["jaxpr"], made_call)
+    return made_call, call.args
+
+
+def _made(call: BoundCall, avals: tuple[Any, ...]) -> Call:
     name = block_name(call)
 
     def trace() -> Any:
@@ -104,4 +143,4 @@ def block_call(call: BoundCall) -> tuple[Call, tuple[Any, ...]]:
     entry = block.store.entry(key, lambda: block.make_entry(key, lambda: traced, name))
     if entry.jaxpr is None:  # loaded from a cache: this process has the same program
         entry.jaxpr = traced.jaxpr
-    return Call(block, key, entry, trace, devices_of(traced.jaxpr)), call.args
+    return Call(block, key, entry, trace, devices_of(traced.jaxpr))
