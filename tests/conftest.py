@@ -19,6 +19,10 @@ os.environ["XDG_CACHE_HOME"] = os.path.join(_SESSION_TMP, "xdg")
 os.environ.pop("JAXAOT_CACHE", None)
 os.environ.pop("JAXAOT_CACHE_HMAC_KEY", None)
 os.environ.pop("JAXAOT_EXPLAIN_MISSES", None)
+# Every split program gets its whole-program form, however slow a busy machine
+# makes its calls (tests of the choice between them rely on it; the test of
+# the threshold sets its own).
+os.environ["JAXAOT_WHOLE_PROGRAM_BELOW_MS"] = "inf"
 
 import jaxaot  # noqa: E402
 from jaxaot import _regional, _stats  # noqa: E402

@@ -36,6 +36,8 @@ _CLOCK = _VirtualClock()
 
 @pytest.fixture
 def virtual_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The virtual clock, and a whole program whatever the split program's calls
+    take (these tests are about the choice between the two)."""
     monkeypatch.setattr(_plan, "time", _CLOCK)
 
 
@@ -331,3 +333,37 @@ def test_a_split_program_drops_each_intermediate_after_its_last_use(
         # the last step's outputs are held, not one per layer.
         assert len(most_alive) == len(plan.steps)
         assert max(most_alive) <= 1, (call, most_alive)
+
+
+def test_big_executables_are_kept_without_a_whole_program(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the split program's executables take a millisecond or more each (its
+    second call, timed), no whole program is made: it would save nothing, and its
+    background compile would slow the steps beside it."""
+    monkeypatch.setattr(_plan, "time", _CLOCK)
+    monkeypatch.delenv("JAXAOT_WHOLE_PROGRAM_BELOW_MS")
+    blocks, x = setup(3)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
+    want = jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x)
+    close(grad(blocks, x), want)
+    (plan,) = grad._plans.values()
+    run = plan.run
+
+    def slow_run(leaves: Any) -> Any:
+        _CLOCK.sleep(len(plan.steps) * 2 * _plan.SPLIT_ONLY_SECONDS)
+        return run(leaves)
+
+    monkeypatch.setattr(plan, "run", slow_run)
+    for _ in range(4):
+        close(grad(blocks, x), want)
+    assert plan.mode == _plan.SPLIT and plan.settled() and plan.whole is None
+    # Below the threshold (set here, as a busy machine can slow any call), the
+    # whole program is made and chosen between.
+    monkeypatch.setenv("JAXAOT_WHOLE_PROGRAM_BELOW_MS", str(1e6))
+    small = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
+    settled = settle(small, lambda: (blocks, x))
+    assert settled.whole is not None
+    monkeypatch.setenv("JAXAOT_WHOLE_PROGRAM_BELOW_MS", "soon")
+    with pytest.raises(ValueError, match="JAXAOT_WHOLE_PROGRAM_BELOW_MS"):
+        _plan.split_only_seconds()

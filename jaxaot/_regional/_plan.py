@@ -5,8 +5,11 @@ Values live in a list of slots: each step reads its inputs and writes its
 outputs at slot indices worked out once, when the plan is made, so a call
 costs little more than the executables it runs.
 
-Once the split program has run, a whole-program form of it (one executable,
-repeated layers as a loop: see ``_whole``) is compiled in the background.
+Once the split program has run, its second call is timed: where its
+executables take a millisecond or more each, the split program is kept (a
+whole program would save nothing). Otherwise a whole-program form of it (one
+executable, repeated layers as a loop: see ``_whole``) is compiled in the
+background, on threads of low priority.
 When it is ready, the next calls run each form a few times, timed to
 completion, and the faster one (by its median call) runs every later call.
 A split program kept over a whole program that measured close to it is timed
@@ -19,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import operator
+import os
 import statistics
 import threading
 import time
@@ -49,6 +53,27 @@ RUN = 3
 # timed again (it is one executable, and its calls may bypass Python).
 RECHECK_AFTER = (100, 1000)
 RECHECK_MARGIN = 1.25
+# A split program whose executables take this long each (the second call, timed)
+# is kept without a whole-program form: entering and leaving an executable costs
+# microseconds, so a whole program would save well under 1 % of such a step,
+# while its background compile (of a program as big as the step) would slow the
+# steps beside it for a while. ``JAXAOT_WHOLE_PROGRAM_BELOW_MS`` overrides it
+# (milliseconds; ``inf``: always a whole program).
+SPLIT_ONLY_SECONDS = 1e-3
+
+
+def split_only_seconds() -> float:
+    """:data:`SPLIT_ONLY_SECONDS`, or ``$JAXAOT_WHOLE_PROGRAM_BELOW_MS`` in seconds."""
+    text = os.environ.get("JAXAOT_WHOLE_PROGRAM_BELOW_MS", "").strip()
+    if not text:
+        return SPLIT_ONLY_SECONDS
+    try:
+        return float(text) / 1e3
+    except ValueError:
+        raise ValueError(
+            f"JAXAOT_WHOLE_PROGRAM_BELOW_MS must be a number of milliseconds, got {text!r}"
+        ) from None
+
 
 SPLIT = "split"
 WHOLE = "whole"
@@ -150,6 +175,7 @@ class Plan:
         # straight to the whole-program executable forgets them then).
         self.on_leave_whole: Callable[[], None] | None = None
         self._mode: str | None = None if start_whole is not None else SPLIT
+        self._measured = False  # the split program's timed call is made
         self.whole: concurrent.futures.Future[Any] | None = None
         self.whole_calls: int | None = None  # component calls the whole program binds
         self.whole_calls_back = False  # whether it calls back into Python
@@ -305,14 +331,38 @@ class Plan:
         with self._lock:
             self.calls += 1
             whole = self.whole
-            if whole is None and self.ready and self.calls >= 2 and self._start_whole is not None:
-                # The program has run: compile its whole-program form in the background.
-                started = self._start_whole()
-                if started is None:
+            measure = (
+                whole is None
+                and self.ready
+                and self.calls >= 2
+                and self._start_whole is not None
+                and not self._measured
+            )
+            self._measured = self._measured or measure
+        if measure:
+            # The program has run: time one call of the split program; where its
+            # executables are big, a whole program would save nothing (see
+            # ``SPLIT_ONLY_SECONDS``), else compile it in the background.
+            jax.block_until_ready(leaves)
+            start = time.perf_counter()
+            out = self.run(leaves)
+            jax.block_until_ready(out)
+            per_step = (time.perf_counter() - start) / max(1, len(self.steps))
+            with self._lock:
+                if per_step >= split_only_seconds():
+                    logger.debug(
+                        "jaxaot.jit %s: %.3g ms per executable; no whole program",
+                        self.name,
+                        per_step * 1e3,
+                    )
                     self.mode = SPLIT
-                else:
-                    whole, self.whole_calls, self.whole_calls_back = started
-                    self.whole = whole
+                elif self.whole is None and self._start_whole is not None:
+                    started = self._start_whole()
+                    if started is None:
+                        self.mode = SPLIT
+                    else:
+                        self.whole, self.whole_calls, self.whole_calls_back = started
+            return out
         if whole is None or not whole.done():
             return self.run(leaves)
         error = whole.exception()
