@@ -65,23 +65,33 @@ class Counters:
 
 PROCESS = Counters()
 _extra_lock = threading.Lock()
-_extra: dict[str, int] = {
+_extra: dict[str, float] = {
     "cache_errors": 0,
     "corrupt_entries": 0,
     "unusable_entries": 0,
     "components": 0,
+    # One maker per entry across processes (``_store._once``):
+    "made_here": 0,  # entries (lowered, derived, executables) this process made
+    "loaded_after_wait": 0,  # entries another process made while this one waited
+    "wait_seconds": 0.0,  # time spent waiting for other processes' entries
+    "lease_takeovers": 0,  # entries whose maker died: made here instead
+    "lease_wait_timeouts": 0,  # waits past $JAXAOT_LEASE_WAIT: made here instead
 }
 
 
-def bump(name: str, n: int = 1) -> None:
+def bump(name: str, n: float = 1) -> None:
     with _extra_lock:
         _extra[name] = _extra.get(name, 0) + n
 
 
-def stats() -> dict[str, int]:
-    """Process-wide counts: hits, misses, traces, lowerings, compiles, and faults."""
+def stats() -> dict[str, float]:
+    """Process-wide counts: hits, misses, traces, lowerings, compiles, faults, and
+    the fleet's (entries ``made_here``, ``loaded_after_wait`` for another process,
+    ``wait_seconds``, ``lease_takeovers``, ``lease_wait_timeouts``). All are whole
+    numbers but ``wait_seconds``."""
     with _extra_lock:
         extra = dict(_extra)
+    extra["wait_seconds"] = round(extra["wait_seconds"], 3)
     return {**PROCESS.info()._asdict(), **extra}
 
 

@@ -450,6 +450,8 @@ def test_a_job_travels_as_json() -> None:
     job = Job("scan_cold", 4, "/w", 1, mesh=MeshLayout("2d", 8, "explicit"))
     assert Job.from_json(job.to_json()) == job
     assert job.mesh is not None and job.mesh.mesh_shape == {"data": 4, "model": 2}
+    job = Job("fleet_member", 4, "/w", 1, cache={"redis": "redis://127.0.0.1:1/0", "prefix": "p:"})
+    assert Job.from_json(job.to_json()) == job
 
 
 def test_bench_regional_trials_interleave_fresh_work_folders_and_report_medians(
@@ -513,3 +515,97 @@ def test_median_row_keeps_what_every_trial_agrees_on() -> None:
     assert "steady state: per trial, the split, whole program" in line
     (line,) = _report.steady_state_line(_runner.median_row([a, dict(a)]))
     assert "steady state: the split program (" in line
+
+
+# -- the fleet suite -------------------------------------------------------------------
+
+
+def _member(made: int, first: float, **more: float) -> dict[str, Any]:
+    """A fleet member's row: ``made`` lowerings and compiles, its first result."""
+    stats = {"lowerings": made // 2, "compiles": made - made // 2, "made_here": made, **more}
+    return {"contender": "fleet_member", "first_result": first, "stats": stats}
+
+
+def test_bench_fleet_reports_each_group_against_the_lone_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from jaxaot.cli.bench import _fleet
+
+    calls: list[tuple[Job, int, dict[str, str]]] = []
+
+    def fake_members(job: Job, n: int, env: dict[str, str]) -> list[dict[str, Any]]:
+        calls.append((job, n, env))
+        if n == 1:
+            return [_member(7, 2.0)]
+        if env.get("JAXAOT_LEASE_WAIT") == "0":
+            return [_member(4, 7.0)] * n
+        if len(calls) == 4:  # the warm group: nothing made
+            return [_member(0, 1.8)] * n
+        members = [_member(2, 2.4, loaded_after_wait=5, wait_seconds=1.0)] * (n - 1)
+        return [_member(2, 2.6), *members]
+
+    monkeypatch.setattr(_fleet, "run_members", fake_members)
+    monkeypatch.setattr(_fleet, "backends", lambda log: ["directory"])
+    out = tmp_path / "out"
+    assert main(["bench", "fleet", "--layers", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert [(job.contender, job.layers, n) for job, n, _ in calls] == [
+        ("fleet_member", 2, 1),
+        ("fleet_member", 2, 4),
+        ("fleet_member", 2, 4),
+        ("fleet_member", 2, 4),
+    ]
+    caches = [job.cache for job, _, _ in calls]
+    assert all(c and "dir" in c for c in caches) and len({c["dir"] for c in caches if c}) == 3
+    assert caches[3] == caches[1]  # the warm group runs on the cache the fleet filled
+    assert "- directory, L=2, fleet: made 1.14x, first result 1.30x the lone process's " in text
+    assert "(targets met)" in text
+    assert "fleet, leases off: made 2.29x, first result 3.50x" in text
+    assert "| directory | 2 | fleet | 4 | 8 | 1.14 | **2.60** (2.40) | 1.30 | 15 | 3.00 |" in text
+    assert "fleet, warm cache (the floor): made 0.00x, first result 0.90x" in text
+    assert "Command: `jaxaot bench fleet --processes 4 --layers 2`" in text
+    rows = json.loads((out / "fleet.json").read_text())
+    assert [r["group"] for r in rows] == ["lone", "fleet", "fleet_off", "fleet_warm"]
+    assert (out / "fleet.md").read_text() in text
+    assert main(["bench", "fleet", "--processes", "1", "--out", str(out)]) == 2
+
+
+def test_fleet_members_start_together_and_make_each_entry_once(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """Two real members on one directory cache, on a one-layer tiny model."""
+    import jaxaot
+    from jaxaot.cli.bench import _fleet
+
+    shared = tmp_path / "shared"
+    job = Job("fleet_member", 1, str(tmp_path), 1, ModelShape(2, 8, 32), cache={"dir": str(shared)})
+    members = _fleet.run_members(job, 2, subprocess_env)
+    assert len(members) == 2 and all(m["first_result"] > 0 for m in members)
+    made = sum(m["stats"]["made_here"] for m in members)
+    assert made == len(jaxaot.DirectoryCache(shared).keys()) >= 5
+    row = _fleet.group_row("directory", "fleet", 1, members)
+    assert row["made"] == sum(m["stats"]["lowerings"] + m["stats"]["compiles"] for m in members)
+    assert row["first_result"] == max(m["first_result"] for m in members)
+
+
+def test_bench_fleet_ratios_are_taken_within_each_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The machine's load drifts between trials: each group's ratio is to the lone
+    process of its own trial, and the report gives the median of those."""
+    from jaxaot.cli.bench import _fleet
+
+    firsts = iter([2.0, 2.6, 9.0, 1.0, 4.0, 4.4, 9.0, 1.0])  # lone, fleet, off, warm; twice
+
+    def fake_members(job: Job, n: int, env: dict[str, str]) -> list[dict[str, Any]]:
+        first = next(firsts)
+        return [_member(7 if n == 1 else 2, first)] + [_member(2, first - 0.1)] * (n - 1)
+
+    monkeypatch.setattr(_fleet, "run_members", fake_members)
+    monkeypatch.setattr(_fleet, "backends", lambda log: ["directory"])
+    argv = ["bench", "fleet", "--processes", "2", "--trials", "2", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    # 2.6 / 2.0 and 4.4 / 4.0: 1.30 and 1.10, whose median is 1.20 (3.5 / 3.0 would be 1.17).
+    assert "fleet: made 0.57x, first result 1.20x the lone process's (targets met)" in text
+    assert "the median of 2 trials' ratios" in text

@@ -45,6 +45,8 @@ def test_demo_cold_then_warm(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     # A fresh directory: every look-up that reached it missed, and each entry was written.
     assert first["hits"] == 0 and first["misses"] > 0 and first["written"] == first["misses"]
     assert counts(cold["this process"])["compiles"] >= 1
+    fleet = re.match(r"(\d+) entries made here, 0 made by other processes", cold["fleet"])
+    assert fleet and int(fleet[1]) >= 1, cold["fleet"]
     ttfs = cold["time to first step"]
     assert re.match(r"\d+\.\d\d s since the (process|command) start: \d+\.\d\d s Python", ttfs)
 
@@ -54,6 +56,7 @@ def test_demo_cold_then_warm(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     # Default keys trace the body to find their key; nothing is lowered or compiled.
     here = counts(warm["this process"])
     assert here["lowerings"] == 0 and here["compiles"] == 0, here
+    assert warm["fleet"].startswith("0 entries made here, 0 made by other processes")
     second = counts(warm["persistent cache"])
     assert second["hits"] > 0 and second["misses"] == 0 and second["written"] == 0
     assert "→" in warm["loss"] and warm["loss"] == cold["loss"]

@@ -6,6 +6,10 @@ store installs (``_protocol.set_entry_check``) or the one it was given.
 
 * ``_memory``, ``_directory`` (with ``_dirlayout`` and ``_safefs``), ``_fsspec``,
   ``_redis``: the stores; ``_tiered``: several stores, fastest first;
+* leases, one maker per entry across processes: ``_lease`` (the record),
+  ``_filelease`` (lock files: directories, ``file://``), ``_redislease``
+  (``SET NX PX``), ``_objlease`` (lease objects in other fsspec stores);
+  ``_fslocal``: an fsspec cache's files on a local path;
 * ``_trust``: when bytes from a store may become code in this process;
 * ``_faults``: one warning per cause, and a back-off after an outage.
 """
@@ -17,7 +21,10 @@ from ._protocol import (
     BadEntry,
     Cache,
     EntryCheck,
+    Held,
     HitCounting,
+    Lease,
+    Leasing,
     LocalFiles,
     Pingable,
     Quarantining,
@@ -35,7 +42,10 @@ __all__ = [
     "DirectoryCache",
     "EntryCheck",
     "FsspecCache",
+    "Held",
     "HitCounting",
+    "Lease",
+    "Leasing",
     "LocalFiles",
     "MemoryCache",
     "Pingable",

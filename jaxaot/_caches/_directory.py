@@ -23,6 +23,11 @@ Guarantees:
   directory and entry file before it is read: one that another user could have
   written is refused (a miss, one warning per cause) and left alone. With a key
   set, entries are signed and these ownership checks are not needed.
+* Leases (``lease``, see ``_filelease``): a lock file beside the entry, locked
+  with ``flock`` by the process making it; the operating system frees it the
+  instant its holder dies. Lease files obey the same rules as entries (real
+  files, trusted, never through a symlink); old ones are cleaned up with the
+  temp files.
 * Nothing inside the root is followed or opened unless it is a real directory
   or a regular file (see ``_safefs``): a symlinked shard or quarantine
   directory, a symlink, FIFO or device at an entry's name is never read,
@@ -44,10 +49,10 @@ from typing import Any
 
 import filelock
 
-from . import _dirlayout, _safefs
+from . import _dirlayout, _filelease, _safefs
 from ._dirlayout import QUARANTINE_MAX_FILES, TEMP_MAX_AGE
 from ._faults import WarnOnce, errno_cause
-from ._protocol import check_key, is_removable
+from ._protocol import Held, Lease, check_key, is_removable
 from ._safefs import NotRegularFileError, makedirs_private, open_dir, stat_nofollow
 from ._trust import Refused, check_trusted, signing, untrusted_writer
 
@@ -69,9 +74,6 @@ DEFAULT_DIRECTORY_BYTES = 10 * 2**30
 DEFAULT_LOCK_TIMEOUT = 10.0
 
 _LOCK_NAME = ".lock"
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 class UnsafeCacheDirError(PermissionError):
@@ -376,7 +378,7 @@ class DirectoryCache(WarnOnce):
             with self._root_dir(create=True) as rfd:
                 if self._touch(rfd, key):
                     return
-                self._check_lock_file(rfd)
+                _dirlayout.check_lock_file(rfd, _LOCK_NAME, self._lock_path)
                 with self._filelock:
                     with self._shard_dir(rfd, shard, create=True) as sfd:
                         if self._touch_in(sfd, key):
@@ -466,6 +468,26 @@ class DirectoryCache(WarnOnce):
 
     # -- extras --------------------------------------------------------------
 
+    def lease(self, key: str, ttl: float) -> Lease | Held | None:
+        """The lease on ``key`` (see ``_protocol.Leasing``): a lock file beside the
+        entry, free the moment its holder dies (so ``ttl`` is not needed); ``None``
+        (one warning per cause) where none can be taken (a read-only or full disk,
+        an untrusted lease file or one that is not a regular file)."""
+        check_key(key)
+        where = os.path.join(self._root, key[:2], key + _filelease.LEASE_SUFFIX)
+        try:
+            with self._root_dir(create=True) as rfd:
+                with self._shard_dir(rfd, key[:2], create=True) as sfd:
+                    got = _filelease.take(sfd, key, self._trusted, where)
+        except _Refused as r:
+            self._warn_once(f"lease {r.cause}", f"{r} (no lease on {key[:16]}: made here)")
+            return None
+        except OSError as e:
+            cause = "not a regular file" if isinstance(e, NotRegularFileError) else errno_cause(e)
+            self._warn_once(f"lease {cause}", f"cannot lock {where} ({cause}); made here")
+            return None
+        return got
+
     def access_time(self, key: str) -> float | None:
         """When ``key`` was last read or written (its mtime), or ``None`` if absent."""
         st = self._stat_in_shard(key, key)
@@ -516,35 +538,6 @@ class DirectoryCache(WarnOnce):
         except NotRegularFileError:
             return True  # not an entry at all
         return is_removable(key, data)
-
-    def _check_lock_file(self, root_fd: int) -> None:
-        """Makes sure ``.lock`` is a regular file (created here, never through a link)
-        before ``filelock`` opens it by name."""
-        try:
-            fd = os.open(
-                _LOCK_NAME,
-                os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK,
-                0o600,
-                dir_fd=root_fd,
-            )
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-                raise _Refused(
-                    "lock not a regular file",
-                    f"the writers' lock {self._lock_path} is not a regular file; not writing",
-                ) from None
-            raise
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise _Refused(
-                    "lock not a regular file",
-                    f"the writers' lock {self._lock_path} is not a regular file; not writing",
-                )
-            if stat.S_IMODE(st.st_mode) != 0o600 and st.st_uid == os.getuid():
-                os.fchmod(fd, 0o600)  # the umask may have narrowed it
-        finally:
-            os.close(fd)
 
     def _touch(self, root_fd: int, key: str) -> bool:
         """Refreshes an existing entry's access time; returns whether it exists."""

@@ -7,6 +7,7 @@ Layout::
   <root>/.lock                  writers' lock (``filelock``; released when its holder dies)
   <root>/<key[:2]>/<key>        one file per entry, mode 0600
   <root>/<key[:2]>/<key>.hits   one byte appended per hit (O_APPEND: safe across processes)
+  <root>/<key[:2]>/<key>.lease  the lease on making the entry (``_filelease``; flock)
   <root>/<key[:2]>/.tmp-<pid>-<hex>   a write in flight (or left by a killed writer)
   <root>/quarantine/<key>.<ns>  entries moved aside by ``DirectoryCache.quarantine``
 
@@ -16,6 +17,7 @@ and acts only on regular files: nothing is followed out of the root.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -23,11 +25,13 @@ import time
 from typing import NamedTuple
 
 from . import _safefs
+from ._lease import LEASE_SUFFIX
 from ._safefs import open_dir, opened_dir, stat_nofollow
-from ._trust import untrusted_writer
+from ._trust import Refused, untrusted_writer
 
 __all__ = [
     "FUTURE_SLACK",
+    "check_lock_file",
     "QUARANTINE_MAX_FILES",
     "TEMP_MAX_AGE",
     "Scan",
@@ -127,7 +131,8 @@ def scan(root_fd: int, root: str, *, clean: bool) -> Scan:
     """Lists entries (and counts temp files); tolerates files vanishing meanwhile.
     Only real shard directories and regular files count; nothing is followed.
 
-    With ``clean``, temp files older than :data:`TEMP_MAX_AGE` are removed.
+    With ``clean``, temp files and lease files older than :data:`TEMP_MAX_AGE`
+    are removed (a lease's holder touches its file while it holds it).
     """
     entries: list[ScannedEntry] = []
     temps = 0
@@ -155,6 +160,13 @@ def scan(root_fd: int, root: str, *, clean: bool) -> Scan:
                 except OSError:
                     continue
                 if not stat.S_ISREG(st.st_mode):
+                    continue
+                if name.endswith(LEASE_SUFFIX):
+                    if clean and abs(now - st.st_mtime) > TEMP_MAX_AGE:
+                        try:
+                            _safefs.unlink(name, sfd)
+                        except OSError:
+                            pass
                     continue
                 if name.startswith(TEMP_PREFIX):
                     if clean and abs(now - st.st_mtime) > TEMP_MAX_AGE:
@@ -266,3 +278,41 @@ def clear_quarantine(root_fd: int) -> None:
                     os.unlink(name, dir_fd=qfd)
             except OSError:
                 pass
+
+
+# -- the writers' lock -------------------------------------------------------------------
+
+
+def check_lock_file(root_fd: int, name: str, path: str) -> None:
+    """Makes sure the writers' lock ``name`` (at ``path``) is a regular file (created
+    here, never through a link) before ``filelock`` opens it by name.
+
+    Raises:
+      Refused: it is a symlink, FIFO, directory... (nothing is written then).
+      OSError: it cannot be opened or created.
+    """
+    try:
+        fd = os.open(
+            name,
+            os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK,
+            0o600,
+            dir_fd=root_fd,
+        )
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise Refused(
+                "lock not a regular file",
+                f"the writers' lock {path} is not a regular file; not writing",
+            ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(
+                "lock not a regular file",
+                f"the writers' lock {path} is not a regular file; not writing",
+            )
+        if stat.S_IMODE(st.st_mode) != 0o600 and st.st_uid == os.getuid():
+            os.fchmod(fd, 0o600)  # the umask may have narrowed it
+    finally:
+        os.close(fd)

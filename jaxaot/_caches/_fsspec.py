@@ -30,6 +30,10 @@ Guarantees:
   (by the store's modification time) until the new one fits. That listing is a
   round trip per put: for large buckets prefer the store's own lifecycle rules.
 
+Leases (``lease``): on a local path, a lock file beside the entry (as the
+directory cache, ``_filelease``); elsewhere a small lease object with an expiry,
+created with a conditional write where the store has one (``_objlease``).
+
 fsspec is imported when a cache is made; cloud drivers (``gcsfs``, ``s3fs``,
 ``adlfs``) are the user's own installs.
 
@@ -47,22 +51,19 @@ deletions act only inside the root.
 from __future__ import annotations
 
 import datetime
-import errno
 import logging
 import os
 import posixpath
-import re
 import secrets
-import stat
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import _safefs
+from . import _objlease
 from ._faults import FaultTracking, errno_cause
-from ._protocol import check_key, is_removable
-from ._safefs import NotRegularFileError, open_dir, stat_nofollow
-from ._trust import Refused, check_trusted, signing, untrusted_writer, warn_unsigned_remote
+from ._fslocal import KEY_RE, TEMP_PREFIX, LocalRoot
+from ._protocol import Held, Lease, check_key, is_removable
+from ._trust import Refused, signing, warn_unsigned_remote
 
 __all__ = ["FsspecCache"]
 
@@ -77,9 +78,6 @@ OBJECT_STORE_PROTOCOLS = frozenset(
 )
 DEFAULT_BACKOFF = 1.0
 
-_KEY_RE = re.compile(r"^[0-9a-f]{16,128}$")
-_SHARD_RE = re.compile(r"^[0-9a-f]{2}$")
-_TEMP_PREFIX = ".tmp-"
 _LOCAL_PREFIXES = ("file://", "local://", "file:", "local:")
 
 
@@ -204,6 +202,7 @@ class FsspecCache(FaultTracking):
         self._direct = not self._local and bool(OBJECT_STORE_PROTOCOLS.intersection(protocols))
         root = str(root).rstrip("/")
         self._root = root
+        self._files = LocalRoot(root)
         self._init_faults(
             {
                 "hits": 0,
@@ -264,14 +263,14 @@ class FsspecCache(FaultTracking):
     def _is_entry(self, path: str) -> str | None:
         name = posixpath.basename(path)
         shard = posixpath.basename(posixpath.dirname(path))
-        if _KEY_RE.match(name) and shard == name[:2]:
+        if KEY_RE.match(name) and shard == name[:2]:
             return name
         return None
 
     def _list(self) -> dict[str, dict[str, Any]]:
         """``{key: info}`` of the stored entries. Raises on faults."""
         if self._local:
-            return self._local_list()
+            return self._files.entries()
         try:
             found = self.fs.find(self._root, detail=True)
         except FileNotFoundError:
@@ -293,7 +292,7 @@ class FsspecCache(FaultTracking):
             return None
         try:
             data = (
-                self._local_read(key)
+                self._files.read(key)
                 if self._local
                 else self._remote(lambda: self.fs.cat_file(path))
             )
@@ -329,11 +328,11 @@ class FsspecCache(FaultTracking):
             return
         try:
             if self._local:
-                if self._local_exists(key):
+                if self._files.exists(key):
                     return
                 if self.max_bytes is not None:
                     self._make_room(len(value))
-                self._write_local(key, value)
+                self._files.write(key, value)
             else:
                 if self._remote(lambda: self.fs.exists(path)):
                     return
@@ -358,7 +357,7 @@ class FsspecCache(FaultTracking):
             return False
         try:
             if self._local:
-                return self._local_unlink(key)
+                return self._files.unlink(key)
             self.fs.rm_file(path)
         except FileNotFoundError:
             return False
@@ -438,153 +437,40 @@ class FsspecCache(FaultTracking):
         if self.delete(key):
             logger.debug("jaxaot fsspec cache %s: deleted bad entry %s", self.url, key[:16])
 
+    def lease(self, key: str, ttl: float) -> Lease | Held | None:
+        """The lease on ``key`` (see ``_protocol.Leasing``): a lock file on a local
+        path, else a lease object expiring ``ttl`` seconds after its last renewal;
+        ``None`` (one warning per cause) where the store fails or refuses."""
+        check_key(key)
+        if self._local:
+            got = self._files.lease(key, self._warn_once)
+        else:
+            got = self._object_lease(key, ttl)
+        return got
+
+    def _object_lease(self, key: str, ttl: float) -> Lease | Held | None:
+        def run(what: str, fn: Callable[[], Any]) -> tuple[bool, Any]:
+            if not self._available(what):
+                return False, None
+            try:
+                return True, self._remote(fn)
+            except Exception as e:  # any driver's fault: no lease
+                self._fault(what, e)
+                return False, None
+
+        return _objlease.take(run, self.fs, _objlease.lease_path(self._root, key), key, ttl)
+
     # -- internals -------------------------------------------------------------
 
     def _temp_name(self, path: str) -> str:
         return posixpath.join(
-            posixpath.dirname(path), f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+            posixpath.dirname(path), f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         )
-
-    # -- local paths: no symlink followed, only trusted files read -------------------
-
-    def _trusted(self, st: os.stat_result, what: str) -> None:
-        check_trusted(st, what)
-
-    def _local_dir(self, shard: str | None = None, *, create: bool = False) -> int:
-        """A checked descriptor of the root, or of one shard directory below it."""
-        try:
-            try:
-                rfd = open_dir(self._root)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.makedirs(self._root, exist_ok=True)
-                rfd = open_dir(self._root)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise _Refused("root not a directory", f"{self._root} is not a directory") from e
-            raise
-        try:
-            self._trusted(os.fstat(rfd), f"root directory {self._root}")
-            if shard is None:
-                return rfd
-            try:
-                sfd = open_dir(shard, rfd, create=create)
-            except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise _Refused(
-                        "shard not a directory",
-                        f"{self._root}/{shard} is a symlink or not a directory; not following it",
-                    ) from e
-                raise
-            try:
-                if create:
-                    try:
-                        os.fchmod(sfd, 0o755)  # shared stores: readable by the other users
-                    except OSError:
-                        pass
-                self._trusted(os.fstat(sfd), f"shard directory {self._root}/{shard}")
-            except BaseException:
-                os.close(sfd)
-                raise
-            return sfd
-        finally:
-            if shard is not None:
-                os.close(rfd)
-
-    def _local_read(self, key: str) -> bytes:
-        sfd = self._local_dir(key[:2])
-        try:
-            try:
-                fd, st = _safefs.open_regular(key, sfd)
-            except NotRegularFileError as e:
-                raise _Refused(
-                    "entry not a regular file",
-                    f"{self._root}/{key[:2]}/{key} is {e.strerror}; not opening it",
-                ) from e
-            try:
-                self._trusted(st, f"entry file {self._root}/{key[:2]}/{key}")
-                return _safefs.read_all(fd, st.st_size)
-            finally:
-                os.close(fd)
-        finally:
-            os.close(sfd)
-
-    def _local_exists(self, key: str) -> bool:
-        """Whether a trusted regular entry file is there (anything else is replaced)."""
-        try:
-            sfd = self._local_dir(key[:2])
-        except FileNotFoundError:
-            return False
-        try:
-            st = stat_nofollow(key, sfd)
-        except FileNotFoundError:
-            return False
-        finally:
-            os.close(sfd)
-        return stat.S_ISREG(st.st_mode) and (untrusted_writer(st) is None or signing())
-
-    def _write_local(self, key: str, value: bytes) -> None:
-        """Temp file in the entry's directory, fsync, rename: atomic on POSIX filesystems."""
-        sfd = self._local_dir(key[:2], create=True)
-        try:
-            tmp = f"{_TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
-            _safefs.write_new_and_replace(tmp, key, value, 0o644, dir_fd=sfd)
-        finally:
-            os.close(sfd)
-
-    def _local_unlink(self, key: str) -> bool:
-        try:
-            sfd = self._local_dir(key[:2])
-        except FileNotFoundError:
-            return False
-        try:
-            if stat.S_ISDIR(stat_nofollow(key, sfd).st_mode):
-                return False
-            return _safefs.unlink(key, sfd)
-        finally:
-            os.close(sfd)
-
-    def _local_list(self) -> dict[str, dict[str, Any]]:
-        """``{key: {"size", "mtime"}}`` of the regular entry files in real shard directories."""
-        try:
-            rfd = self._local_dir()
-        except FileNotFoundError:
-            return {}
-        out: dict[str, dict[str, Any]] = {}
-        try:
-            with os.scandir(rfd) as it:
-                shards = [
-                    d.name
-                    for d in it
-                    if _SHARD_RE.match(d.name) and d.is_dir(follow_symlinks=False)
-                ]
-            for shard in shards:
-                try:
-                    sfd = open_dir(shard, rfd)
-                except OSError:
-                    continue
-                try:
-                    with os.scandir(sfd) as it:
-                        for f in it:
-                            if not (_KEY_RE.match(f.name) and f.name.startswith(shard)):
-                                continue
-                            try:
-                                st = f.stat(follow_symlinks=False)
-                            except OSError:
-                                continue
-                            if stat.S_ISREG(st.st_mode):
-                                out[f.name] = {"size": st.st_size, "mtime": st.st_mtime}
-                finally:
-                    os.close(sfd)
-        finally:
-            os.close(rfd)
-        return out
 
     def _remove(self, key: str) -> bool:
         """Deletes an entry (for ``clear`` and eviction); raises on faults."""
         if self._local:
-            return self._local_unlink(key)
+            return self._files.unlink(key)
         self.fs.rm_file(self.path_of(key))
         return True
 

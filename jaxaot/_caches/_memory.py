@@ -1,4 +1,8 @@
-"""An in-process, bounded, thread-safe cache."""
+"""An in-process, bounded, thread-safe cache.
+
+It lends no leases (``_protocol.Leasing``): no other process can see it, and
+within one process the store's own locks already make each entry once.
+"""
 
 from __future__ import annotations
 

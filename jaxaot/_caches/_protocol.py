@@ -9,6 +9,12 @@ opaque ``bytes``: encoding, checksums and signatures live in the entry format
 bytes; extra behaviour (tiers, read-only wrappers, verification) is layered by
 wrapping.
 
+Shared backends may also lend *leases* (:class:`Leasing`): the first process
+to miss an entry takes the lease on its key and makes the entry, the others
+wait for it to land and load it, so that a fleet of cold processes makes each
+entry once. What a lease guards is the store's business (``_store._once``);
+a backend only grants, renews and releases them.
+
 Where a backend must tell a sound entry from a damaged one (a tiered cache
 copying a hit into a faster tier, a quarantine that must not destroy entries
 signed with another key), it asks the :class:`EntryCheck` it was given, or the
@@ -21,13 +27,16 @@ from __future__ import annotations
 import re
 import threading
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
     "BadEntry",
     "Cache",
     "EntryCheck",
+    "Held",
     "HitCounting",
+    "Lease",
+    "Leasing",
     "LocalFiles",
     "Pingable",
     "Quarantining",
@@ -106,6 +115,53 @@ class Pingable(Protocol):
     """A remote store that can be asked whether it answers (raises ``ConnectionError``)."""
 
     def ping(self) -> None: ...
+
+
+# -- leases (one maker per entry across processes) ----------------------------------
+
+
+class Lease(Protocol):
+    """A lease this process holds on one key: while it holds it, other processes
+    that miss the key wait for the entry instead of making it too.
+
+    ``holder`` names this process (host and pid) for the others' DEBUG logs.
+    ``renew`` extends a lease that expires (the store calls it from a heartbeat
+    while the entry is being made) and returns whether the lease is still held;
+    ``release`` ends it (after the entry was written, or could not be), leaving a
+    short-lived mark that says the holder is done, so that waiters stop waiting
+    at once. Neither raises: a fault means the lease may be lost, never an error.
+    """
+
+    key: str
+    holder: str
+
+    def renew(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+class Held(NamedTuple):
+    """Another process's lease on a key: who holds it (``"host pid N"``, or ``"?"``
+    when it cannot be told), and whether it is ``done`` (released: its entry is
+    written, or could not be; a waiter then looks for the entry once and makes it
+    itself if it is not there)."""
+
+    holder: str
+    done: bool = False
+
+
+@runtime_checkable
+class Leasing(Protocol):
+    """A shared store that lends leases.
+
+    ``lease(key, ttl)`` returns a :class:`Lease` if this process now holds the
+    lease on ``key`` (it expires ``ttl`` seconds after it was taken or last
+    renewed, or at once if the holder dies, where the store can tell); a
+    :class:`Held` if another process holds it; ``None`` if no lease can be had
+    (the store is down, refuses, or cannot lend one for this key): the caller
+    then makes the entry itself, as without leases. Never raises for faults."""
+
+    def lease(self, key: str, ttl: float) -> Lease | Held | None: ...
 
 
 # -- the entry check -----------------------------------------------------------------

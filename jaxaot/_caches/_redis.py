@@ -30,6 +30,10 @@ Guarantees:
   (they miss or skip immediately), then the next call tries again; once the
   server answers, hits resume.
 
+Leases (``lease``, see ``_redislease``): ``SET <prefix>lease:<key> <record> NX
+PX <ttl>``, renewed and released only by their holder; a server that is down
+lends none, and the entry is made locally as without leases.
+
 Entries become code in the reading process: anyone who can write to the Redis
 database can plant one. Set ``$JAXAOT_CACHE_HMAC_KEY`` (the same secret in
 every process) so that entries are signed and foreign ones are refused; without
@@ -44,11 +48,12 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import _redislease
 from ._faults import FaultTracking
-from ._protocol import check_key, is_removable
+from ._protocol import Held, Lease, check_key, is_removable
 from ._trust import warn_unsigned_remote
 
 __all__ = ["DEFAULT_BACKOFF", "LIST_DEADLINE_FACTOR", "RedisCache", "redact_url"]
@@ -458,6 +463,24 @@ class RedisCache(FaultTracking):
         }
 
     # -- extras --------------------------------------------------------------
+
+    def lease(self, key: str, ttl: float) -> Lease | Held | None:
+        """The lease on ``key`` (see ``_protocol.Leasing``), expiring ``ttl`` seconds
+        after it was taken or last renewed; ``None`` while the server fails."""
+        name = self.prefix + _redislease.LEASE_PREFIX + check_key(key)
+        return _redislease.take(self._run, name, key, ttl)
+
+    def _run(self, what: str, fn: Callable[[Any], Any]) -> tuple[bool, Any]:
+        """``(True, fn(client))`` within the call deadline, or ``(False, None)`` on any
+        fault (counted, one warning per cause, then the back-off)."""
+        if not self._available(what):
+            return False, None
+        try:
+            with self._within(self._call_deadline()):
+                return True, fn(self._client)
+        except Exception as e:
+            self._fault(what, e)
+            return False, None
 
     def quarantine(self, key: str, *, force: bool = False) -> None:
         """Removes a bad entry (Redis has no place to keep it aside). Unless ``force``,

@@ -10,6 +10,10 @@ only from that tier (``quarantine`` where the tier has it, else ``delete``); a
 sound entry that this process cannot check (signed with another key...) is
 left alone; either way the look-up goes on to the next tier, and a sound copy
 found there is returned and copied into the faster tiers.
+
+Leases (``lease``) are taken in the slowest tier that lends them: the shared
+store, where the other processes look. A process waiting for an entry reads
+every tier, so it finds the entry wherever it lands first.
 """
 
 from __future__ import annotations
@@ -20,7 +24,17 @@ from collections import OrderedDict
 from typing import Any
 
 from ._faults import WarnOnce
-from ._protocol import BadEntry, Cache, EntryCheck, Quarantining, check_key, entry_check
+from ._protocol import (
+    BadEntry,
+    Cache,
+    EntryCheck,
+    Held,
+    Lease,
+    Leasing,
+    Quarantining,
+    check_key,
+    entry_check,
+)
 
 __all__ = ["TieredCache"]
 
@@ -250,6 +264,20 @@ class TieredCache(WarnOnce):
         }
 
     # -- extras --------------------------------------------------------------
+
+    def lease(self, key: str, ttl: float) -> Lease | Held | None:
+        """The lease on ``key`` in the slowest tier that lends leases (the shared
+        one), or ``None`` if no tier does (or it fails)."""
+        check_key(key)
+        for i in reversed(range(len(self.tiers))):
+            tier = self.tiers[i]
+            if isinstance(tier, Leasing):
+                try:
+                    return tier.lease(key, ttl)
+                except Exception as e:
+                    self._tier_failed(i, "lease", e)
+                    return None
+        return None
 
     def quarantine(self, key: str, *, force: bool = False) -> None:
         """Removes a bad entry: from the tier that last served ``key`` and the faster

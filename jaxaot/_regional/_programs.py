@@ -27,6 +27,7 @@ from .._store._executables import (
     load_executable,
     store_executable,
 )
+from .._store._once import make_once
 from .._store._readwrite import read
 from ._placement import MeshContext
 
@@ -134,36 +135,63 @@ class ProgramCache:
             key = program_key(self.kind, digest, avals, donate, shardings)
             cache = get_cache()
             loaded = load_executable(cache, key) if cache is not None else None
+            if loaded is None:
+                # Missed: compiled here, or loaded once another process compiled it.
+                outcome = make_once(
+                    cache,
+                    key.digest,
+                    f"{self.kind} executable",
+                    lambda: None if cache is None else load_executable(cache, key),
+                    lambda: (self._compile(fn, avals, donate, shardings), None),
+                    lambda made: self._store(cache, key, made[0], avals, out_avals, callbacks),
+                )
+                loaded = None if outcome.made else outcome.value
+                exe = outcome.value[0]
+                if outcome.made:
+                    self.counters.add("misses")
+                    self.counters.add("compiles")
             if loaded is not None:
                 exe = loaded[0]
                 self._loaded[id(exe)] = (cache, key)
                 self.counters.add("hits")
-            else:
-                self.counters.add("misses")
-                sds = [
-                    jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
-                    for a, s in zip(avals, shardings or (None,) * len(avals), strict=True)
-                ]
-                exe = (
-                    jax.jit(fn, keep_unused=True, donate_argnums=donate)
-                    .trace(*sds)
-                    .lower()
-                    .compile()
-                )
-                self.counters.add("compiles")
-                if cache is not None and not callbacks():
-                    record = Entry(
-                        key=key,
-                        name=self.kind,
-                        in_avals=avals,
-                        out_avals=out_avals,
-                        out_tree=jax.tree_util.tree_structure([0] * len(out_avals)),
-                        arg_names=("",) * len(avals),
-                        result_paths=tuple(f"result[{i}]" for i in range(len(out_avals))),
-                    )
-                    store_executable(cache, key, record, exe, None)
             self._exes[memo_key] = exe
             return exe
+
+    @staticmethod
+    def _compile(
+        fn: Callable[..., Any],
+        avals: tuple[Any, ...],
+        donate: tuple[int, ...],
+        shardings: tuple[Any, ...] | None,
+    ) -> Any:
+        sds = [
+            jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
+            for a, s in zip(avals, shardings or (None,) * len(avals), strict=True)
+        ]
+        return jax.jit(fn, keep_unused=True, donate_argnums=donate).trace(*sds).lower().compile()
+
+    def _store(
+        self,
+        cache: Any,
+        key: ComponentKey,
+        exe: Any,
+        avals: tuple[Any, ...],
+        out_avals: tuple[Any, ...],
+        callbacks: Callable[[], bool],
+    ) -> None:
+        """Writes a compiled program (unless it calls back into Python)."""
+        if cache is None or callbacks():
+            return
+        record = Entry(
+            key=key,
+            name=self.kind,
+            in_avals=avals,
+            out_avals=out_avals,
+            out_tree=jax.tree_util.tree_structure([0] * len(out_avals)),
+            arg_names=("",) * len(avals),
+            result_paths=tuple(f"result[{i}]" for i in range(len(out_avals))),
+        )
+        store_executable(cache, key, record, exe, None)
 
 
 GLUE = ProgramCache("glue")
@@ -205,15 +233,29 @@ def region_executable(call: Call, shardings: tuple[Any, ...] | None = None) -> A
         exe_key = key.replace(executable=parts)
         cache = get_cache()
         loaded = load_executable(cache, exe_key) if cache is not None else None
-        if loaded is not None:
+        if loaded is None:
+            # Missed: compiled here, or loaded once another process compiled it.
+            def write(made: tuple[Any, Any]) -> None:
+                if cache is not None and not entry.host_callbacks:
+                    store_executable(cache, exe_key, entry, made[0], cost_dict(made[0]))
+
+            outcome = make_once(
+                cache,
+                exe_key.digest,
+                f"{call.component.name} region executable",
+                lambda: None if cache is None else load_executable(cache, exe_key),
+                lambda: (_compile_entry(call, shardings), None),
+                write,
+            )
+            exe = outcome.value[0]
+            if outcome.made:
+                store.counters.add("misses")
+                store.counters.add("compiles")
+            else:
+                store.counters.add("hits")
+        else:
             exe = loaded[0]
             store.counters.add("hits")
-        else:
-            store.counters.add("misses")
-            exe = _compile_entry(call, shardings)
-            store.counters.add("compiles")
-            if cache is not None and not entry.host_callbacks:
-                store_executable(cache, exe_key, entry, exe, cost_dict(exe))
         store.region_executables[memo] = exe
         return exe
 

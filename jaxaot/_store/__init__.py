@@ -5,7 +5,9 @@
 * ``_readwrite``: reading and writing entries in a byte cache, faults as misses;
 * ``_executables``: executable entries, loaded and stored (big ones in the background);
 * ``_lookup``: :class:`Store`, one component's lookup chain (this process, the
-  active cache, the job, or made here);
+  active cache, the job, another process of the fleet, or made here);
+* ``_once``: one maker per entry across a fleet of processes sharing a cache
+  (the cache's leases; ``JAXAOT_LEASE_WAIT``, ``JAXAOT_LEASE_TTL``);
 * ``_job``: one compile per multi-process job (``jax.distributed``);
 * ``_active``: which cache is active (``set_cache``, ``using_cache``, ``JAXAOT_CACHE``);
 * ``_bundle``: entries packed into one file.

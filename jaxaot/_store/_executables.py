@@ -84,9 +84,10 @@ def store_in_background(
     exe: Any,
     costs: dict[str, float] | None,
     extra: dict[str, Any] | None = None,
-) -> None:
-    """Stores an executable entry from a worker thread. The interpreter waits for
-    the worker at exit; ``wait_for_writes`` and reads of the same key wait too."""
+) -> concurrent.futures.Future[None]:
+    """Stores an executable entry from a worker thread; returns the write's future.
+    The interpreter waits for the worker at exit; ``wait_for_writes`` and reads of
+    the same key wait too."""
     global _writer
     with _pending_lock:
         if _writer is None:
@@ -100,6 +101,7 @@ def store_in_background(
                 del _pending[key.digest]
 
     future.add_done_callback(done)
+    return future
 
 
 def wait_for_writes() -> None:

@@ -3,14 +3,18 @@
 Data flows one way: the component asks its :class:`Store` for an entry or an
 executable under a key; the store looks in its in-process tables, then in the
 active byte cache (``jaxaot.set_cache``/``using_cache``), then, in a
-multi-process job, waits for the process that makes it (``_job``), and only
-then makes it with the function it was given. What it made it writes to the
-cache, big executables in the background. The store knows nothing of tracing
+multi-process job, waits for the process that makes it (``_job``); if another
+process sharing the cache is making it, waits for it to land (``_once``); and
+only then makes it with the function it was given, holding the cache's lease
+on it. What it made it writes to the cache, big executables in the background
+(the lease is released once they are written). The store knows nothing of tracing
 or of transformations, and the cache backends know nothing of entries.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -30,6 +34,7 @@ from ._executables import (
     store_executable,
     store_in_background,
 )
+from ._once import Outcome, make_once
 from ._readwrite import decoder, read, write
 
 __all__ = ["Store"]
@@ -98,13 +103,39 @@ class Store:
                 hit = entry
                 _job.publish_hit(key.digest, lambda: _entry.encode(hit))
             else:
-                self.counters.add("misses")
-                self.explain_miss(key, cache)
-                entry = _job.share(key.digest, build, _entry.encode, decoder(key))
-                if cache is not None:
-                    write(cache, entry)
+                entry = self._make_entry(key, cache, build)
             self.entries[key] = entry
             return entry
+
+    def _make_entry(
+        self, key: ComponentKey, cache: Cache | None, build: Callable[[], Entry]
+    ) -> Entry:
+        """A missed entry: made here, by another process of the fleet (``_once``), or
+        by process 0 of the job (``_job``)."""
+        self.explain_miss(key, cache)
+        made: list[Outcome[Entry]] = []
+
+        def load() -> Entry | None:
+            assert cache is not None
+            entry = read(cache, key)
+            if entry is not None and self.check is not None:
+                self.check(entry)
+            return entry
+
+        def make() -> Entry:
+            store = None if cache is None else functools.partial(_written, cache)
+            outcome = make_once(cache, key.digest, f"{self.name} entry", load, build, store)
+            made.append(outcome)
+            return outcome.value
+
+        entry = _job.share(key.digest, make, _entry.encode, decoder(key))
+        if made and not made[0].made:  # made by another process: a hit, after all
+            self.counters.add("hits")
+        else:
+            self.counters.add("misses")
+            if not made and cache is not None:  # received from process 0 of the job
+                write(cache, entry)
+        return entry
 
     def explain_miss(self, key: ComponentKey, cache: Cache | None) -> None:
         """With ``JAXAOT_EXPLAIN_MISSES=1``, logs (WARNING) the parts in which ``key``
@@ -169,26 +200,66 @@ class Store:
                 if self.check is not None:
                     self.check(record)
             else:
-                self.counters.add("misses")
-                self.explain_miss(exe_key, cache)
-                start = time.perf_counter()
-                exe, root = compile()
-                seconds = time.perf_counter() - start
-                self.counters.add("compiles")
-                costs = cost_dict(exe)
-                # Executables are compiled by each process of a multi-process job
-                # (they are bound to that process's devices); lowered entries are shared.
-                if cache is not None and root is not None and not root.host_callbacks:
-                    more = extra() if extra is not None else {}
-                    if seconds >= BACKGROUND_AFTER_SECONDS:
-                        # A big executable: serialize and write it while the first
-                        # step runs, off the path to the first result.
-                        store_in_background(cache, exe_key, root, exe, costs, more)
-                    else:
-                        store_executable(cache, exe_key, root, exe, costs, more)
+                exe, costs = self._make_executable(exe_key, cache, compile, extra, in_tree)
             self.costs[sig] = costs
             self.executables[sig] = exe
             return exe
+
+    def _make_executable(
+        self,
+        exe_key: ComponentKey,
+        cache: Cache | None,
+        compile: Callable[[], tuple[Any, Entry | None]],
+        extra: Callable[[], dict[str, Any]] | None,
+        in_tree: Any,
+    ) -> tuple[Any, dict[str, float] | None]:
+        """A missed top-level executable and its costs: compiled here (and stored,
+        big ones in the background), or loaded once another process made it."""
+        self.explain_miss(exe_key, cache)
+
+        def load() -> tuple[Any, Entry | None] | None:
+            assert cache is not None
+            return load_executable_entry(cache, exe_key, in_tree)
+
+        made: dict[str, Any] = {}
+
+        def make() -> tuple[Any, Entry | None]:
+            start = time.perf_counter()
+            exe, root = compile()
+            made["seconds"] = time.perf_counter() - start
+            made["costs"] = cost_dict(exe)
+            self.counters.add("compiles")
+            return exe, root
+
+        def store(value: tuple[Any, Entry | None]) -> concurrent.futures.Future[None] | None:
+            exe, root = value
+            # Executables are compiled by each process of a multi-process job
+            # (they are bound to that process's devices); lowered entries are shared.
+            if cache is None or root is None or root.host_callbacks:
+                return None
+            more = extra() if extra is not None else {}
+            if made["seconds"] >= BACKGROUND_AFTER_SECONDS:
+                # A big executable: serialize and write it while the first step
+                # runs, off the path to the first result.
+                return store_in_background(cache, exe_key, root, exe, made["costs"], more)
+            store_executable(cache, exe_key, root, exe, made["costs"], more)
+            return None
+
+        outcome = make_once(cache, exe_key.digest, f"{self.name} executable", load, make, store)
+        exe, record = outcome.value
+        if outcome.made:
+            self.counters.add("misses")
+            return exe, made["costs"]
+        self.counters.add("hits")
+        assert record is not None
+        if self.check is not None:
+            self.check(record)
+        costs = record.extra.get("cost_analysis")
+        return exe, dict(costs) if isinstance(costs, dict) else None
+
+
+def _written(cache: Cache, entry: Entry) -> None:
+    write(cache, entry)
 
 
 def _kind(key: ComponentKey) -> tuple[Any, ...]:

@@ -15,6 +15,9 @@ What it reports, and how it is measured:
 * persistent cache: look-ups that reached the cache (the directory, Redis,
   ...), so hits are entries made by an earlier process. Look-ups served by
   this process's own tables are not counted; with ``--cold`` there is no cache.
+* fleet: entries this process made, and entries it waited for while another
+  process sharing the cache made them (then loaded), with the time it waited
+  (``jaxaot.stats()``: ``made_here``, ``loaded_after_wait``, ``wait_seconds``).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class DemoResult:
     steps: int
     cache: str
     persistent: dict[str, Any] | None
-    stats: dict[str, int] = field(default_factory=dict)
+    stats: dict[str, float] = field(default_factory=dict)
     step_info: dict[str, int] = field(default_factory=dict)
 
 
@@ -422,6 +425,12 @@ def summary_rows(result: DemoResult) -> list[tuple[str, str]]:
             "this process",
             f"{s.get('traces', 0)} traces, {s.get('lowerings', 0)} lowerings, "
             f"{s.get('compiles', 0)} compiles",
+        ),
+        (
+            "fleet",
+            f"{s.get('made_here', 0):g} entries made here, {s.get('loaded_after_wait', 0):g} "
+            f"made by other processes while this one waited "
+            f"({s.get('wait_seconds', 0.0):.2f} s)",
         ),
         ("train step", f"warm start: {how}" if warm else f"cold start: {how}"),
         ("cache location", result.cache),

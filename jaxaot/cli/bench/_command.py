@@ -23,6 +23,7 @@ SUITE_NEEDS = {
     "warm-start": ("matplotlib", "flatbuffers"),
     "regional": ("matplotlib", "equinox"),
     "sharded": ("matplotlib",),
+    "fleet": (),
     "all": ("matplotlib", "flatbuffers", "equinox"),
 }
 
@@ -50,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="warm-start",
         choices=SUITES,
         help="which benchmark (default warm-start; all = warm-start and regional)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=4,
+        help="fleet: cold processes started together on one new cache (default 4)",
     )
     parser.add_argument("--layers", type=int, nargs="+", default=None, help="depths to run")
     parser.add_argument("--full", action="store_true", help="warm-start: also L=8 and L=48")
@@ -107,7 +114,7 @@ def _add_sharded_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="sharded: run only these contenders (default: all of them)",
+        help="regional, sharded: run only these contenders (default: all of them)",
     )
     parser.add_argument(
         "--layouts",
@@ -146,6 +153,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         contenders=tuple(args.contenders) if args.contenders else None,
         layouts=tuple(args.layouts) if args.layouts else None,
         axis_types=tuple(args.axis_types) if args.axis_types else None,
+        processes=args.processes,
         out=Path(args.out),
     )
 
@@ -173,15 +181,16 @@ def _cmd_bench(args: argparse.Namespace, out: Output) -> int:
 
 BENCH = Command(
     "bench",
-    "benchmark warm starts, regional compilation and sharded steps against JAX's own caches",
+    "benchmark warm starts, regional compilation, sharded steps and fleets of cold processes",
     add_arguments,
     _cmd_bench,
     description="Run the warm-start benchmark (jax.jit, JAX's persistent cache, jax.export, "
     "jaxaot, the physical limit) and/or the regional-compilation depth sweep (jax.jit, scan, "
     "Equinox noinline, jaxaot.jit), and/or the sharded suite (jax.jit, scan, jaxaot.jit and "
     "the physical limit on a mesh of simulated CPU devices, data-parallel, FSDP and 2-D, "
-    "explicit and auto axes; not part of all), each contender in a fresh process; write "
-    "Markdown tables, JSON and PNG plots.",
+    "explicit and auto axes; not part of all), and/or the fleet suite (N cold processes "
+    "started together on one new cache, directory and Redis, against one alone; not part "
+    "of all), each contender in a fresh process; write Markdown tables, JSON and PNG plots.",
     epilog='Needs the bench extra (pip install ".[bench]": matplotlib, flatbuffers, equinox); '
     "without it the command stops at once and names what is missing (exit status 2).",
     uses_cache=False,

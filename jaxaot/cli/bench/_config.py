@@ -30,7 +30,7 @@ __all__ = [
     "Table",
 ]
 
-SUITES = ("warm-start", "regional", "sharded", "all")
+SUITES = ("warm-start", "regional", "sharded", "fleet", "all")
 #: "train": ``value_and_grad`` of the loss; "inference": the loss (forward pass) alone.
 MODES = ("train", "inference")
 #: The sharded suite's layouts: the batch split over every device, the parameters
@@ -66,6 +66,18 @@ REGIONAL: Table = {
     "regional_cold": ("jaxaot.jit, cold", None),
     "pcc_warm": ("jax.jit + JAX persistent cache, warm", "pcc_cold"),
     "regional_warm": ("jaxaot.jit, warm", "regional_cold"),
+    # The common large-model form: no annotation, each layer a jax.checkpoint.
+    "remat_jit_cold": ("remat'd layers: jax.jit, cold", None),
+    "remat_scan_cold": ("remat'd layers: scan over stacked layers, cold", None),
+    "remat_regional_cold": ("remat'd layers: jaxaot.jit (no annotation), cold", None),
+    "remat_regional_warm": (
+        "remat'd layers: jaxaot.jit (no annotation), warm",
+        "remat_regional_cold",
+    ),
+    "remat_limit": (
+        "remat'd layers: physical limit: load its executables + one step",
+        "remat_regional_cold",
+    ),
 }
 
 #: The sharded suite: the regional suite's contenders that run on a mesh, and the
@@ -156,7 +168,8 @@ class MeshLayout:
 @dataclass(frozen=True)
 class Job:
     """One worker's task: time ``contender`` at depth ``layers`` in the work folder
-    ``work`` shared by one trial's processes (``mesh``: on simulated devices)."""
+    ``work`` shared by one trial's processes (``mesh``: on simulated devices;
+    ``cache``: the fleet suite's shared cache)."""
 
     contender: str
     layers: int
@@ -164,6 +177,8 @@ class Job:
     repeats: int
     shape: ModelShape = field(default_factory=ModelShape)
     mesh: MeshLayout | None = None
+    #: The fleet suite's shared cache: ``{"dir": path}`` or ``{"redis": url, "prefix": p}``.
+    cache: dict[str, str] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -189,7 +204,8 @@ class BenchConfig:
 
     ``width``, ``batch``, ``seq`` and ``inference`` change the regional and sharded
     suites' model (the warm-start suite keeps the default one); ``devices``,
-    ``contenders``, ``layouts`` and ``axis_types`` are the sharded suite's.
+    ``contenders``, ``layouts`` and ``axis_types`` are the sharded suite's;
+    ``processes`` is the fleet suite's (cold processes started together).
     """
 
     suite: str = "warm-start"
@@ -207,6 +223,7 @@ class BenchConfig:
     contenders: tuple[str, ...] | None = None
     layouts: tuple[str, ...] | None = None
     axis_types: tuple[str, ...] | None = None
+    processes: int = 4
     out: Path = Path("docs/results")
 
     def shape(self, suite: str) -> ModelShape:

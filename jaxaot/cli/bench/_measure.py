@@ -12,7 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "EARLY_STEPS",
     "PHASES",
+    "early_steps",
     "ROUND_SECONDS",
     "SETTLE_SECONDS",
     "block",
@@ -74,6 +76,23 @@ def measure_stages(
     compiled, result["compile"] = timed(lowered.compile)
     _, result["first_run"] = timed(lambda: block(compiled(*args)))
     result["steady"] = steady(lambda: compiled(*args), repeats)
+
+
+#: The early steps a ``jaxaot.jit`` contender reports: the calls right after the
+#: first, each waited for, before its steady state is chosen: 30 of small steps,
+#: 10 where the first call took over ``EARLY_LONG_SECONDS``.
+EARLY_STEPS = (30, 10)
+EARLY_LONG_SECONDS = 5.0
+
+
+def early_steps(step: Any, args: tuple[Any, ...], result: dict[str, Any], first: float) -> None:
+    """Times the calls right after the first one, one by one, as a training run
+    makes them (background compiles and the choice of form running beside them):
+    ``early`` is their median (seconds), ``early_n`` their number."""
+    n = EARLY_STEPS[1] if first > EARLY_LONG_SECONDS else EARLY_STEPS[0]
+    times = [timed(lambda: block(step(*args)))[1] for _ in range(n)]
+    result["early"] = statistics.median(times)
+    result["early_n"] = n
 
 
 def settle(step: Any, args: tuple[Any, ...], result: dict[str, Any]) -> None:

@@ -133,6 +133,25 @@ def steady_state_line(regional: Row | None) -> list[str]:
     ]
 
 
+def early_line(regional: Row | None, best: Row | None) -> list[str]:
+    """The early steps of a ``jaxaot.jit`` contender (the calls right after the
+    first, before its steady state is chosen), and the settled steady step, each
+    against the best steady contender."""
+    if not regional or regional.get("early") is None:
+        return []
+    against = ""
+    if best is not None and best.get("steady"):
+        against = (
+            f" = {regional['early'] / best['steady']:.2f}x the best steady contender; "
+            f"settled steady step {_ms(regional.get('steady'))} ms = "
+            f"{(regional.get('steady') or 0.0) / best['steady']:.2f}x"
+        )
+    return [
+        f"  - early steps: median of the {regional.get('early_n')} calls after the first "
+        f"{_ms(regional['early'])} ms{against}"
+    ]
+
+
 def model_sentence(shape: ModelShape) -> str:
     """The model and step a report's figures are of."""
     return (
@@ -179,6 +198,19 @@ def regional_markdown(rows: list[Row], shape: ModelShape) -> str:
                 f"{trial_ratios(regional, row('scan_cold'), 'steady')}"
             )
         lines += steady_state_line(regional)
+        lines += early_line(regional, best)
+        remat = row("remat_regional_cold")
+        if remat is not None:
+            best_remat = best_steady(row("remat_jit_cold"), row("remat_scan_cold"))
+            lines.append(
+                f"- L={depth}, remat'd layers (no annotation): first result, jaxaot.jit / scan = "
+                f"{ratio(remat, row('remat_scan_cold'))}, / jax.jit = "
+                f"{ratio(remat, row('remat_jit_cold'))}; steady step / best of jit and scan = "
+                f"{ratio(remat, best_remat, 'steady') if best_remat else 'nan'}; warm first result"
+                f" / physical limit = {ratio(row('remat_regional_warm'), row('remat_limit'))}"
+            )
+            lines += steady_state_line(remat)
+            lines += early_line(remat, best_remat)
     return "\n".join(lines) + "\n"
 
 

@@ -27,6 +27,10 @@ def run(config: BenchConfig, log: Log) -> str:
         from ._sharded import run_sharded
 
         texts.append(run_sharded(config, log))
+    if config.suite == "fleet":
+        from ._fleet import run_fleet
+
+        texts.append(run_fleet(config, log))
     return "\n".join(texts)
 
 
@@ -58,11 +62,16 @@ def _regional(config: BenchConfig, log: Log) -> str:
     def skip(name: str, depth: int) -> bool:
         if name == "noinline_cold" and not have_equinox:
             return True
-        whole = name in ("jit_cold", "jit_components_cold", "pcc_warm")
+        if config.contenders is not None and name not in config.contenders:
+            return True
+        whole = name in ("jit_cold", "jit_components_cold", "pcc_warm", "remat_jit_cold")
         return whole and depth > config.max_jit_layers
 
     shape = config.shape("regional")
     table = _config.REGIONAL  # looked up when run
+    unknown = sorted(set(config.contenders or ()) - set(table))
+    if unknown:
+        raise _config.ArgumentError(f"unknown contenders {unknown}; choose from {sorted(table)}")
     job = Job("", 0, "", config.repeats, shape)
     rows = _runner.run_contenders(table, job, layers, log, skip, trials=config.trials)
     (config.out / "regional.json").write_text(json.dumps(rows, indent=1))

@@ -24,6 +24,7 @@ from ._config import Job, ModelShape
 from ._measure import (
     PHASES,
     block,
+    early_steps,
     measure_stages,
     settle,
     steady,
@@ -104,13 +105,14 @@ def _jit_components(run: _Run) -> None:
     measure_stages(jax.jit(step), run.args, run.result, run.job.repeats)
 
 
-def _scan(run: _Run) -> None:
-    """``jax.jit`` of the same step with the layers stacked, under ``lax.scan``."""
+def _scan(run: _Run, remat: bool = False) -> None:
+    """``jax.jit`` of the same step with the layers stacked, under ``lax.scan``
+    (each layer a ``jax.checkpoint`` region where ``remat``)."""
     import jax
 
     stacked = jax.tree_util.tree_map(lambda *xs: jax.numpy.stack(xs), *run.blocks)
     stacked = block(run.placement.place(stacked, "stacked"))
-    block_fn = run.block
+    block_fn = jax.checkpoint(run.block) if remat else run.block
 
     def scan_loss(stacked: Any, x: Any) -> Any:
         def body(h: Any, p: Any) -> Any:
@@ -133,7 +135,22 @@ def _noinline(run: _Run) -> None:
 
 
 def _regional(run: _Run) -> None:
-    """``jaxaot.jit`` of the step calling component blocks, cold or warm.
+    """``jaxaot.jit`` of the step calling component blocks, cold or warm."""
+    import jaxaot
+
+    _regional_step(run, run.make_step(jaxaot.component(run.block)), "jaxaot-regional")
+
+
+def _remat_regional(run: _Run) -> None:
+    """``jaxaot.jit`` of the step whose layers are ``jax.checkpoint`` regions, with no
+    jaxaot annotation (found as blocks), cold or warm."""
+    import jax
+
+    _regional_step(run, run.make_step(jax.checkpoint(run.block)), "jaxaot-remat")
+
+
+def _regional_step(run: _Run, fn: Callable[..., Any], cache: str) -> None:
+    """``jaxaot.jit`` of ``fn`` with the cache in ``cache`` (under the work folder).
 
     The first call traces and splits the program (timed as "trace"), then runs it
     while its executables compile or load on background threads (all of that is
@@ -141,8 +158,8 @@ def _regional(run: _Run) -> None:
     import jaxaot
 
     result = run.result
-    jaxaot.set_cache(jaxaot.DirectoryCache(run.work / "jaxaot-regional"))
-    step = jaxaot.jit(run.make_step(jaxaot.component(run.block)))
+    jaxaot.set_cache(jaxaot.DirectoryCache(run.work / cache))
+    step = jaxaot.jit(fn)
     make_plan = step._plan
 
     def timed_plan(*a: Any) -> Any:
@@ -152,9 +169,84 @@ def _regional(run: _Run) -> None:
     step._plan = timed_plan  # type: ignore[method-assign]
     _, first_call = timed(lambda: block(step(*run.args)))
     result["first_run"] = first_call - result["trace"]
+    early_steps(step, run.args, result, first_call)
     settle(step, run.args, result)
     result["steady"] = steady_after_warmup(lambda: step(*run.args), run.job.repeats)
     result["stats"] = jaxaot.stats()
+
+
+def _remat(run: _Run) -> None:
+    """``jax.jit`` of the step whose layers are ``jax.checkpoint`` regions."""
+    import jax
+
+    measure_stages(
+        jax.jit(run.make_step(jax.checkpoint(run.block))), run.args, run.result, run.job.repeats
+    )
+
+
+def _remat_limit(run: _Run) -> None:
+    """The floor of a warm start of the remat'd step: reading and loading every
+    executable the cold ``jaxaot.jit`` run wrote ("compile / load"), then one step
+    of the settled program ("first run")."""
+    import jax
+
+    import jaxaot
+    from jaxaot._store._entry import decode
+    from jaxaot._store._executables import load_executable
+
+    cache = jaxaot.DirectoryCache(run.work / "jaxaot-remat")
+
+    def load_all() -> int:
+        loaded = 0
+        for key in cache.keys():
+            blob = cache.get(key)
+            if blob is None:
+                continue
+            entry = decode(blob)
+            if entry.executable is not None and load_executable(cache, entry.key) is not None:
+                loaded += 1
+        return loaded
+
+    run.result["loaded"], run.result["compile"] = timed(load_all)
+    jaxaot.set_cache(cache)
+    step = jaxaot.jit(run.make_step(jax.checkpoint(run.block)))
+    settle(step, run.args, {})
+    block(step(*run.args))
+    _, run.result["first_run"] = timed(lambda: block(step(*run.args)))
+    run.result["steady"] = steady_after_warmup(lambda: step(*run.args), run.job.repeats)
+
+
+def _shared_cache(spec: dict[str, str] | None) -> Any:
+    """The fleet suite's shared cache, as the job names it."""
+    import jaxaot
+
+    if spec is None:
+        raise ValueError("a fleet member needs the job's cache")
+    if "redis" in spec:
+        return jaxaot.RedisCache(spec["redis"], prefix=spec["prefix"])
+    return jaxaot.DirectoryCache(spec["dir"])
+
+
+def _fleet_member(run: _Run) -> None:
+    """One cold process of ``bench fleet``: ``jaxaot.jit`` of the step over component
+    layers on the shared cache the job names. It prints ``ready`` and waits for a
+    line on stdin (the start barrier, so that the fleet misses all at once), then
+    times its first result; its counts are what it did from the barrier on, its
+    background work (the whole-program form, cache writes) included."""
+    import jaxaot
+
+    from ... import _regional
+
+    jaxaot.set_cache(_shared_cache(run.job.cache))
+    step = jaxaot.jit(run.make_step(jaxaot.component(run.block)))
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    sys.stdin.readline()
+    before = jaxaot.stats()
+    _, run.result["first_run"] = timed(lambda: block(step(*run.args)))
+    _regional.wait_for_background()
+    jaxaot.wait_for_writes()
+    run.result["stats"] = {k: v - before.get(k, 0) for k, v in jaxaot.stats().items()}
 
 
 def _export_prepare(run: _Run) -> None:
@@ -232,12 +324,18 @@ _CONTENDERS: dict[str, Callable[[_Run], None]] = {
     "noinline_cold": _noinline,
     "regional_cold": _regional,
     "regional_warm": _regional,
+    "remat_jit_cold": _remat,
+    "remat_scan_cold": lambda run: _scan(run, remat=True),
+    "remat_regional_cold": _remat_regional,
+    "remat_regional_warm": _remat_regional,
+    "remat_limit": _remat_limit,
     "export_prepare": _export_prepare,
     "export_warm": _export_warm,
     "jaxaot_cold": _jaxaot_component,
     "jaxaot_warm": _jaxaot_component,
     "limit_prepare": _limit_prepare,
     "limit": _limit,
+    "fleet_member": _fleet_member,
 }
 
 

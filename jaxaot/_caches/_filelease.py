@@ -1,0 +1,189 @@
+"""Leases on a local (or mounted) filesystem: a lock file beside each entry.
+
+``<shard>/<key>.lease`` is locked with ``flock`` by the process making the
+entry. The operating system drops the lock the moment its holder dies
+(killed, out of memory), so a dead holder's lease is free at once and needs no
+expiry. The file holds the lease's record (``_lease``): who holds it, and,
+once it is released, ``done`` for :data:`~._lease.DONE_SECONDS`, so that
+waiters stop waiting at once even if the entry could not be written.
+
+A lease file is opened through the shard's descriptor with ``O_NOFOLLOW |
+O_NONBLOCK`` (never through a symlink, never a FIFO), must be a regular file,
+and is held to the same trust rules as entries (the caller's ``trusted``). A
+holder renews its lease by touching the file; files untouched for an hour are
+removed by the directory cache's clean-up (``_dirlayout.scan``). A lock taken
+on a file that was removed meanwhile is dropped and taken again on the new one.
+
+On network filesystems the locks are as reliable as the filesystem's own
+(``flock`` over NFS uses its byte-range locks). Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+
+from . import _lease
+from ._lease import LEASE_SUFFIX, Record
+from ._protocol import Held
+from ._safefs import NotRegularFileError, stat_nofollow
+
+try:
+    import fcntl
+except ImportError:  # no flock (Windows): no leases, entries are made as before
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["LEASE_SUFFIX", "FileLease", "available", "take"]
+
+logger = logging.getLogger("jaxaot")
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_READ_MAX = 4096
+
+#: Checks a lease file's ``fstat`` (raises to refuse it).
+Trusted = Callable[[os.stat_result, str], None]
+
+
+def available() -> bool:
+    """Whether this platform has ``flock``."""
+    return fcntl is not None
+
+
+class FileLease:
+    """A held lease: the locked file's descriptor and the record written into it."""
+
+    def __init__(self, fd: int, key: str, record: Record, where: str) -> None:
+        self.key = key
+        self.holder = record.holder
+        self._fd: int | None = fd
+        self._record = record
+        self._where = where
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"FileLease({self._where!r}, {self.holder!r})"
+
+    def renew(self) -> bool:
+        """Touches the file (so that clean-up leaves it alone); the lock itself
+        lasts as long as this process."""
+        with self._lock:
+            if self._fd is None:
+                return False
+            try:
+                os.utime(self._fd)
+            except OSError:
+                pass  # a read-only or vanished file: the lock still holds
+            return True
+
+    def release(self) -> None:
+        """Writes ``done`` into the file, then unlocks and closes it."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            _write(fd, self._record.done(expiring=False))
+        except OSError as e:
+            logger.debug("jaxaot: could not mark lease %s done: %s", self._where, e)
+        finally:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
+            os.close(fd)
+
+
+def _write(fd: int, record: Record) -> None:
+    data = record.text().encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+def _read(fd: int) -> Record | None:
+    try:
+        return _lease.parse(os.pread(fd, _READ_MAX, 0))
+    except OSError:
+        return None
+
+
+def _open(shard_fd: int, name: str, mode: int) -> tuple[int, os.stat_result]:
+    """Opens (creating it if missing) the regular file ``name`` in the shard.
+
+    Raises:
+      NotRegularFileError: a symlink, FIFO, directory... at that name.
+      OSError: any other failure.
+    """
+    try:
+        fd = os.open(
+            name,
+            os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK,
+            mode,
+            dir_fd=shard_fd,
+        )
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise NotRegularFileError(e.errno, "not a regular file", name) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotRegularFileError(errno.EINVAL, "not a regular file", name)
+    return fd, st
+
+
+def take(
+    shard_fd: int, key: str, trusted: Trusted, where: str, *, mode: int = 0o600
+) -> FileLease | Held:
+    """The lease on ``key``, whose lock file is in the directory ``shard_fd``: a
+    :class:`FileLease` if this process now holds it, else who does (a
+    :class:`Held`; ``done`` while a released lease's mark is fresh).
+
+    Raises:
+      NotRegularFileError: the lease's name is not a regular file.
+      OSError: the file cannot be opened, locked or written (no lease).
+      Exception: whatever ``trusted`` raises for a file it refuses.
+    """
+    if fcntl is None:
+        raise OSError(errno.ENOSYS, "no flock on this platform")
+    name = key + LEASE_SUFFIX
+    for _ in range(8):
+        fd, st = _open(shard_fd, name, mode)
+        try:
+            trusted(st, f"lease file {where}")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                record = _read(fd)
+                return Held(record.holder if record is not None else "?", done=False)
+            # Locked; but a clean-up may have removed the file between our open and
+            # our lock: then the lock guards nothing, and we try the new file.
+            try:
+                now = stat_nofollow(name, shard_fd)
+            except FileNotFoundError:
+                continue
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                continue
+            record = _read(fd)
+            fresh = time.time() - os.fstat(fd).st_mtime < _lease.DONE_SECONDS
+            if record is not None and record.state == _lease.DONE and fresh:
+                return Held(record.holder, done=True)
+            mine = _lease.new_record()
+            _write(fd, mine)
+            lease = FileLease(fd, key, mine, where)
+            fd = -1  # the lease owns it now
+            if record is not None and record.state == _lease.MAKING:
+                logger.debug(
+                    "jaxaot: lease %s: its holder %s died before it was done", where, record.holder
+                )
+            return lease
+        finally:
+            if fd >= 0:
+                os.close(fd)  # also drops a lock taken on it
+    raise OSError(errno.EAGAIN, "the lease file kept being replaced", name)
