@@ -35,6 +35,11 @@ FIRST = {
     "noinline_cold": 5.0,
     "regional_cold": 2.0,
     "regional_warm": 0.25,
+    "remat_jit_cold": 2.4,
+    "remat_scan_cold": 4.4,
+    "remat_regional_cold": 2.1,
+    "remat_regional_warm": 0.3,
+    "remat_limit": 0.2,
 }
 
 
@@ -156,6 +161,7 @@ def test_every_contender_runs_on_this_jax(tmp_path: Path, subprocess_env: dict[s
     assert any((work / "jax-pcc").iterdir()) and any((work / "jaxaot-cache").iterdir())
     # One call each (the trace, the compile or load, the first run) rather than stages.
     whole_calls = {"jaxaot_cold", "jaxaot_warm", "limit", "regional_cold", "regional_warm"}
+    whole_calls |= {"remat_regional_cold", "remat_regional_warm", "remat_limit"}
     for name in tables:
         row = rows[name]
         phases = [row[p] for p in _measure.PHASES]
