@@ -80,17 +80,21 @@ def measure_stages(
 
 #: The early steps a ``jaxaot.jit`` contender reports: the calls right after the
 #: first, each waited for, before its steady state is chosen: 30 of small steps,
-#: 10 where the first call took over ``EARLY_LONG_SECONDS``.
+#: 10 where the first call took over ``EARLY_LONG_SECONDS`` or the next one over
+#: ``EARLY_LONG_STEP`` (seconds).
 EARLY_STEPS = (30, 10)
 EARLY_LONG_SECONDS = 5.0
+EARLY_LONG_STEP = 1.5
 
 
 def early_steps(step: Any, args: tuple[Any, ...], result: dict[str, Any], first: float) -> None:
     """Times the calls right after the first one, one by one, as a training run
     makes them (background compiles and the choice of form running beside them):
     ``early`` is their median (seconds), ``early_n`` their number."""
-    n = EARLY_STEPS[1] if first > EARLY_LONG_SECONDS else EARLY_STEPS[0]
-    times = [timed(lambda: block(step(*args)))[1] for _ in range(n)]
+    times = [timed(lambda: block(step(*args)))[1]]
+    long = first > EARLY_LONG_SECONDS or times[0] > EARLY_LONG_STEP
+    n = EARLY_STEPS[1] if long else EARLY_STEPS[0]
+    times += [timed(lambda: block(step(*args)))[1] for _ in range(n - 1)]
     result["early"] = statistics.median(times)
     result["early_n"] = n
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ._config import ModelShape
 from ._runner import Row
@@ -124,10 +124,14 @@ def steady_state_line(regional: Row | None) -> list[str]:
         if len(set(modes)) <= 1
         else f"per trial, the {', '.join(str(m) for m in modes)} program"
     )
+    split = f"split program: {regional.get('steps')} executables, {_ms(regional.get('steady_split'))} ms a step"
+    if regional.get("whole_calls") is None and regional.get("steady_whole") is None:
+        return [
+            f"  - jaxaot.jit's steady state: {chosen} ({split}; no whole-program form was "
+            "made: each executable takes a millisecond or more)"
+        ]
     return [
-        f"  - jaxaot.jit's steady state: {chosen} "
-        f"(split program: {regional.get('steps')} executables, "
-        f"{_ms(regional.get('steady_split'))} ms a step; whole program: "
+        f"  - jaxaot.jit's steady state: {chosen} ({split}; whole program: "
         f"{regional.get('whole_calls')} component calls, "
         f"{_ms(regional.get('steady_whole'))} ms a step; chosen after {regional['settle']:.1f} s)"
     ]
@@ -183,7 +187,10 @@ def regional_markdown(rows: list[Row], shape: ModelShape) -> str:
 
         regional = row("regional_cold")
         best = best_steady(row("jit_cold"), row("scan_cold"))
-        steady = ratio(regional, best, "steady") if best else "nan"
+        steady = ratio(regional, best, "steady") if best else "–"
+        if regional is None and best is None:
+            lines += _remat_lines(depth, row)
+            continue
         lines.append(
             f"- L={depth}: first result, jaxaot.jit / scan = {ratio(regional, row('scan_cold'))}, "
             f"/ noinline = {ratio(regional, row('noinline_cold'))}, / jax.jit = {ratio(regional, row('jit_cold'))}; "
@@ -199,19 +206,31 @@ def regional_markdown(rows: list[Row], shape: ModelShape) -> str:
             )
         lines += steady_state_line(regional)
         lines += early_line(regional, best)
-        remat = row("remat_regional_cold")
-        if remat is not None:
-            best_remat = best_steady(row("remat_jit_cold"), row("remat_scan_cold"))
-            lines.append(
-                f"- L={depth}, remat'd layers (no annotation): first result, jaxaot.jit / scan = "
-                f"{ratio(remat, row('remat_scan_cold'))}, / jax.jit = "
-                f"{ratio(remat, row('remat_jit_cold'))}; steady step / best of jit and scan = "
-                f"{ratio(remat, best_remat, 'steady') if best_remat else 'nan'}; warm first result"
-                f" / physical limit = {ratio(row('remat_regional_warm'), row('remat_limit'))}"
-            )
-            lines += steady_state_line(remat)
-            lines += early_line(remat, best_remat)
+        lines += _remat_lines(depth, row)
     return "\n".join(lines) + "\n"
+
+
+def _remat_lines(depth: int, row: Callable[[str], Row | None]) -> list[str]:
+    """The ratios of the remat'd-layers contenders at ``depth`` (none without them)."""
+    remat = row("remat_regional_cold")
+    if remat is None:
+        return []
+    best = best_steady(row("remat_jit_cold"), row("remat_scan_cold"))
+    warm, limit = row("remat_regional_warm"), row("remat_limit")
+    lines = [
+        f"- L={depth}, remat'd layers (no annotation): first result, jaxaot.jit / scan = "
+        f"{ratio(remat, row('remat_scan_cold'))}, / jax.jit = "
+        f"{ratio(remat, row('remat_jit_cold'))}; steady step / best of jit and scan = "
+        f"{ratio(remat, best, 'steady') if best else '–'}; warm first result"
+        f" / physical limit = {ratio(warm, limit)}"
+    ]
+    if "trials" in remat:
+        lines.append(
+            "  - per trial: first result, jaxaot.jit / scan "
+            f"{trial_ratios(remat, row('remat_scan_cold'), 'first_result')}; warm / physical "
+            f"limit {trial_ratios(warm, limit, 'first_result')}"
+        )
+    return [*lines, *steady_state_line(remat), *early_line(remat, best)]
 
 
 def trials_sentence(rows: Sequence[Row]) -> str:
