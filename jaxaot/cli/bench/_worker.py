@@ -169,7 +169,8 @@ def _regional_step(run: _Run, fn: Callable[..., Any], cache: str) -> None:
     step._plan = timed_plan  # type: ignore[method-assign]
     _, first_call = timed(lambda: block(step(*run.args)))
     result["first_run"] = first_call - result["trace"]
-    early_steps(step, run.args, result, first_call)
+    if run.job.mesh is None:  # the regional suite's figure (the sharded suite's steps are long)
+        early_steps(step, run.args, result, first_call)
     settle(step, run.args, result)
     result["steady"] = steady_after_warmup(lambda: step(*run.args), run.job.repeats)
     result["stats"] = jaxaot.stats()
