@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -199,3 +200,25 @@ def test_types_made_again_by_pickling_or_copying_equal_the_originals() -> None:
     layout = getattr(aval, "layout", None)
     if layout is not None:  # the JAX versions that carry it: one object
         assert pickle.loads(pickle.dumps(layout)) is layout
+
+
+def test_inner_jit_calls_are_seen_and_inlined_ones_are_told_apart() -> None:
+    """The calls ``jaxaot.jit`` may turn into blocks: a user's inner ``jax.jit`` (kept
+    as a call by JAX) is not inline; ``jit(..., inline=True)`` and ``jax.numpy``'s own
+    helpers, which JAX inlines itself, are. (JAX 0.12 spells ``inline`` as an enum.)"""
+    from jaxaot._jax import intercepting, is_inline
+
+    seen: list[tuple[str, bool]] = []
+
+    def hook(call: Any) -> None:
+        seen.append((str(call.params.get("name")), is_inline(call)))
+
+    kept = jax.jit(lambda x: jnp.sin(x) * 2.0)
+    inlined = jax.jit(lambda x: jnp.cos(x) + 1.0, inline=True)
+
+    def program(x: jax.Array) -> jax.Array:
+        return kept(x) + inlined(x)
+
+    with intercepting(hook):
+        jax.make_jaxpr(program)(jnp.ones(3))
+    assert ("<lambda>", False) in seen and ("<lambda>", True) in seen, seen

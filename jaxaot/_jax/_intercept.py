@@ -123,9 +123,20 @@ def call_jaxpr(call: BoundCall) -> Any:
     return call.params["jaxpr"]
 
 
+#: ``jax.Inline`` values (JAX 0.12 and later) of a call JAX inlines itself:
+#: ``jax.numpy``'s own functions (``jax_early``) and ``jit(..., inline=True)``
+#: (``jax_late``). ``auto`` (``inline=False``, the default) and the ``xla_*`` values
+#: keep the call in the program.
+_INLINED_BY_JAX = frozenset(["jax_early", "jax_late"])
+
+
 def is_inline(call: BoundCall) -> bool:
-    """Whether ``call`` is an inner ``jit`` JAX inlines anyway (``jax.numpy``'s own)."""
-    return bool(call.params.get("inline", False))
+    """Whether ``call`` is an inner ``jit`` JAX inlines anyway (``jax.numpy``'s own,
+    or one made with ``inline=True``)."""
+    inline = call.params.get("inline", False)
+    if isinstance(inline, bool):  # JAX before 0.12
+        return inline
+    return str(getattr(inline, "value", inline)) in _INLINED_BY_JAX
 
 
 def current_trace() -> Any:
