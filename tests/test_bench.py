@@ -240,6 +240,26 @@ def _row(contender: str, layers: int, **phases: float) -> dict[str, object]:
     return row
 
 
+def test_regional_report_gives_early_and_settled_steps_cold_and_warm() -> None:
+    """The regional report gives, each against the best steady contender (here
+    scan's 4 ms), the cold jaxaot.jit's early steps (8 ms: 2.00x) and settled
+    steady step (3.6 ms: 0.90x), and the warm process's early steps (5 ms: 1.25x)."""
+    scan = _row("scan_cold", 8, trace=0.1, compile=1.0, first_run=0.1) | {"steady": 0.004}
+    jit = _row("jit_cold", 8, trace=0.1, compile=9.0, first_run=0.1) | {"steady": 0.005}
+    cold = _row("regional_cold", 8, trace=0.3, first_run=0.4)
+    cold |= {"steady": 0.0036, "early": 0.008, "early_n": 30}
+    warm = _row("regional_warm", 8, trace=0.1, first_run=0.1)
+    warm |= {"steady": 0.0035, "early": 0.005, "early_n": 30}
+    rows = [r | {"label": r["contender"]} for r in (scan, jit, cold, warm)]
+    text = _report.regional_markdown(rows, ModelShape())
+    early = [line for line in text.splitlines() if "early steps" in line]
+    assert len(early) == 2, text
+    assert "calls after the first 8 ms = 2.00x the best steady contender" in early[0]
+    assert "settled steady step 3.6 ms = 0.90x" in early[0]
+    assert early[1].startswith("  - warm process, early steps")
+    assert "5 ms = 1.25x" in early[1]
+
+
 def test_warm_start_plot_shares_one_scale_and_names_stages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -269,6 +269,55 @@ def test_a_close_choice_of_the_split_program_is_timed_again_and_can_change(
     close(grad(blocks, x), want)
 
 
+@pytest.mark.parametrize(("overhead", "chosen"), [(0.0, _plan.SPLIT), (0.002, _plan.WHOLE)])
+def test_the_split_program_is_charged_its_callers_python_path(
+    monkeypatch: pytest.MonkeyPatch, virtual_clock: None, overhead: float, chosen: str
+) -> None:
+    """The split program's calls measure 20 ms, the whole program's 21 ms. A
+    split call also costs its caller's Python path (finding the plan, building
+    the result tree), which a whole-program call skips (JAX's C++ dispatcher):
+    charged 2 ms a call, the split program loses; charged nothing, it wins."""
+    blocks, x = setup(3)
+    want = jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x)
+    grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
+    close(grad(blocks, x), want)
+    (plan,) = grad._plans.values()
+    _timed_forms(monkeypatch, plan, {_plan.SPLIT: 0.02, _plan.WHOLE: 0.021})
+    seen: list[float] = []
+
+    def note(seconds: float) -> None:
+        seen.append(seconds)
+        plan.overhead = overhead
+
+    monkeypatch.setattr(plan, "note_overhead", note)
+    settle(grad, lambda: (blocks, x))
+    assert seen and all(s > 0 for s in seen)  # measured on every call while choosing
+    assert plan.mode == chosen
+    close(grad(blocks, x), want)
+
+
+def test_the_least_overhead_seen_is_kept_and_a_recheck_forgets_it() -> None:
+    plan = _plan.Plan(
+        name="f",
+        n_inputs=0,
+        fixed=(),
+        n_consts=0,
+        n_slots=1,
+        steps=[],
+        out_slots=(),
+        out_tree=jax.tree_util.tree_structure(()),
+        delete_after=(),
+        donated=(),
+        start_whole=None,
+    )
+    for seconds in (3e-4, 1e-4, 2e-4):
+        plan.note_overhead(seconds)
+    assert plan.overhead == 1e-4
+    plan._recheck_in = 1
+    plan._count_down()
+    assert plan.overhead is None and plan.pending()
+
+
 def test_a_clear_or_imposed_choice_is_not_timed_again(
     monkeypatch: pytest.MonkeyPatch, virtual_clock: None
 ) -> None:
@@ -285,8 +334,10 @@ def test_a_clear_or_imposed_choice_is_not_timed_again(
     for _ in range(8):
         close(grad(blocks, x), want)
     assert made[_plan.WHOLE] == before and plan.mode == _plan.SPLIT and plan.settled()
-    # A close choice, then the form set from outside (as ``jaxaot bench`` does).
+    # A close choice, then the form set from outside (as ``jaxaot bench`` does);
+    # on another cache (on this one the choice above is recorded, and followed).
     close_seconds = {_plan.SPLIT: 0.02, _plan.WHOLE: 0.024}
+    jaxaot.set_cache(jaxaot.MemoryCache())
     grad2, plan2, made2 = _settled_grad(monkeypatch, close_seconds, blocks, x, want)
     assert plan2.mode == _plan.SPLIT and not plan2.settled()
     plan2.mode = _plan.SPLIT
@@ -360,9 +411,11 @@ def test_big_executables_are_kept_without_a_whole_program(
     assert plan.mode == _plan.SPLIT and plan.settled() and plan.whole is None
     # Below the threshold (set here, as a busy machine can slow any call), the
     # whole program is made and chosen between.
+    # (On another cache: on this one the choice above is recorded, and followed.)
     monkeypatch.setenv("JAXAOT_WHOLE_PROGRAM_BELOW_MS", str(1e6))
     small = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
-    settled = settle(small, lambda: (blocks, x))
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        settled = settle(small, lambda: (blocks, x))
     assert settled.whole is not None
     monkeypatch.setenv("JAXAOT_WHOLE_PROGRAM_BELOW_MS", "soon")
     with pytest.raises(ValueError, match="JAXAOT_WHOLE_PROGRAM_BELOW_MS"):

@@ -245,14 +245,14 @@ def test_calls_whose_plan_runs_the_whole_program_dispatch_in_cpp() -> None:
     with jaxaot.using_cache(jaxaot.MemoryCache()):
         plan = settle(regional, lambda: (ws, v, strong))
         plan.mode = _plan.WHOLE  # whichever measured faster here: this is about dispatch
-        misses: list[Any] = []
-        miss = regional._dispatch_miss
+        misses: list[Any] = []  # the calls that came back to Python
+        slow = regional._call_slow
 
-        def counted(*args: Any, **kwargs: Any) -> Any:
+        def counted(args: Any, kwargs: Any, *rest: Any, **more: Any) -> Any:
             misses.append(args[2])
-            return miss(*args, **kwargs)
+            return slow(args, kwargs, *rest, **more)
 
-        regional._dispatch_miss = counted  # type: ignore[method-assign]
+        regional._call_slow = counted  # type: ignore[method-assign]
         regional._reset_dispatch()
         regional(ws, v, strong)
         _regional.wait_for_background()  # the executable taking the argument tree
@@ -284,10 +284,47 @@ def test_calls_whose_plan_runs_the_whole_program_dispatch_in_cpp() -> None:
         check(ws, v, strong)
         assert len(misses) == len(others)  # its fast path stayed
         close(jax.jit(regional)(ws, v, strong), plain(ws, v, strong))  # inside a trace
+        assert len(misses) == len(others) + 1
         plan.mode = _plan.SPLIT  # leaves the whole program: the split program answers
         check(ws, v, strong)
         check(ws, v, strong)
-        assert len(misses) == len(others) + 2  # in Python, every call
+        assert len(misses) == len(others) + 3  # in Python, every call
+
+
+def test_calls_of_a_split_program_skip_the_cpp_dispatcher() -> None:
+    """While no plan runs a whole program, the C++ dispatcher has no fast path to
+    give, so calls go straight to the Python path (a miss would cost each call
+    its dispatch and a call back): no call reaches ``_dispatch_miss``. Results
+    are jax.jit's."""
+    layer = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
+
+    def step(ws: Any, v: jax.Array) -> Any:
+        return jax.value_and_grad(lambda ws, v: jnp.sum(_chain(layer, ws, v) ** 2))(ws, v)
+
+    ws = [jax.random.normal(jax.random.key(i), (4, 4)) * 0.5 for i in range(3)]
+    v = jax.random.normal(jax.random.key(9), (3, 4))
+    regional = jaxaot.jit(step, whole_program=False)
+    misses: list[Any] = []
+    miss = regional._dispatch_miss
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        misses.append(args)
+        return miss(*args, **kwargs)
+
+    regional._dispatch_miss = counted  # type: ignore[method-assign]
+    regional._reset_dispatch()  # a dispatcher calling ``counted``
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        for _ in range(4):
+            close(regional(ws, v), jax.jit(step)(ws, v))
+    (plan,) = regional._plans.values()
+    assert plan is not None and plan.mode == "split"
+    assert misses == []
+
+
+def _chain(layer: Any, ws: Any, v: jax.Array) -> jax.Array:
+    for w in ws:
+        v = layer(w, v)
+    return v
 
 
 def test_a_whole_program_calling_back_keeps_its_calls_in_python() -> None:

@@ -54,6 +54,7 @@ import functools
 import logging
 import operator
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -84,6 +85,7 @@ logger = logging.getLogger("jaxaot")
 _AVAL = operator.attrgetter("aval")
 _SHARDING = operator.attrgetter("sharding")
 _ARRAY_TYPES = {type(jax.numpy.zeros(()))}
+_NOT_LOOKED_UP = object()
 
 
 def _avals(leaves: Sequence[Any], arrays: bool) -> tuple[Any, ...]:
@@ -174,6 +176,10 @@ class RegionalFunction:
             and out_shardings is UNSET
         )
         self._dispatch: Callable[..., Any] | None = None
+        # Whether calls try the C++ dispatcher first: only once a plan runs its
+        # whole program (the dispatcher has nothing else to offer; a miss costs
+        # a call about 0.2 ms), until the dispatcher is reset.
+        self._hot = False
         # The last call's signature, in parts, and its plan (see ``_lookup``).
         self._last: tuple[Any, ...] | None = None
         self._lock = threading.Lock()
@@ -236,14 +242,16 @@ class RegionalFunction:
         return placed
 
     def _reset_dispatch(self) -> None:
-        """A fresh C++ dispatcher: it knows no executable."""
+        """A fresh C++ dispatcher: it knows no executable (calls skip it until a
+        plan runs its whole program)."""
+        self._hot = False
         self._dispatch = (
             cpp_dispatcher(self.__name__, self._dispatch_miss) if self._simple else None
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         dispatch = self._dispatch
-        if dispatch is not None and trace_state_clean():
+        if dispatch is not None and self._hot and trace_state_clean():
             # Hot path: a signature seen before whose plan runs the whole program
             # runs in C++; every other call comes back to ``_dispatch_miss``.
             return dispatch(*args, **kwargs)
@@ -259,16 +267,17 @@ class RegionalFunction:
         here. A plan that leaves the whole program resets the dispatcher."""
         parts = self._dynamic(args, kwargs)
         leaves, treedef, statics, donated = parts
+        plan: Plan | None | object = _NOT_LOOKED_UP
         if trace_state_clean() and set(map(type, leaves)) <= _ARRAY_TYPES and MeshContext().empty:
             plan = self._lookup(args, kwargs, leaves, treedef, statics, donated, True)
-            if plan is not None and plan.mode is WHOLE_MODE and not plan.donated:
-                exe = plan.structured(treedef, submit_background, WHOLE.payload)
+            if plan is not None and plan.mode is WHOLE_MODE and not plan.donated:  # type: ignore[union-attr]
+                exe = plan.structured(treedef, submit_background, WHOLE.payload)  # type: ignore[union-attr]
                 if exe is not None:
-                    plan.on_leave_whole = self._reset_dispatch
+                    plan.on_leave_whole = self._reset_dispatch  # type: ignore[union-attr]
                     return fastpath_miss(exe, args, kwargs)  # type: ignore[no-any-return]
         # No fast path for this signature yet: the dispatcher forgets it (True),
         # so that a later call can give it one.
-        return self._call_slow(args, kwargs, *parts), None, True
+        return self._call_slow(args, kwargs, *parts, plan=plan), None, True
 
     def _call_slow(
         self,
@@ -278,30 +287,60 @@ class RegionalFunction:
         treedef: Any,
         statics: tuple[Any, ...],
         donated: list[int],
+        plan: Plan | None | object = _NOT_LOOKED_UP,
     ) -> Any:
-        arrays = set(map(type, leaves)) <= _ARRAY_TYPES  # so no tracer among them
-        if not trace_state_clean() or (not arrays and any(isinstance(x, Tracer) for x in leaves)):
-            return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
-        if self._in_shardings is not UNSET:
-            try:
-                placed = self._placed(leaves, treedef)
-            except (TypeError, ValueError):  # jax.jit says what is wrong with them
-                placed = None
-            if placed is None:
-                return self._jitted(*args, **kwargs)
-            leaves = placed
-            arrays = set(map(type, leaves)) <= _ARRAY_TYPES
-        plan = self._lookup(args, kwargs, leaves, treedef, statics, donated, arrays)
+        """A call on the Python path; ``plan``: its plan, where the dispatcher's
+        miss has looked it up already (the same leaves, plain arrays)."""
+        start = time.perf_counter()
+        if plan is _NOT_LOOKED_UP:
+            arrays = set(map(type, leaves)) <= _ARRAY_TYPES  # so no tracer among them
+            if not trace_state_clean() or (
+                not arrays and any(isinstance(x, Tracer) for x in leaves)
+            ):
+                return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
+            if self._in_shardings is not UNSET:
+                try:
+                    placed = self._placed(leaves, treedef)
+                except (TypeError, ValueError):  # jax.jit says what is wrong with them
+                    placed = None
+                if placed is None:
+                    return self._jitted(*args, **kwargs)
+                leaves = placed
+                arrays = set(map(type, leaves)) <= _ARRAY_TYPES
+            plan = self._lookup(args, kwargs, leaves, treedef, statics, donated, arrays)
+        else:
+            arrays = True
         if plan is None:
             return self._jitted(*args, **kwargs)
+        assert isinstance(plan, Plan)
+        if (
+            not self._hot
+            and plan.mode is WHOLE_MODE
+            and self._dispatch is not None
+            and arrays
+            and not (plan.donated or plan.consts or plan.whole_calls_back)
+            and MeshContext().empty
+        ):
+            # The dispatcher can give this signature a fast path: from now on calls
+            # try it first; the executable it will call starts loading.
+            self._hot = True
+            plan.structured(treedef, submit_background, WHOLE.payload)
+        pending = plan.pending()
+        before = time.perf_counter() - start
         try:
-            out = plan(leaves)  # type: ignore[operator]
+            out = plan(leaves)
         except PlanFailed as e:  # nothing donated yet: jax.jit gives the result
             self._give_up(self._signature(leaves, treedef, statics, arrays), e)
             return self._jitted(*args, **kwargs)
-        if plan.out_shardings is not None:  # type: ignore[union-attr]
-            out = reshard(out, plan.out_shardings)  # type: ignore[union-attr]
-        return jax.tree_util.tree_unflatten(plan.out_tree, out)  # type: ignore[union-attr]
+        after = time.perf_counter()
+        if plan.out_shardings is not None:
+            out = reshard(out, plan.out_shardings)
+        result = jax.tree_util.tree_unflatten(plan.out_tree, out)
+        if pending and self._dispatch is not None and not plan.consts:
+            # While it chooses, the plan learns what a split call costs here beyond
+            # its executables (a whole-program call goes through the dispatcher).
+            plan.note_overhead(before + time.perf_counter() - after)
+        return result
 
     def _lookup(
         self,

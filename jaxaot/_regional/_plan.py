@@ -11,10 +11,14 @@ whole program would save nothing). Otherwise a whole-program form of it (one
 executable, repeated layers as a loop: see ``_whole``) is compiled in the
 background, on threads of low priority.
 When it is ready, the next calls run each form a few times, timed to
-completion, and the faster one (by its median call) runs every later call.
+completion, and the faster one (by its median call; the split program also
+charged its caller's Python path, see ``overhead``) runs every later call.
 A split program kept over a whole program that measured close to it is timed
 against it again later (``RECHECK_AFTER``). No call waits for the whole
 program: until it is ready (or if it fails) the split program runs.
+
+The form settled on is recorded in the cache (``_choice``); a plan of the same
+program in a later process reads it first and runs that form untimed.
 """
 
 from __future__ import annotations
@@ -140,6 +144,8 @@ class Plan:
         out_shardings: Sequence[Any] | None = None,
         in_flight: int | None = None,
         summary: str = "",
+        recalled: concurrent.futures.Future[str | None] | None = None,
+        remember: Callable[[str, dict[str, float]], None] | None = None,
     ) -> None:
         self.name = name
         self.summary = summary  # what the program was split into (``jaxaot.jit(...).explain``)
@@ -181,6 +187,15 @@ class Plan:
         self.whole_calls_back = False  # whether it calls back into Python
         self.calls = 0
         self.timings: dict[str, list[float]] = {SPLIT: [], WHOLE: []}
+        # What a split call costs its caller beyond ``run`` (the Python path that
+        # finds the plan and builds the result tree), where a whole-program call
+        # skips that path (JAX's C++ dispatcher): the least seen while choosing.
+        self.overhead: float | None = None
+        # The form an earlier process settled on, being read from the cache (see
+        # ``_choice``); ``remember`` records the form this one settles on.
+        self._recalled = recalled if start_whole is not None else None
+        self._remember = remember
+        self._trusted = False  # the whole program runs once ready, untimed (recalled)
         self._previous: str | None = None  # the form of the last timed-or-not call
         self._streak = 0  # calls of that form in a row
         # Split calls left before both forms are timed again (None: not again),
@@ -327,6 +342,33 @@ class Plan:
             return self.run_whole(self.whole.result(), leaves)
         return self._undecided(leaves)
 
+    def _recall(self) -> bool:
+        """Takes the form an earlier process settled on (read from the cache since
+        the plan was made; waited for here): the split program for good, or the
+        whole program once it is loaded, untimed. Whether one was recorded."""
+        recalled = self._recalled
+        if recalled is None:
+            return False
+        concurrent.futures.wait([recalled])
+        form = recalled.result() if recalled.exception() is None else None
+        with self._lock:
+            if self._recalled is not recalled:
+                return False
+            self._recalled = None
+            if form is None:
+                return False  # none recorded: chosen here, by timing
+            logger.debug("jaxaot.jit %s: the %s program, as recorded", self.name, form)
+            if form == SPLIT or self._start_whole is None:
+                self.mode = SPLIT
+                return True
+            started = self._start_whole()
+            if started is None:
+                self.mode = SPLIT
+            else:
+                self.whole, self.whole_calls, self.whole_calls_back = started
+                self._trusted = True
+        return True
+
     def _undecided(self, leaves: Sequence[Any]) -> list[Any]:
         with self._lock:
             self.calls += 1
@@ -339,6 +381,8 @@ class Plan:
                 and not self._measured
             )
             self._measured = self._measured or measure
+        if measure and self._recall():
+            return self.run(leaves)  # the form recorded by an earlier process
         if measure:
             # The program has run: time one call of the split program; where its
             # executables are big, a whole program would save nothing (see
@@ -356,6 +400,7 @@ class Plan:
                         per_step * 1e3,
                     )
                     self.mode = SPLIT
+                    self._settle({"split_executable": per_step * 1e3})
                 elif self.whole is None and self._start_whole is not None:
                     started = self._start_whole()
                     if started is None:
@@ -375,6 +420,11 @@ class Plan:
             )
             self.mode = SPLIT
             return self.run(leaves)
+        if self._trusted:
+            with self._lock:
+                self._trusted = False
+                self.mode = WHOLE
+            return self.run_whole(whole.result(), leaves)
         with self._lock:
             if self._previous is None or self._streak >= RUN:
                 form = WHOLE if len(self.timings[WHOLE]) <= len(self.timings[SPLIT]) else SPLIT
@@ -395,7 +445,7 @@ class Plan:
             split, whole_t = self.timings[SPLIT], self.timings[WHOLE]
             if self.mode is None and len(split) >= SAMPLES and len(whole_t) >= SAMPLES:
                 whole_ms = statistics.median(whole_t) * 1e3
-                split_ms = statistics.median(split) * 1e3
+                split_ms = (statistics.median(split) + (self.overhead or 0.0)) * 1e3
                 self.mode = WHOLE if whole_ms < split_ms else SPLIT
                 again = self.mode is SPLIT and whole_ms < split_ms * RECHECK_MARGIN
                 if again and self._rechecks:
@@ -409,7 +459,19 @@ class Plan:
                     self.mode,
                     f", timed again in {self._recheck_in} calls" if self._recheck_in else "",
                 )
+                if self.settled():
+                    self._settle({WHOLE: whole_ms, SPLIT: split_ms})
         return out
+
+    def _settle(self, measured: dict[str, float]) -> None:
+        """Records the form settled on, for the next process (see ``_choice``)."""
+        if self._remember is not None and self.mode is not None:
+            self._remember(self.mode, measured)
+
+    def note_overhead(self, seconds: float) -> None:
+        """Records what one call cost its caller beyond the plan (see ``overhead``)."""
+        if self.overhead is None or seconds < self.overhead:
+            self.overhead = seconds
 
     def _count_down(self) -> None:
         """Counts a split call; once ``_recheck_in`` are made, both forms are timed
@@ -422,6 +484,7 @@ class Plan:
                 return
             self._recheck_in = None
             self.timings = {SPLIT: [], WHOLE: []}
+            self.overhead = None
             self._previous, self._streak = None, 0
             self._mode = None
 

@@ -24,7 +24,7 @@ import jax
 from .._component._blocks import Block
 from .._component._rules import PREFETCH, component_p
 from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, has_host_callbacks, join_effects
-from . import _whole
+from . import _choice, _whole
 from ._auto import BlockFinder, finding
 from ._named import named_blocks
 from ._placement import (
@@ -279,12 +279,13 @@ def build_plan(
     ]
     summary = _summary(regions, counts)
     logger.debug("jaxaot.jit %s:%s\n%s", spec.name, " (sharded)" if sharded else "", summary)
-    start_whole = None
+    start_whole = recalled = remember = None
     # Sharded programs have no whole-program form: the choice between the two
     # forms is by local timing, which differs from process to process (their
     # collectives would diverge), and its executable is compiled unsharded.
     if spec.whole_program and not jaxpr.effects and not sharded:
         start_whole = functools.partial(_start_whole, spec.name, jaxpr, tuple(donated))
+        recalled, remember = _recorded_choice(jaxpr, tuple(donated))
     out_shardings = None
     if spec.out_shardings is not UNSET:
         outs = jax.tree_util.tree_unflatten(traced.out_tree, list(jaxpr.outvars))
@@ -304,7 +305,28 @@ def build_plan(
         out_shardings=out_shardings,
         in_flight=in_flight_limit() if sharded else None,
         summary=summary,
+        recalled=recalled,
+        remember=remember,
     )
+
+
+def _recorded_choice(
+    jaxpr: Any, donated: tuple[int, ...]
+) -> tuple[concurrent.futures.Future[str | None], Callable[[str, dict[str, float]], None]]:
+    """The form an earlier process settled on for this program, being read from
+    the cache on the loading threads (not behind the background thread's
+    compiles: the plan's second call waits for it), and how to record the form
+    this process settles on (on the background thread); see ``_choice``."""
+    avals = tuple(v.aval for v in [*jaxpr.invars, *jaxpr.constvars])
+    digest = functools.lru_cache(maxsize=1)(lambda: _whole.digest(jaxpr))
+
+    def remember(form: str, measured: dict[str, float]) -> None:
+        submit_background(lambda: _choice.remember(digest(), avals, donated, form, measured))
+
+    def recall() -> str | None:
+        return _choice.recall(digest(), avals, donated)
+
+    return submit_jobs({"recall": recall})["recall"], remember
 
 
 def _summary(regions: Sequence[Region], counts: collections.Counter[Any]) -> str:

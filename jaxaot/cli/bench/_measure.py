@@ -100,14 +100,15 @@ def early_steps(step: Any, args: tuple[Any, ...], result: dict[str, Any], first:
 
 
 def settle(step: Any, args: tuple[Any, ...], result: dict[str, Any]) -> None:
-    """Runs a ``jaxaot.jit`` step until it has chosen its steady state (split or
-    whole program), and records the choice and each form's steady step. (The
-    forms are then set from here, so a close choice is not timed again later.)"""
+    """Runs a ``jaxaot.jit`` step until it has settled its steady state (split or
+    whole program, with the later timings of a close choice made too), and
+    records the choice and each form's steady step. (The forms are then set
+    from here, so nothing is timed again later.)"""
     from ..._regional import _plan
 
     start = time.perf_counter()
     (plan,) = step._plans.values()
-    while plan is not None and plan.pending() and time.perf_counter() - start < SETTLE_SECONDS:
+    while plan is not None and not plan.settled() and time.perf_counter() - start < SETTLE_SECONDS:
         block(step(*args))
     result["settle"] = time.perf_counter() - start
     if plan is None:

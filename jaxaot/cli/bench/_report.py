@@ -137,10 +137,10 @@ def steady_state_line(regional: Row | None) -> list[str]:
     ]
 
 
-def early_line(regional: Row | None, best: Row | None) -> list[str]:
+def early_line(regional: Row | None, best: Row | None, process: str = "") -> list[str]:
     """The early steps of a ``jaxaot.jit`` contender (the calls right after the
     first, before its steady state is chosen), and the settled steady step, each
-    against the best steady contender."""
+    against the best steady contender; ``process`` names a warm one."""
     if not regional or regional.get("early") is None:
         return []
     against = ""
@@ -151,7 +151,7 @@ def early_line(regional: Row | None, best: Row | None) -> list[str]:
             f"{(regional.get('steady') or 0.0) / best['steady']:.2f}x"
         )
     return [
-        f"  - early steps: median of the {regional.get('early_n')} calls after the first "
+        f"  - {process}early steps: median of the {regional.get('early_n')} calls after the first "
         f"{_ms(regional['early'])} ms{against}"
     ]
 
@@ -206,6 +206,7 @@ def regional_markdown(rows: list[Row], shape: ModelShape) -> str:
             )
         lines += steady_state_line(regional)
         lines += early_line(regional, best)
+        lines += early_line(row("regional_warm"), best, "warm process, ")
         lines += _remat_lines(depth, row)
     return "\n".join(lines) + "\n"
 
