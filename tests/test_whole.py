@@ -11,7 +11,7 @@ import pytest
 from _steps import block, close, loss, setup
 
 import jaxaot
-from jaxaot._regional import _plan, _planner, _whole
+from jaxaot._regional import _plan, _planner, _programs, _whole
 from jaxaot.cli import _model
 
 
@@ -177,3 +177,32 @@ def test_a_backward_loop_reads_the_forward_loops_stacks_in_place() -> None:
     parameter_stacks = set(forward.fresh.values())
     read_back = {c.stack for c in backward.columns.values() if c is not None}
     assert len(read_back & parameter_stacks) >= len(weights)
+
+
+def test_a_cached_whole_program_is_loaded_never_compiled() -> None:
+    """``ProgramCache.cached`` (a warm process loading the whole program its
+    recorded choice names) loads an executable another process stored and keeps
+    it for ``program``; where the cache has none, it gives ``None`` and compiles
+    nothing."""
+    import numpy as np
+
+    avals = (jax.core.ShapedArray((3,), jnp.float32),)
+    digest = "e" * 64
+
+    def fn(a: jax.Array) -> list[jax.Array]:
+        return [a * 2]
+
+    first = _programs.ProgramCache("whole program")
+    assert first.cached(digest, avals, ()) is None
+    assert first.counters.info().compiles == 0
+    first.program(digest, avals, avals, (), fn, lambda: False)  # compiled and stored
+    assert first.counters.info().compiles == 1
+    jaxaot.wait_for_writes()
+    other = _programs.ProgramCache("whole program")  # another process's
+    exe = other.cached(digest, avals, ())
+    assert exe is not None and other.counters.info().compiles == 0
+    np.testing.assert_allclose(exe(jnp.ones(3))[0], np.full(3, 2.0))
+    assert other.program(digest, avals, avals, (), fn, lambda: False) is exe
+    assert other.counters.info().compiles == 0
+    with jaxaot.using_cache(None):
+        assert _programs.ProgramCache("whole program").cached(digest, avals, ()) is None

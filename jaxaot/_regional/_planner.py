@@ -315,8 +315,10 @@ def _recorded_choice(
 ) -> tuple[concurrent.futures.Future[str | None], Callable[[str, dict[str, float]], None]]:
     """The form an earlier process settled on for this program, being read from
     the cache on the loading threads (not behind the background thread's
-    compiles: the plan's second call waits for it), and how to record the form
-    this process settles on (on the background thread); see ``_choice``."""
+    compiles: the plan's second call waits for it; where it is the whole
+    program, that starts loading then, if the cache has it, so that the plan's
+    job finds it made), and how to record the form this process settles
+    on (on the background thread); see ``_choice``."""
     avals = tuple(v.aval for v in [*jaxpr.invars, *jaxpr.constvars])
     digest = functools.lru_cache(maxsize=1)(lambda: _whole.digest(jaxpr))
 
@@ -324,7 +326,10 @@ def _recorded_choice(
         submit_background(lambda: _choice.remember(digest(), avals, donated, form, measured))
 
     def recall() -> str | None:
-        return _choice.recall(digest(), avals, donated)
+        form = _choice.recall(digest(), avals, donated)
+        if form == _choice.FORMS[1]:
+            submit_jobs({"load": lambda: WHOLE.cached(digest(), avals, donated)})
+        return form
 
     return submit_jobs({"recall": recall})["recall"], remember
 

@@ -157,6 +157,31 @@ class ProgramCache:
             self._exes[memo_key] = exe
             return exe
 
+    def cached(self, digest: str, avals: tuple[Any, ...], donate: tuple[int, ...]) -> Any | None:
+        """The unsharded executable of the program ``digest`` names, from this
+        process or loaded from the cache (and kept for :meth:`program`), or
+        ``None``: never compiled here."""
+        memo_key: tuple[Any, ...] = (digest, avals, donate)
+        exe = self._exes.get(memo_key)
+        if exe is not None:
+            return exe
+        cache = get_cache()
+        if cache is None:
+            return None
+        with self._locks(memo_key):
+            exe = self._exes.get(memo_key)
+            if exe is not None:
+                return exe
+            key = program_key(self.kind, digest, avals, donate)
+            loaded = load_executable(cache, key)
+            if loaded is None:
+                return None
+            exe = loaded[0]
+            self._loaded[id(exe)] = (cache, key)
+            self.counters.add("hits")
+            self._exes[memo_key] = exe
+            return exe
+
     @staticmethod
     def _compile(
         fn: Callable[..., Any],
