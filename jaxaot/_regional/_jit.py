@@ -267,17 +267,17 @@ class RegionalFunction:
         here. A plan that leaves the whole program resets the dispatcher."""
         parts = self._dynamic(args, kwargs)
         leaves, treedef, statics, donated = parts
-        plan: Plan | None | object = _NOT_LOOKED_UP
+        found: Plan | None | object = _NOT_LOOKED_UP
         if trace_state_clean() and set(map(type, leaves)) <= _ARRAY_TYPES and MeshContext().empty:
-            plan = self._lookup(args, kwargs, leaves, treedef, statics, donated, True)
-            if plan is not None and plan.mode is WHOLE_MODE and not plan.donated:  # type: ignore[union-attr]
-                exe = plan.structured(treedef, submit_background, WHOLE.payload)  # type: ignore[union-attr]
+            found = plan = self._lookup(args, kwargs, leaves, treedef, statics, donated, True)
+            if plan is not None and plan.mode is WHOLE_MODE and not plan.donated:
+                exe = plan.structured(treedef, submit_background, WHOLE.payload)
                 if exe is not None:
-                    plan.on_leave_whole = self._reset_dispatch  # type: ignore[union-attr]
+                    plan.on_leave_whole = self._reset_dispatch
                     return fastpath_miss(exe, args, kwargs)  # type: ignore[no-any-return]
         # No fast path for this signature yet: the dispatcher forgets it (True),
         # so that a later call can give it one.
-        return self._call_slow(args, kwargs, *parts, plan=plan), None, True
+        return self._call_slow(args, kwargs, *parts, plan=found), None, True
 
     def _call_slow(
         self,
