@@ -23,14 +23,14 @@ from .._keys._key import ComponentKey
 from .._store._active import get_cache
 from .._store._entry import Entry
 from .._store._readwrite import read, write
+from ._plan import SPLIT, WHOLE
 from ._programs import program_key
 
-__all__ = ["FORMS", "recall", "remember"]
+__all__ = ["recall", "remember"]
 
 logger = logging.getLogger("jaxaot")
 
-#: The forms a choice names (``_plan.SPLIT``, ``_plan.WHOLE``).
-FORMS = ("split", "whole")
+_FORMS = (SPLIT, WHOLE)
 _KIND = "steady-state choice"
 
 
@@ -48,7 +48,7 @@ def recall(digest: str, avals: Sequence[Any], donated: tuple[int, ...]) -> str |
     if entry is None:
         return None
     form = entry.extra.get("form")
-    return form if form in FORMS else None
+    return form if form in _FORMS else None
 
 
 def remember(
@@ -61,7 +61,7 @@ def remember(
     """Records ``form`` for the program in the active cache, with what ``measured``
     (milliseconds a call of each form, where timed) says of it."""
     cache = get_cache()
-    if cache is None or form not in FORMS:
+    if cache is None or form not in _FORMS:
         return
     key = _key(digest, avals, donated)
     write(

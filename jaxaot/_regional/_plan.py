@@ -193,7 +193,7 @@ class Plan:
         self.overhead: float | None = None
         # The form an earlier process settled on, being read from the cache (see
         # ``_choice``); ``remember`` records the form this one settles on.
-        self._recalled = recalled if start_whole is not None else None
+        self._recalled = recalled
         self._remember = remember
         self._trusted = False  # the whole program runs once ready, untimed (recalled)
         self._previous: str | None = None  # the form of the last timed-or-not call

@@ -36,6 +36,7 @@ from ._placement import (
     region_placement,
     region_sharding,
 )
+from ._plan import WHOLE as WHOLE_FORM
 from ._plan import Plan, Step
 from ._pool import submit_background, submit_jobs
 from ._programs import GLUE, WHOLE, region_executable
@@ -284,8 +285,10 @@ def build_plan(
     # forms is by local timing, which differs from process to process (their
     # collectives would diverge), and its executable is compiled unsharded.
     if spec.whole_program and not jaxpr.effects and not sharded:
-        start_whole = functools.partial(_start_whole, spec.name, jaxpr, tuple(donated))
-        recalled, remember = _recorded_choice(jaxpr, tuple(donated))
+        # The whole program's digest (its text and entry keys), made once when first needed.
+        digest = functools.lru_cache(maxsize=1)(functools.partial(_whole.digest, jaxpr))
+        start_whole = functools.partial(_start_whole, spec.name, jaxpr, tuple(donated), digest)
+        recalled, remember = _recorded_choice(jaxpr, tuple(donated), digest)
     out_shardings = None
     if spec.out_shardings is not UNSET:
         outs = jax.tree_util.tree_unflatten(traced.out_tree, list(jaxpr.outvars))
@@ -311,7 +314,7 @@ def build_plan(
 
 
 def _recorded_choice(
-    jaxpr: Any, donated: tuple[int, ...]
+    jaxpr: Any, donated: tuple[int, ...], digest: Callable[[], str]
 ) -> tuple[concurrent.futures.Future[str | None], Callable[[str, dict[str, float]], None]]:
     """The form an earlier process settled on for this program, being read from
     the cache on the loading threads (not behind the background thread's
@@ -320,14 +323,13 @@ def _recorded_choice(
     job finds it made), and how to record the form this process settles
     on (on the background thread); see ``_choice``."""
     avals = tuple(v.aval for v in [*jaxpr.invars, *jaxpr.constvars])
-    digest = functools.lru_cache(maxsize=1)(lambda: _whole.digest(jaxpr))
 
     def remember(form: str, measured: dict[str, float]) -> None:
         submit_background(lambda: _choice.remember(digest(), avals, donated, form, measured))
 
     def recall() -> str | None:
         form = _choice.recall(digest(), avals, donated)
-        if form == _choice.FORMS[1]:
+        if form == WHOLE_FORM:
             submit_jobs({"load": lambda: WHOLE.cached(digest(), avals, donated)})
         return form
 
@@ -361,7 +363,7 @@ def _summary(regions: Sequence[Region], counts: collections.Counter[Any]) -> str
 
 
 def _start_whole(
-    name: str, jaxpr: Any, donated: tuple[int, ...]
+    name: str, jaxpr: Any, donated: tuple[int, ...], digest: Callable[[], str]
 ) -> tuple[concurrent.futures.Future[Any], int, bool] | None:
     """Starts loading or compiling the whole-program form of ``jaxpr`` (its
     inputs, then its constants) on the background threads; the job, how many
@@ -387,13 +389,8 @@ def _start_whole(
         "jaxaot.jit %s: whole program with %d component calls in the background", name, calls
     )
     calls_back = calls_back or has_host_callbacks(ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars)))
-    job = functools.partial(
-        WHOLE.program,
-        _whole.digest(jaxpr),
-        avals,
-        out_avals,
-        donated,
-        fn,
-        lambda: calls_back,
-    )
+
+    def job() -> Any:
+        return WHOLE.program(digest(), avals, out_avals, donated, fn, lambda: calls_back)
+
     return submit_background(job), calls, calls_back

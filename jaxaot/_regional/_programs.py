@@ -107,15 +107,16 @@ class ProgramCache:
         avals: tuple[Any, ...],
         out_avals: tuple[Any, ...],
         donate: tuple[int, ...],
-        fn: Callable[..., Any],
+        fn: Callable[..., Any] | None,
         callbacks: Callable[[], bool],
         shardings: tuple[Any, ...] | None = None,
     ) -> Any:
         """The executable of ``fn`` (flat arrays to a flat list) at ``avals``, whose
         content ``digest`` names: from this process, else the cache, else compiled
-        (and stored unless it calls back into Python). ``shardings``: the sharding
-        each input is compiled for (``None``: none needed); all ``None`` outside a
-        mesh, or no ``shardings``, is the unsharded executable."""
+        (and stored unless it calls back into Python); with no ``fn``, ``None``
+        instead of compiling. ``shardings``: the sharding each input is compiled
+        for (``None``: none needed); all ``None`` outside a mesh, or no
+        ``shardings``, is the unsharded executable."""
         memo_key: tuple[Any, ...] = (digest, avals, donate)
         if shardings is not None:
             context = MeshContext()
@@ -136,13 +137,16 @@ class ProgramCache:
             cache = get_cache()
             loaded = load_executable(cache, key) if cache is not None else None
             if loaded is None:
+                if fn is None:
+                    return None
+                fun: Callable[..., Any] = fn
                 # Missed: compiled here, or loaded once another process compiled it.
                 outcome = make_once(
                     cache,
                     key.digest,
                     f"{self.kind} executable",
                     lambda: None if cache is None else load_executable(cache, key),
-                    lambda: (self._compile(fn, avals, donate, shardings), None),
+                    lambda: (self._compile(fun, avals, donate, shardings), None),
                     lambda made: self._store(cache, key, made[0], avals, out_avals, callbacks),
                 )
                 loaded = None if outcome.made else outcome.value
@@ -161,26 +165,7 @@ class ProgramCache:
         """The unsharded executable of the program ``digest`` names, from this
         process or loaded from the cache (and kept for :meth:`program`), or
         ``None``: never compiled here."""
-        memo_key: tuple[Any, ...] = (digest, avals, donate)
-        exe = self._exes.get(memo_key)
-        if exe is not None:
-            return exe
-        cache = get_cache()
-        if cache is None:
-            return None
-        with self._locks(memo_key):
-            exe = self._exes.get(memo_key)
-            if exe is not None:
-                return exe
-            key = program_key(self.kind, digest, avals, donate)
-            loaded = load_executable(cache, key)
-            if loaded is None:
-                return None
-            exe = loaded[0]
-            self._loaded[id(exe)] = (cache, key)
-            self.counters.add("hits")
-            self._exes[memo_key] = exe
-            return exe
+        return self.program(digest, avals, (), donate, None, lambda: False)
 
     @staticmethod
     def _compile(
