@@ -10,13 +10,11 @@ the small surface jaxaot depends on:
 * ``_primitive``: defining a primitive (abstract evaluation, lowering,
   batching, JVP, linearization, transpose), linking a StableHLO module into
   the module being lowered, partial evaluation and batching of jaxprs;
-* ``_context``: the tracing context ``jax.jit``'s caches key on, the axis
-  environment;
-* ``_platform``: lowering platform names;
 * ``_executable``: serialized executables and JAX's C++ dispatcher;
-* ``_layout``: types made again by pickling compare equal (``AutoLayout``);
-* ``_placement``: the concrete shardings JAX's device assignment sees in a jaxpr;
-* ``_distributed``: the distributed runtime's key-value client.
+* ``_runtime``: lowering platform names, the tracing context ``jax.jit``'s
+  caches key on and the axis environment, the concrete shardings JAX's device
+  assignment sees in a jaxpr, the distributed runtime's key-value client, and
+  types made again by pickling comparing equal (``AutoLayout``).
 
 Supported JAX: 0.10.2 through 0.12.x (``SUPPORTED_JAX``). The differences
 between those versions are all handled here, keyed on the installed version
@@ -34,11 +32,10 @@ between those versions are all handled here, keyed on the installed version
   ``ClosedJaxpr`` name: ``ClosedJaxpr`` here is whichever class closes a jaxpr.
 * 0.11.2 computes tanh's derivative with a ``one_minus_square`` primitive:
   ``ELEMENTWISE_ARITHMETIC`` lists it with the other cheap elementwise ops.
-* Newer JAX puts a layout on every type, ``AutoLayout`` by default (see ``_layout``).
+* Newer JAX puts a layout on every type, ``AutoLayout`` by default (see
+  ``_runtime.one_auto_layout``).
 """
 
-from ._context import explicit_mesh_axes_in_scope, trace_context, trace_context_items
-from ._distributed import distributed_client
 from ._executable import (
     cpp_dispatcher,
     deserialize_executable,
@@ -82,9 +79,6 @@ from ._jaxpr import (
     uses_primitive,
     walk_jaxprs,
 )
-from ._layout import one_auto_layout
-from ._placement import named_shardings
-from ._platform import KNOWN_PLATFORMS, canonical_platform, default_platform
 from ._primitive import (
     ad,
     batch_jaxpr,
@@ -97,6 +91,17 @@ from ._primitive import (
     partial_eval_jaxpr,
     register_linearization,
     register_lowering,
+)
+from ._runtime import (
+    KNOWN_PLATFORMS,
+    canonical_platform,
+    default_platform,
+    distributed_client,
+    explicit_mesh_axes_in_scope,
+    named_shardings,
+    one_auto_layout,
+    trace_context,
+    trace_context_items,
 )
 
 one_auto_layout()

@@ -1,0 +1,131 @@
+"""JAX's runtime and configuration state, as jaxaot reads it: lowering platform
+names, the tracing context ``jax.jit``'s caches key on, the concrete shardings
+JAX's device assignment sees in a jaxpr, the distributed runtime's key-value
+client, and one ``AutoLayout`` (types made again by pickling compare equal).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax._src import xla_bridge as _xb
+from jax.sharding import Sharding
+
+__all__ = [
+    "KNOWN_PLATFORMS",
+    "canonical_platform",
+    "default_platform",
+    "distributed_client",
+    "explicit_mesh_axes_in_scope",
+    "named_shardings",
+    "one_auto_layout",
+    "trace_context",
+    "trace_context_items",
+]
+
+# -- platform names --------------------------------------------------------------
+
+KNOWN_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+def canonical_platform(platform: str) -> str:
+    """Maps a backend or device platform name ("gpu", "cuda", "cpu") to its lowering name."""
+    try:
+        return str(_xb.canonicalize_platform(platform))
+    except Exception:  # an unknown platform name: keep it as given
+        return platform.lower()
+
+
+def default_platform() -> str:
+    """The lowering platform of JAX's default backend on this machine."""
+    return canonical_platform(jax.default_backend())
+
+
+# -- what jax.jit's caches key on --------------------------------------------------
+
+
+def trace_context() -> Any:
+    """The configuration state ``jax.jit``'s caches key on (x64, matmul precision,
+    dtype and rank promotion, PRNG implementation, the axis environment, ...):
+    hashable, for in-process tables."""
+    from jax._src import config as _config
+
+    return _config.trace_context()
+
+
+def trace_context_items() -> tuple[tuple[str, Any], ...]:
+    """:func:`trace_context` option by option: ``(name, value)`` pairs, the values
+    as JAX holds them (enums, meshes, the axis environment...)."""
+    from jax._src import config as _config
+
+    names = getattr(_config, "trace_context_names", ())
+    names = tuple(names() if callable(names) else names)
+    values = tuple(trace_context())
+    return tuple(
+        (str(names[i]) if i < len(names) else f"context[{i}]", v) for i, v in enumerate(values)
+    )
+
+
+def explicit_mesh_axes_in_scope() -> frozenset[Any]:
+    """The explicit mesh axes a ``vmap`` in scope maps over (empty outside one)."""
+    from jax._src import core as _core
+
+    env = _core.get_axis_env()
+    return frozenset(getattr(env, "explicit_mesh_axis_names", ()) or ())
+
+
+# -- devices -------------------------------------------------------------------------
+
+
+def named_shardings(closed: Any) -> list[Any]:
+    """The shardings over concrete devices that ``jax.jit`` takes into account when
+    it chooses the devices of a computation holding ``closed`` (a closed jaxpr or
+    a jaxpr): those of sharding constraints, nested ``jit`` calls, ``shard_map``
+    over a concrete mesh and ``device_put`` to a memory kind, nested jaxprs
+    included; in the order JAX finds them."""
+    from jax._src import dispatch
+
+    jaxpr = getattr(closed, "jaxpr", closed)
+    return [s for s, _ in dispatch.get_intermediate_shardings(jaxpr) if isinstance(s, Sharding)]
+
+
+def distributed_client() -> Any | None:
+    """The client of a multi-process job's key-value store, or ``None`` outside one
+    (a single process, or a runtime without a client)."""
+    try:
+        if jax.process_count() <= 1:
+            return None
+        from jax._src import distributed  # the runtime client is not public API
+
+        return distributed.global_state.client
+    except Exception:  # not initialized, or an older runtime without a client
+        return None
+
+
+# -- layouts -------------------------------------------------------------------------
+
+
+def one_auto_layout() -> None:
+    """Makes JAX's ``AutoLayout`` one object however it is made (unpickled with
+    an executable's metadata, copied), equal to and hashing as itself: the
+    singleton JAX means it to be. Nothing to do where JAX has no such class.
+
+    Newer JAX puts a layout on every type, ``AutoLayout`` by default: an instance
+    that compares by identity, of a class that pickling or copying instantiates
+    again. The outputs of an executable loaded from its serialization (a warm
+    process) would then have types unequal to the same types of any other
+    array, and every signature built from them would miss."""
+    try:
+        from jax._src import layout as _layout
+    except ImportError:  # pragma: no cover - a JAX without layouts
+        return
+    cls = getattr(_layout, "AutoLayoutSingleton", None)
+    one = getattr(_layout, "AutoLayout", None)
+    if cls is None or not isinstance(one, cls):
+        return
+    # Unpickling and copying make it through ``__new__``; instances made before
+    # this ran compare and hash as the one.
+    cls.__new__ = lambda c, *args, **kwargs: one  # type: ignore[method-assign, assignment]
+    cls.__eq__ = lambda self, other: isinstance(other, cls)  # type: ignore[method-assign, assignment]
+    cls.__hash__ = lambda self: hash(cls)  # type: ignore[method-assign, assignment]
