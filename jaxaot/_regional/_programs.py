@@ -29,6 +29,7 @@ from .._store._executables import (
 )
 from .._store._once import make_once
 from .._store._readwrite import read
+from ._helper import compile_in_helper
 from ._placement import MeshContext
 
 __all__ = ["GLUE", "WHOLE", "ProgramCache", "program_key", "region_executable"]
@@ -64,8 +65,12 @@ class ProgramCache:
     """Compiled programs of this process (glue programs, whole programs), by
     content; shared by all jaxaot.jit functions and kept in the cache."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, helper: bool = False) -> None:
         self.kind = kind
+        # Whether its programs compile in a helper process where they can (``_helper``).
+        self.helper = helper
+        # Executables compiled in the helper, by id: the bytes they were loaded from.
+        self._payloads: dict[int, bytes] = {}
         self._locks = _stats.KeyedLocks()
         self._exes: dict[tuple[Any, ...], Any] = {}
         # Executables loaded from a cache, by id: the cache and key they came from.
@@ -76,6 +81,9 @@ class ProgramCache:
         """The serialized executable ``exe`` was loaded from (read from its cache
         again), or ``None`` if it was compiled here. A loaded executable cannot be
         serialized again on XLA:CPU (its kernels are not kept)."""
+        made = self._payloads.get(id(exe))
+        if made is not None:
+            return made
         source = self._loaded.get(id(exe))
         if source is None:
             return None
@@ -167,8 +175,8 @@ class ProgramCache:
         ``None``: never compiled here."""
         return self.program(digest, avals, (), donate, None, lambda: False)
 
-    @staticmethod
     def _compile(
+        self,
         fn: Callable[..., Any],
         avals: tuple[Any, ...],
         donate: tuple[int, ...],
@@ -178,6 +186,11 @@ class ProgramCache:
             jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
             for a, s in zip(avals, shardings or (None,) * len(avals), strict=True)
         ]
+        if self.helper:
+            helped = compile_in_helper(fn, sds, donate, shardings)
+            if helped is not None:
+                self._payloads[id(helped.executable)] = helped.payload
+                return helped.executable
         return jax.jit(fn, keep_unused=True, donate_argnums=donate).trace(*sds).lower().compile()
 
     def _store(
@@ -201,12 +214,12 @@ class ProgramCache:
             arg_names=("",) * len(avals),
             result_paths=tuple(f"result[{i}]" for i in range(len(out_avals))),
         )
-        store_executable(cache, key, record, exe, None)
+        store_executable(cache, key, record, exe, None, serialized=self.payload(exe))
 
 
 GLUE = ProgramCache("glue")
 # Whole-program forms of split programs (see ``_whole``).
-WHOLE = ProgramCache("whole program")
+WHOLE = ProgramCache("whole program", helper=True)
 
 
 def region_executable(call: Call, shardings: tuple[Any, ...] | None = None) -> Any:

@@ -173,10 +173,15 @@ def executable_entry(
     exe: Any,
     costs: dict[str, float] | None,
     extra: dict[str, Any] | None = None,
+    serialized: bytes | None = None,
 ) -> Entry | None:
-    """An entry holding ``exe`` serialized, or ``None`` if it cannot be serialized."""
+    """An entry holding ``exe`` serialized (or ``serialized``, the bytes it was
+    loaded from), or ``None`` if it cannot be serialized."""
     try:
-        payload, in_tree, out_tree = serialize_executable(exe)
+        if serialized is None:
+            payload, in_tree, out_tree = serialize_executable(exe)
+        else:
+            payload, in_tree, out_tree = serialized, exe.in_tree, exe.out_tree
         return Entry(
             key=key,
             name=root.name,
@@ -200,7 +205,8 @@ def store_executable(
     exe: Any,
     costs: dict[str, float] | None,
     extra: dict[str, Any] | None = None,
+    serialized: bytes | None = None,
 ) -> None:
-    entry = executable_entry(key, root, exe, costs, extra)
+    entry = executable_entry(key, root, exe, costs, extra, serialized)
     if entry is not None:
         write(cache, entry)
