@@ -10,11 +10,11 @@ the small surface jaxaot depends on:
 * ``_primitive``: defining a primitive (abstract evaluation, lowering,
   batching, JVP, linearization, transpose), linking a StableHLO module into
   the module being lowered, partial evaluation and batching of jaxprs;
-* ``_executable``: serialized executables and JAX's C++ dispatcher;
 * ``_runtime``: lowering platform names, the tracing context ``jax.jit``'s
   caches key on and the axis environment, the concrete shardings JAX's device
-  assignment sees in a jaxpr, the distributed runtime's key-value client, and
-  types made again by pickling comparing equal (``AutoLayout``).
+  assignment sees in a jaxpr, the distributed runtime's key-value client,
+  types made again by pickling comparing equal (``AutoLayout``), serialized
+  executables and JAX's C++ dispatcher.
 
 Supported JAX: 0.10.2 through 0.12.x (``SUPPORTED_JAX``). The differences
 between those versions are all handled here, keyed on the installed version
@@ -36,12 +36,6 @@ between those versions are all handled here, keyed on the installed version
   ``_runtime.one_auto_layout``).
 """
 
-from ._executable import (
-    cpp_dispatcher,
-    deserialize_executable,
-    fastpath_miss,
-    serialize_executable,
-)
 from ._intercept import (
     BoundCall,
     bind_plainly,
@@ -95,11 +89,15 @@ from ._primitive import (
 from ._runtime import (
     KNOWN_PLATFORMS,
     canonical_platform,
+    cpp_dispatcher,
     default_platform,
+    deserialize_executable,
     distributed_client,
     explicit_mesh_axes_in_scope,
+    fastpath_miss,
     named_shardings,
     one_auto_layout,
+    serialize_executable,
     trace_context,
     trace_context_items,
 )
