@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from .. import _stats
 from .._jax import default_platform, deserialize_executable
 
 logger = logging.getLogger("jaxaot")
@@ -42,8 +43,7 @@ ENV = "JAXAOT_COMPILE_HELPER"
 # Configuration that is this process's own, not the program's.
 _OWN_CONFIG = ("platform", "cache", "distributed", "coordinator")
 
-_FAILED: list[str] = []  # why the helper failed (then it is not started again)
-_FAILED_LOCK = threading.Lock()
+_FAILED = threading.Event()  # the helper failed: it is not started again
 
 
 class Helped(NamedTuple):
@@ -60,7 +60,7 @@ def helper_enabled() -> bool:
     """Whether whole programs may be compiled in a helper process here: a CPU
     backend, one process (no distributed job), no default device set, and
     ``$JAXAOT_COMPILE_HELPER`` not ``0``."""
-    if os.environ.get(ENV, "").strip() == "0" or _FAILED:
+    if os.environ.get(ENV, "").strip() == "0" or _FAILED.is_set():
         return False
     if default_platform() != "cpu" or jax.process_count() != 1:
         return False
@@ -87,15 +87,12 @@ def _config() -> dict[str, Any]:
 
 
 def _fail(cause: str) -> None:
-    with _FAILED_LOCK:
-        first = not _FAILED
-        _FAILED.append(cause)
-    if first:
-        logger.warning(
-            "jaxaot: the compile helper process failed (%s); whole programs are "
-            "compiled in this process from now on",
-            cause,
-        )
+    _FAILED.set()
+    _stats.warn_once(
+        "compile helper",
+        f"jaxaot: the compile helper process failed ({cause}); whole programs are "
+        "compiled in this process from now on",
+    )
 
 
 def compile_in_helper(
