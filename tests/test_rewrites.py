@@ -15,6 +15,13 @@ from jaxaot._component._rewrites import fuse_dot_transposes
 from jaxaot.cli import _model
 
 
+@pytest.fixture(autouse=True)
+def _residuals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the residuals forward entries write: every
+    component here writes residuals, however small (see ``_cost``)."""
+    monkeypatch.setenv("JAXAOT_RECOMPUTE_BELOW", "0")
+
+
 def _prims(fun: Callable[..., Any], avals: Sequence[Any]) -> list[str]:
     return [e.primitive.name for e in jax.make_jaxpr(fun)(*avals).jaxpr.eqns]
 

@@ -8,6 +8,8 @@
 * ``_entries``: making an entry (trace, lower);
 * ``_call``: one call of an entry, and its derived entries (vmap, JVP,
   linearize, transpose); ``_rewrites``: the jaxpr rewrites those use;
+* ``_cost``: a computation's work, and whether a small one's linearization
+  recomputes its forward pass (CPU);
 * ``_rules``: the ``jaxaot_component`` primitive and its rules;
 * ``_plain``: which programs are served as plain JAX.
 """

@@ -19,6 +19,7 @@ from .._keys._context import axis_data_parts
 from .._keys._key import ComponentKey
 from .._store._entry import Entry
 from .._store._lookup import Store
+from ._cost import recomputes
 from ._parts import derived_key
 from ._plain import Devices
 from ._rewrites import forwarded_inputs, fuse_dot_transposes, prune_residuals
@@ -58,7 +59,7 @@ class Call:
         # The devices the computation names (its derived computations name the same).
         self.devices = devices
         self._trace = trace  # traces this computation afresh: a jax.stages.Traced
-        self._linearized: dict[tuple[bool, ...], tuple[Any, Any]] = {}
+        self._linearized: dict[tuple[tuple[bool, ...], bool], tuple[Any, Any]] = {}
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Call) and self.key == other.key
@@ -181,12 +182,14 @@ class Call:
         ]
         return self._derive(("jvp", mask), args, make_fn, names)
 
-    def _linearized_jaxprs(self, mask: tuple[bool, ...]) -> tuple[Any, Any]:
+    def _linearized_jaxprs(self, mask: tuple[bool, ...], recompute: bool) -> tuple[Any, Any]:
         """The JVP of this computation split by partial evaluation: a forward
         jaxpr (primals -> primal outputs + residuals) and a linear jaxpr
         (residuals + live tangents -> differentiable output tangents). Made once
-        per mask: the forward and linear entries both come from it."""
-        done = self._linearized.get(mask)
+        per mask: the forward and linear entries both come from it. With
+        ``recompute``, the residuals are the primals themselves and the linear
+        jaxpr computes the forward pass again (see ``recomputes``)."""
+        done = self._linearized.get((mask, recompute))
         if done is not None:
             return done
         pf = self.fn()
@@ -205,7 +208,19 @@ class Call:
             return (*outs, *[t for t, d in zip(out_t, diff, strict=True) if d])
 
         live_avals = [a.to_tangent_aval() for a, m in zip(in_avals, mask, strict=True) if m]
-        closed = jax.make_jaxpr(jvp_fn)(*[sds(a) for a in (*in_avals, *live_avals)])
+        structs = [sds(a) for a in (*in_avals, *live_avals)]
+        if recompute:
+
+            def primal_fn(*primals: Any) -> tuple[Any, ...]:
+                return (*pf(*primals), *primals)
+
+            def tangent_fn(*xs: Any) -> tuple[Any, ...]:
+                return jvp_fn(*xs)[len(out_avals) :]
+
+            done = (jax.make_jaxpr(primal_fn)(*structs[:n]), jax.make_jaxpr(tangent_fn)(*structs))
+            self._linearized[(mask, recompute)] = done
+            return done
+        closed = jax.make_jaxpr(jvp_fn)(*structs)
         n_diff = sum(diff)
         known, unknown, _, _ = partial_eval_jaxpr(
             closed,
@@ -213,7 +228,7 @@ class Call:
             instantiate=[False] * len(out_avals) + [True] * n_diff,
         )
         known, unknown = prune_residuals(known, unknown, len(out_avals))
-        self._linearized[mask] = (known, unknown)
+        self._linearized[(mask, recompute)] = (known, unknown)
         return known, unknown
 
     def linearize(
@@ -222,11 +237,13 @@ class Call:
         """The forward call (primal outputs and residuals), and a function giving the
         linear call (residuals and live tangents to output tangents) for its residuals."""
         parent = self
+        recompute = recomputes(self.entry)
+        how = ("recompute",) if recompute else ()
 
         def make_fwd() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
             # Residuals that are the entry's own inputs (a layer's weights) are not
             # returned, which would copy them: the caller has them at hand.
-            known, _ = parent._linearized_jaxprs(mask)
+            known, _ = parent._linearized_jaxprs(mask, recompute)
             n_primal_out = len(parent.entry.out_avals)
             pairs = forwarded_inputs(known, n_primal_out)
             dropped = {r for r, _ in pairs}
@@ -237,22 +254,26 @@ class Call:
 
             return forward, {"forwarded": [[r - n_primal_out, q] for r, q in pairs]}
 
-        fwd = self._derive(("linearize", mask, "forward"), args, make_fwd, self.entry.arg_names)
+        fwd = self._derive(
+            ("linearize", mask, "forward", *how), args, make_fwd, self.entry.arg_names
+        )
         live_names = [
             f"tangent of {nm}" if nm else "" for nm, m in zip(self._names(), mask, strict=True) if m
         ]
 
         def make_lin(residuals: Sequence[Any]) -> Call:
             def make() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
-                _, unknown = parent._linearized_jaxprs(mask)
+                _, unknown = parent._linearized_jaxprs(mask, recompute)
                 return jaxpr_as_fun(unknown), {"linear_from": len(residuals)}
 
             live = [
                 a.to_tangent_aval() for a, m in zip(self.entry.in_avals, mask, strict=True) if m
             ]
             args = [*residuals, *[sds(a) for a in live]]
-            names = ["residual"] * len(residuals) + live_names
-            return parent._derive(("linearize", mask, "linear"), args, make, names)
+            # Recomputing, the residuals are the inputs themselves: their names.
+            names = self._names() if recompute else ["residual"] * len(residuals)
+            names = names + live_names
+            return parent._derive(("linearize", mask, "linear", *how), args, make, names)
 
         return fwd, make_lin
 

@@ -11,6 +11,7 @@ from .. import _stats
 from .._jax import has_host_callbacks, is_ordered_effect, module_to_bytecode
 from .._keys._key import ComponentKey
 from .._store._entry import Entry
+from ._cost import work_facts
 from ._plain import devices_of, devices_to_json, needs_context, needs_plain_jax
 from ._types import traced_under
 
@@ -79,5 +80,6 @@ def build_entry(
         extra={
             **({"plain": plain} if plain else {}),
             **({"devices": devices_to_json(devices)} if devices else {}),
+            **work_facts(closed),
         },
     )

@@ -42,6 +42,8 @@ key part, so entries of another version are never read, only missed):
     keys never name such entries): ``in_shardings``/``out_shardings``, the
     sharding each type carries (explicit mesh axes), for entries with sharded
     types; their ``in_avals``/``out_avals`` texts end in ``@`` and that sharding.
+    ``extra.work`` (a number): the estimate of what the entry computes, by
+    which its linearization may recompute its forward pass (``_component._cost``).
 """
 
 from __future__ import annotations
