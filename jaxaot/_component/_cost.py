@@ -21,10 +21,10 @@ the one that made it, and the keys of its derived entries agree.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable
 from typing import Any
 
+from .._env import number
 from .._jax import ClosedJaxpr, jaxprs_in_params, uses_primitive
 from .._store._entry import Entry
 
@@ -44,16 +44,7 @@ _UNBOUNDED = frozenset(["while"])
 
 def recompute_below() -> float:
     """:data:`RECOMPUTE_BELOW`, or ``$JAXAOT_RECOMPUTE_BELOW``."""
-    text = os.environ.get("JAXAOT_RECOMPUTE_BELOW", "").strip()
-    if not text:
-        return RECOMPUTE_BELOW
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(
-            f"JAXAOT_RECOMPUTE_BELOW must be a number (the work below which a "
-            f"small component's forward pass is recomputed), got {text!r}"
-        ) from None
+    return number("JAXAOT_RECOMPUTE_BELOW", RECOMPUTE_BELOW, "a number (of work; 0: never)")
 
 
 def recomputes(entry: Entry) -> bool:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import operator
-import os
 import statistics
 import threading
 import time
@@ -35,6 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+
+from .._env import number
 
 logger = logging.getLogger("jaxaot")
 
@@ -68,15 +69,10 @@ SPLIT_ONLY_SECONDS = 1e-3
 
 def split_only_seconds() -> float:
     """:data:`SPLIT_ONLY_SECONDS`, or ``$JAXAOT_WHOLE_PROGRAM_BELOW_MS`` in seconds."""
-    text = os.environ.get("JAXAOT_WHOLE_PROGRAM_BELOW_MS", "").strip()
-    if not text:
-        return SPLIT_ONLY_SECONDS
-    try:
-        return float(text) / 1e3
-    except ValueError:
-        raise ValueError(
-            f"JAXAOT_WHOLE_PROGRAM_BELOW_MS must be a number of milliseconds, got {text!r}"
-        ) from None
+    ms = number(
+        "JAXAOT_WHOLE_PROGRAM_BELOW_MS", SPLIT_ONLY_SECONDS * 1e3, "a number of milliseconds"
+    )
+    return ms / 1e3
 
 
 SPLIT = "split"

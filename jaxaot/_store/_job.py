@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from .._env import number
 from .._jax import distributed_client
 
 __all__ = ["agree", "next_decision", "publish_hit", "share", "timeout_seconds"]
@@ -37,13 +37,7 @@ _PREFIX = "jaxaot"
 
 
 def timeout_seconds() -> float:
-    text = os.environ.get("JAXAOT_DISTRIBUTED_TIMEOUT", "").strip()
-    try:
-        return float(text) if text else 600.0
-    except ValueError:
-        raise ValueError(
-            f"JAXAOT_DISTRIBUTED_TIMEOUT must be a number of seconds, got {text!r}"
-        ) from None
+    return number("JAXAOT_DISTRIBUTED_TIMEOUT", 600.0, "a number of seconds")
 
 
 def share(

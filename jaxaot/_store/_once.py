@@ -54,6 +54,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from .. import _stats
 from .._caches import Cache, Held, Lease, Leasing
+from .._env import number
 
 __all__ = [
     "LEASE_TTL_ENV",
@@ -77,16 +78,7 @@ MAX_POLL = 0.025
 
 
 def _seconds(name: str, default: float) -> float:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ValueError(f"{name} must be a non-negative number of seconds, got {text!r}")
-    return value
+    return number(name, default, "a non-negative number of seconds", minimum=0.0)
 
 
 def lease_wait() -> float:

@@ -1,0 +1,26 @@
+"""Numbers from ``JAXAOT_*`` environment variables, read where they are used."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["number"]
+
+
+def number(name: str, default: float, what: str, *, minimum: float | None = None) -> float:
+    """``$name`` as a number, or ``default`` where it is unset or blank.
+
+    Raises:
+      ValueError: naming the variable and ``what`` it must be, where it is not a
+        number, or is below ``minimum``.
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name} must be {what}, got {text!r}") from None
+    if minimum is not None and not value >= minimum:
+        raise ValueError(f"{name} must be {what}, got {text!r}")
+    return value
