@@ -31,11 +31,12 @@ from .._store._entry import Entry
 __all__ = ["RECOMPUTE_BELOW", "recompute_below", "recomputes", "work", "work_facts"]
 
 # A linearized entry whose ``work`` is below this, on CPU, recomputes its forward
-# pass in the backward entry. Measured on this project's 2-core x86_64 machine
-# (XLA:CPU, jax 0.10.2; a pre-norm transformer block, 16 layers, forward and
-# backward entries called in turn): at 3 million the recomputing form took 0.70x
-# the time of the one returning residuals; at 12.6 million 0.95-1.01x; at 25 to
-# 50 million 1.01-1.15x. ``JAXAOT_RECOMPUTE_BELOW`` overrides it (0: never).
+# pass in the backward entry. ``benchmarks/recompute.py`` (jaxaot.jit's split
+# train step of 16 pre-norm transformer blocks; XLA:CPU, jax 0.10.2, this
+# project's 2-core x86_64 machine, 2026-12-03): the recomputing form took 0.61x
+# the time of the one returning residuals at 0.9 million, 0.88x at 3.4 million,
+# 1.02x at 14.2 million and 1.04-1.14x at 27 to 62 million.
+# ``JAXAOT_RECOMPUTE_BELOW`` overrides it (0: never).
 RECOMPUTE_BELOW = 8e6
 
 # Primitives whose trip count jaxpr types do not give: their work is unknown.
