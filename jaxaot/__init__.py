@@ -41,9 +41,12 @@ _NAMES = {
     "ClosureError": "._keys._closure",
     "ComponentKey": "._keys._key",
     "RegionalFunction": "._regional",
+    "Manifest": "._regional._manifest",
+    "manifest": "._regional._manifest",
     "jit": "._regional",
     "CacheInfo": "._stats",
     "stats": "._stats",
+    "report": "._stats",
 }
 
 if TYPE_CHECKING:
@@ -62,7 +65,10 @@ if TYPE_CHECKING:
     from ._keys._key import ComponentKey as ComponentKey
     from ._regional import RegionalFunction as RegionalFunction
     from ._regional import jit as jit
+    from ._regional._manifest import Manifest as Manifest
+    from ._regional._manifest import manifest as manifest
     from ._stats import CacheInfo as CacheInfo
+    from ._stats import report as report
     from ._stats import stats as stats
     from ._store._active import default_cache_dir as default_cache_dir
     from ._store._active import get_cache as get_cache
@@ -106,6 +112,7 @@ __all__ = [
     "DirectoryCache",
     "FsspecCache",
     "HostCopy",
+    "Manifest",
     "MemoryCache",
     "RedisCache",
     "RegionalFunction",
@@ -117,6 +124,8 @@ __all__ = [
     "get_cache",
     "import_bundle",
     "jit",
+    "manifest",
+    "report",
     "set_cache",
     "stats",
     "to_host_async",

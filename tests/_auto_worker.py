@@ -26,9 +26,14 @@ from jaxaot._regional import _programs
 
 WIDTH = 16
 COMPILES: list[str] = []
+#: Eager operations diffrax runs on concrete values while it is traced (so under
+#: any jit of it, jax.jit's too): programs of JAX's own, not of the step.
+EAGER = frozenset(["jit(convert_element_type)", "jit(bitwise_or)"])
 jax.monitoring.register_event_duration_secs_listener(
     lambda event, duration, **kw: (
-        COMPILES.append(event) if event == "/jax/core/compile/backend_compile_duration" else None
+        COMPILES.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" and kw.get("fun_name") not in EAGER
+        else None
     )
 )
 
@@ -150,6 +155,155 @@ def named(layers: int) -> tuple[Any, tuple[Any, ...]]:
     return jax.value_and_grad(loss), ([PlainLayer(w) for w in _weights(layers)], _x())
 
 
+class LoopLayer(eqx.Module):
+    """A layer with no boundary, in a plain loop: a block because its class has
+    several instances in the step's arguments."""
+
+    w: jax.Array
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return _layer(self.w, x)
+
+
+def equinox_loop(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    def loss(model: Any, x: jax.Array) -> jax.Array:
+        for layer in model["layers"]:
+            x = layer(x)
+        return (jax.vmap(model["head"])(x) ** 2).mean()
+
+    model = {
+        "layers": [LoopLayer(w) for w in _weights(layers)],
+        "head": eqx.nn.Linear(WIDTH, 2, key=jax.random.key(1)),
+    }
+    return jax.value_and_grad(loss), (model, _x())
+
+
+class NLoopLayer(nnx.Module):
+    def __init__(self, w: jax.Array) -> None:
+        self.w = nnx.Param(w)
+        self.norm = nnx.LayerNorm(WIDTH, rngs=nnx.Rngs(0))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return _layer(self.w[...], self.norm(x))
+
+
+class NLoopModel(nnx.Module):
+    def __init__(self, layers: int) -> None:
+        self.layers = nnx.List([NLoopLayer(w) for w in _weights(layers)])
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def nnx_loop(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    def loss(model: Any, x: jax.Array) -> jax.Array:
+        return (model(x) ** 2).mean()
+
+    return jax.value_and_grad(loss), (NLoopModel(layers), _x())
+
+
+def _norm(x: jax.Array) -> jax.Array:
+    return (x - x.mean(-1, keepdims=True)) / jnp.sqrt(jnp.var(x, -1, keepdims=True) + 1e-5)
+
+
+def jnp_var(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    """Checkpoint layers around a norm made of ``jnp.var`` (an inner jit of JAX's own)."""
+    block = jax.checkpoint(lambda w, x: _layer(w, _norm(x)))
+
+    def loss(ws: Any, x: jax.Array) -> jax.Array:
+        for w in ws:
+            x = block(w, _norm(x))
+        return (_norm(x) ** 2).mean()
+
+    return jax.value_and_grad(loss), (_weights(layers), _x())
+
+
+def outer_jit(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    """Checkpoint layers inside a ``jax.jit`` of the whole loss."""
+    block = jax.checkpoint(lambda w, x: _layer(w, x) * 0.5 + x * 0.5)
+
+    @jax.jit
+    def loss(ws: Any, x: jax.Array) -> jax.Array:
+        for w in ws:
+            x = block(w, x)
+        return (x**2).mean()
+
+    return jax.value_and_grad(loss), (_weights(layers), _x())
+
+
+class LJitModel(nn.Module):
+    layers: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for i in range(self.layers):
+            x = nn.remat(LLayer)(name=f"layer{i}")(x) * 0.5
+        return x
+
+
+def linen_jit(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    """linen ``nn.remat`` layers in a model wrapped in ``nn.jit`` (as gemma's)."""
+    model = nn.jit(LJitModel)(layers)
+    params = model.init(jax.random.key(0), _x())
+
+    def loss(params: Any, x: jax.Array) -> jax.Array:
+        return (model.apply(params, x) ** 2).mean()
+
+    return jax.value_and_grad(loss), (params, _x())
+
+
+def haiku_remat(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    """``hk.remat`` layers: each checkpoint receives the whole Haiku state."""
+    import haiku as hk
+
+    def net(x: jax.Array) -> jax.Array:
+        for _ in range(layers):
+            x = hk.remat(lambda v: v + jnp.tanh(hk.Linear(WIDTH)(v)) * 0.25)(x)
+        return x
+
+    model = hk.without_apply_rng(hk.transform(net))
+    params = model.init(jax.random.key(0), _x())
+
+    def loss(params: Any, x: jax.Array) -> jax.Array:
+        return (model.apply(params, x) ** 2).mean()
+
+    return jax.value_and_grad(loss), (params, _x())
+
+
+class Field(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, t: Any, y: jax.Array, args: Any) -> jax.Array:
+        return jnp.tanh(self.w @ y)
+
+
+def diffrax_chain(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    """A chain of diffrax solves (Tsit5, a PID controller, an Equinox field, its
+    default error checks) under ``value_and_grad``."""
+    import diffrax
+
+    def solve(field: Any, y: jax.Array) -> jax.Array:
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(field),
+            diffrax.Tsit5(),
+            0.0,
+            0.5,
+            0.1,
+            y,
+            stepsize_controller=diffrax.PIDController(rtol=1e-4, atol=1e-6),
+        )
+        return sol.ys[-1]  # type: ignore[no-any-return,index]
+
+    def loss(field: Any, y: jax.Array) -> jax.Array:
+        for _ in range(layers):
+            y = solve(field, y)
+        return (y**2).sum()
+
+    return jax.value_and_grad(loss), (Field(jnp.eye(WIDTH) * 0.5), jnp.ones(WIDTH) / 4)
+
+
 KINDS: dict[str, Callable[[int], tuple[Any, tuple[Any, ...]]]] = {
     "jit": lambda n: functions(n, jax.jit),
     "checkpoint": lambda n: functions(n, jax.checkpoint),
@@ -157,6 +311,13 @@ KINDS: dict[str, Callable[[int], tuple[Any, tuple[Any, ...]]]] = {
     "flax_nnx": flax_nnx,
     "flax_linen": flax_linen,
     "blocks": named,
+    "equinox_loop": equinox_loop,
+    "nnx_loop": nnx_loop,
+    "jnp_var": jnp_var,
+    "outer_jit": outer_jit,
+    "linen_jit": linen_jit,
+    "haiku_remat": haiku_remat,
+    "diffrax_chain": diffrax_chain,
 }
 #: Blocks named by the user, per kind (``jaxaot.jit(..., blocks=...)``).
 BLOCKS: dict[str, tuple[Any, ...]] = {"blocks": (PlainLayer,)}

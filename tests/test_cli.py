@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -660,6 +661,86 @@ def test_prune_by_age(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert code == 0 and cache.keys() == []
 
 
+def test_prune_older_than_a_bare_number_removes_nothing(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = sorted(jaxaot.DirectoryCache(cache_dir).keys())
+    set_mtimes(cache_dir, dict.fromkeys(keys, time.time() - 30))  # made seconds ago
+    code, _, err = run(capsys, "cache", "prune", "--older-than", "2", "--dir", str(cache_dir))
+    assert code == 2
+    assert_one_line_error(err, "invalid duration '2'", "give a unit", "2d")
+    assert sorted(jaxaot.DirectoryCache(cache_dir).keys()) == keys
+    code, out, _ = run(capsys, "cache", "prune", "--older-than", "2d", "--dir", str(cache_dir))
+    assert code == 0 and "removed 0 entries" in out
+    assert sorted(jaxaot.DirectoryCache(cache_dir).keys()) == keys
+
+
+def _on_a_terminal(argv: list[str], answer: str, env: dict[str, str]) -> tuple[int, str]:
+    """Runs ``python -m jaxaot ARGV`` with a real pseudo-terminal as stdin, answers
+    ``answer`` to whatever it asks, and returns its exit status and output."""
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jaxaot", *argv],
+            stdin=slave,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+        )
+        os.write(master, (answer + "\n").encode())  # kept by the terminal until read
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        os.close(slave)
+        os.close(master)
+    return proc.returncode, out
+
+
+@pytest.mark.skipif(os.name != "posix", reason="pseudo-terminals")
+def test_prune_asks_on_a_real_terminal(cache_dir: Path, subprocess_env: dict[str, str]) -> None:
+    keys = sorted(jaxaot.DirectoryCache(cache_dir).keys())
+    set_mtimes(cache_dir, dict.fromkeys(keys[:2], time.time() - 10 * 86400))
+    argv = ["cache", "prune", "--older-than", "7d", "--dir", str(cache_dir)]
+    code, out = _on_a_terminal(argv, "n", subprocess_env)
+    assert code == 1, out
+    assert (
+        "Remove 2 entries (" in out and f"of {len(keys)} from {cache_dir.resolve()}? [y/N]" in out
+    )
+    assert "nothing removed" in out
+    assert sorted(jaxaot.DirectoryCache(cache_dir).keys()) == keys
+    code, out = _on_a_terminal(argv, "y", subprocess_env)
+    assert code == 0 and "removed 2 entries" in out, out
+    assert sorted(jaxaot.DirectoryCache(cache_dir).keys()) == keys[2:]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="pseudo-terminals")
+def test_prune_yes_and_scripts_do_not_ask(cache_dir: Path, subprocess_env: dict[str, str]) -> None:
+    keys = sorted(jaxaot.DirectoryCache(cache_dir).keys())
+    set_mtimes(cache_dir, dict.fromkeys(keys[:1], time.time() - 10 * 86400))
+    set_mtimes(cache_dir, dict.fromkeys(keys[1:2], time.time() - 5 * 86400))
+    code, out = _on_a_terminal(
+        ["cache", "prune", "--older-than", "7d", "--yes", "--dir", str(cache_dir)],
+        "n",
+        subprocess_env,
+    )
+    assert code == 0 and "removed 1 entry" in out and "[y/N]" not in out, out
+    # stdin not a terminal (a pipe that never answers): no prompt, no hang
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxaot", "cache", "prune", "--older-than", "4d"]
+        + ["--dir", str(cache_dir)],
+        stdin=subprocess.PIPE,
+        capture_output=True,
+        text=True,
+        env=subprocess_env,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "removed 1 entry" in proc.stdout, proc.stdout + proc.stderr
+    assert "[y/N]" not in proc.stdout
+    assert sorted(jaxaot.DirectoryCache(cache_dir).keys()) == keys[2:]
+
+
 def test_prune_needs_a_limit(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "cache", "prune", "--dir", str(cache_dir))
     assert code == 2
@@ -685,7 +766,8 @@ def test_parse_sizes_and_durations() -> None:
     assert _output.parse_duration("12h") == 12 * 3600
     assert _output.parse_duration("7d") == 7 * 86400
     assert _output.parse_duration("2w") == 14 * 86400
-    assert _output.parse_duration("90") == 90
+    with pytest.raises(argparse.ArgumentTypeError, match="give a unit"):
+        _output.parse_duration("90")  # seconds to `sleep`, days to `find -mtime`: refused
     assert _output.human_bytes(880) == "880 B"
     assert _output.human_bytes(1536) == "1.5 KiB"
     assert _output.human_bytes(3 << 30) == "3.0 GiB"
@@ -739,6 +821,14 @@ def test_clear_asks_on_a_terminal(
         assert code == 0 and left == []
     else:
         assert code == 1 and len(left) == n and "nothing removed" in out
+
+
+@pytest.mark.skipif(os.name != "posix", reason="pseudo-terminals")
+def test_clear_asks_on_a_real_terminal(cache_dir: Path, subprocess_env: dict[str, str]) -> None:
+    n = len(headers(cache_dir))
+    code, out = _on_a_terminal(["cache", "clear", "--dir", str(cache_dir)], "n", subprocess_env)
+    assert code == 1 and f"Remove {n} entries (" in out and "nothing removed" in out, out
+    assert len(jaxaot.DirectoryCache(cache_dir).keys()) == n
 
 
 # -- locations and errors --------------------------------------------------------

@@ -271,6 +271,16 @@ def test_tree_types_are_only_looked_up_in_imported_modules() -> None:
     import sys
 
     assert "antigravity" not in sys.modules
-    with pytest.raises(EntryError, match="not imported"):
+    with pytest.raises(EntryError, match="not imported") as raised:
         _entry.decode(blob)
     assert "antigravity" not in sys.modules  # the entry made this process import nothing
+    # Sound for the processes that imported it: left in the cache, not quarantined.
+    assert not raised.value.removable
+    header["out_tree"] = {
+        "type": "tuple",
+        "aux": {"ref": "antigravity:fly"},
+        "children": [],
+    }
+    with pytest.raises(EntryError, match="not imported"):
+        _entry.decode(_forge(json.dumps(header).encode()))
+    assert "antigravity" not in sys.modules

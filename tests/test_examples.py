@@ -1,4 +1,4 @@
-"""The examples run, and the train-step example warm-starts in a second process."""
+"""The examples run, and the training examples warm-start in a second process."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _run(script: str, env: dict[str, str], *args: str) -> str:
+def _run_full(script: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / script), *args],
         capture_output=True,
@@ -18,13 +18,47 @@ def _run(script: str, env: dict[str, str], *args: str) -> str:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    return proc
+
+
+def _run(script: str, env: dict[str, str], *args: str) -> str:
+    return _run_full(script, env, *args).stdout
 
 
 def test_quickstart(subprocess_env: dict[str, str]) -> None:
-    out = _run("quickstart.py", subprocess_env)
-    assert "1 function, 6 calls" in out
-    assert "same key, same result: True" in out
+    for _ in ("cold", "warm"):  # one cache directory (subprocess_env's)
+        proc = _run_full("quickstart.py", subprocess_env)
+        assert "1 function, 6 calls" in proc.stdout
+        assert "same key, same result: True; second traced 0 times" in proc.stdout
+        # Nothing unexplained on stderr, warm or cold.
+        assert "jaxaot" not in proc.stderr, proc.stderr
+    assert "jaxaot: warm start: " in proc.stdout and "(0 compiles, 0.00 s compiling)" in proc.stdout
+
+
+def _warm_starts(script: str, tmp_path: Path, env: dict[str, str]) -> None:
+    """Runs ``script`` twice on one cache directory, each in a fresh process: the
+    second loads its step (no lowering, no compile) and trains to the same losses."""
+    args = ("--steps", "5", "--cache-dir", str(tmp_path / "cache"))
+    cold = _run(script, env, *args)
+    assert "lowerings=1, compiles=1" in cold, cold
+    assert "jaxaot: cold start: " in cold and "(1 compile, " in cold
+    warm = _run(script, env, *args)
+    assert "lowerings=0, compiles=0" in warm, warm
+    (line,) = [x for x in warm.splitlines() if x.startswith("jaxaot: ")]
+    assert line.startswith("jaxaot: warm start: loaded 1 entry from the cache, made 0 here")
+    assert line.endswith("(0 compiles, 0.00 s compiling)")
+    (first_losses,) = [x for x in cold.splitlines() if x.startswith("loss ")]
+    assert first_losses in warm
+    start, end = (float(v) for v in first_losses.split()[1::2])
+    assert end < start  # the updated state comes back from each step
+
+
+def test_equinox_training_loop_warm_starts(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    _warm_starts("equinox_train.py", tmp_path, subprocess_env)
+
+
+def test_flax_nnx_training_loop_warm_starts(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    _warm_starts("flax_nnx_train.py", tmp_path, subprocess_env)
 
 
 def test_train_step_warm_starts(tmp_path: Path, subprocess_env: dict[str, str]) -> None:

@@ -95,6 +95,32 @@ def test_other_xla_flags_are_a_different_executable(
     assert flagged["info"]["traces"] == 0  # the lowered entry is shared
 
 
+def test_dump_flags_warm_start_and_code_flags_recompile(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    # As JAX's persistent cache: dumping HLO to a new folder cannot change the
+    # code, so the executable is loaded; an optimization level changes it.
+    (tmp_path / "stepmod.py").write_text(STEP_MODULE)
+    cold = _run(tmp_path, subprocess_env, raise_if_traced=False)
+    dumped = _run(
+        tmp_path,
+        subprocess_env,
+        raise_if_traced=True,
+        extra_env={"XLA_FLAGS": f"--xla_dump_to={tmp_path / 'dump'} --xla_dump_hlo_as_text"},
+    )
+    assert dumped["info"]["compiles"] == 0 and dumped["info"]["traces"] == 0
+    assert dumped["losses"] == cold["losses"]
+    optimized = _run(
+        tmp_path,
+        subprocess_env,
+        raise_if_traced=False,
+        extra_env={
+            "XLA_FLAGS": f"--xla_dump_to={tmp_path / 'dump2'} --xla_backend_optimization_level=0"
+        },
+    )
+    assert optimized["info"]["compiles"] == 1
+
+
 def _exe_entries(cache: jaxaot.MemoryCache) -> list[tuple[str, _entry.Entry]]:
     jaxaot.wait_for_writes()  # a slow compile (a loaded machine) is stored in the background
     out = []

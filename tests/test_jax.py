@@ -222,3 +222,23 @@ def test_inner_jit_calls_are_seen_and_inlined_ones_are_told_apart() -> None:
     with intercepting(hook):
         jax.make_jaxpr(program)(jnp.ones(3))
     assert ("<lambda>", False) in seen and ("<lambda>", True) in seen, seen
+
+
+def test_compile_flags_leave_out_what_jax_s_cache_key_leaves_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jax._src import cache_key
+
+    monkeypatch.setenv(
+        "XLA_FLAGS",
+        "--xla_dump_to=/tmp/d --xla_cpu_enable_fast_math=false --xla_dump_hlo_as_text "
+        "--xla_force_host_platform_device_count=8",
+    )
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_foo=1 --xla_dump_to=/x")
+    flags = dict(_jaxcompat.compile_flags())
+    assert flags == {
+        "xla_flags": "--xla_cpu_enable_fast_math=false",
+        "libtpu_init_args": "--xla_tpu_foo=1",
+    }
+    # Exactly the installed JAX's list, not a copy that drifts from it.
+    assert set(cache_key.xla_flags_to_exclude_from_cache_key) == _jaxcompat.EXCLUDED_FLAGS

@@ -3,11 +3,15 @@ function fingerprints."""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
+import pickle
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +26,7 @@ from jaxaot._keys._closure import (
     same_values,
     seen_values,
 )
-from jaxaot._keys._key import ComponentKey
+from jaxaot._keys._key import ComponentKey, Described
 from jaxaot._keys._text import parse_aval_str, stable_repr, stable_text, tree_text
 
 REQUIRED_PARTS = {
@@ -76,9 +80,84 @@ def test_explain_names_every_differing_part() -> None:
     a = ComponentKey({"component": "a", "args": ("float32[3]",), "x64": False})
     b = a.replace(args=("float32[4]",), x64=True)
     lines = a.explain(b)
-    assert len(lines) == 2
-    assert lines[0].startswith("args[0]: ") and lines[1].startswith("x64:")
+    assert lines == ["args[0]: float32[4] → float32[3]", "jax_enable_x64 (x64): True → False"]
     assert a.explain(a) == []
+
+
+def test_explanation_data_is_not_a_part() -> None:
+    about = {"args": ["x"], "consts": ["[1. 2. 3.]"], "eqns": ["tanh:0:"], "eqn_count": 1}
+    plain = ComponentKey({"component": "a", "program": "abc", "args": ("float32[3]",)})
+    described = ComponentKey(
+        {"component": "a", "program": Described("abc", about), "args": ("float32[3]",)}
+    )
+    assert described == plain and hash(described) == hash(plain)
+    assert described.digest == plain.digest
+    assert described.to_json() == plain.to_json()
+    assert described.about == {"program": about} and plain.about == {}
+    assert described.replace(x64=True).about == {"program": about}
+    back = ComponentKey.from_json(described.to_json(), described.about)
+    assert back == described and back.about == described.about
+    assert pickle.loads(pickle.dumps(described)).about == described.about
+
+
+def _described(
+    args: tuple[str, ...], consts: tuple[str, ...], texts: list[str], eqns: list[str]
+) -> ComponentKey:
+    about = {"args": ["x", "params['w']"], "consts": texts, "eqns": eqns, "eqn_count": len(eqns)}
+    program = "p:" + ",".join(eqns)
+    return ComponentKey(
+        {"program": Described(program, about), "consts": consts, "args": args, "transform": ()}
+    )
+
+
+def test_explain_in_words() -> None:
+    old = _described(("f32[3]", "f32[3]"), ("f32[3]:d1",), ["[1. 2. 3.]"], ["tanh:a:", "mul:b:2."])
+    shape = _described(
+        ("f32[3]", "f32[5]"), ("f32[3]:d1",), ["[1. 2. 3.]"], ["tanh:a:", "mul:c:2."]
+    )
+    assert shape.explain(old)[0] == "argument params['w']: f32[3] → f32[5]"
+    const = _described(
+        ("f32[3]", "f32[3]"), ("f32[3]:d2",), ["[1. 2. 4.]"], ["tanh:a:", "mul:b:2."]
+    )
+    assert const.explain(old) == ["constant #0 f32[3]: [1. 2. 3.] → [1. 2. 4.]"]
+    eqn = _described(("f32[3]", "f32[3]"), ("f32[3]:d1",), ["[1. 2. 3.]"], ["sin:a:", "mul:b:2."])
+    assert eqn.explain(old) == ["program: equation 0: tanh → sin"]
+    lit = _described(("f32[3]", "f32[3]"), ("f32[3]:d1",), ["[1. 2. 3.]"], ["tanh:a:", "mul:d:3."])
+    assert lit.explain(old) == ["program: equation 1 (mul): constant 2. → 3."]
+    # Without explanation data: by index and digest, still old → new.
+    bare = ComponentKey({"consts": ("f32[3]:d1",), "program": "p1"})
+    assert bare.replace(consts=("f32[3]:d2",), program="p2").explain(bare) == [
+        "constant #0 f32[3]: its value changed (f32[3]:d1 → f32[3]:d2)",
+        "program (its equations or types): p1 → p2",
+    ]
+
+
+def test_explain_versions_statics_and_flags_in_words() -> None:
+    old = ComponentKey(
+        {
+            "jax": "0.10.1",
+            "static": (("mode", "'a'"),),
+            "config": (("jax_numpy_rank_promotion", "'allow'"),),
+            "executable": (("xla_flags", "--xla_a=1 --xla_b"), ("donate_argnums", ())),
+        }
+    )
+    new = ComponentKey(
+        {
+            "jax": "0.10.2",
+            "static": (("mode", "'b'"),),
+            "config": (("jax_numpy_rank_promotion", "'raise'"),),
+            "executable": (("xla_flags", "--xla_a=2 --xla_c=x"), ("donate_argnums", (0,))),
+        }
+    )
+    assert new.explain(old) == [
+        "JAX version (jax): 0.10.1 → 0.10.2",
+        "static argument 'mode' (static): 'a' → 'b'",
+        "tracing option 'jax_numpy_rank_promotion' (config): 'allow' → 'raise'",
+        "XLA_FLAGS flag --xla_a: 1 → 2",
+        "XLA_FLAGS flag --xla_c: <absent> → x",
+        "XLA_FLAGS flag --xla_b: (set) → <absent>",
+        "donated arguments (donate_argnums): () → (0,)",
+    ]
 
 
 def test_json_round_trip() -> None:
@@ -257,10 +336,50 @@ def test_stable_repr() -> None:
     assert stable_repr((1, "a", None, 2.5)) == "(1, 'a', None, 2.5)"
     assert stable_repr((1,)) == "(1,)"
     assert stable_repr(np.dtype("float32")) == "dtype(float32)"
-    assert stable_repr(jnp.float32) is None or stable_repr(jnp.float32) == "dtype(float32)"
+    assert stable_repr(np.float32) == "dtype(float32)"
+    assert stable_repr(jnp.float32) == "jax.numpy.float32(dtype(float32))"  # not np.float32
     assert stable_repr([1]) is None
     assert stable_repr(object()) is None
     assert stable_repr(frozenset({2, 1})) == stable_repr(frozenset({1, 2}))
+
+
+class _Pair(NamedTuple):
+    a: int
+    b: float
+
+
+class _Mode(enum.Enum):
+    FAST = 1
+
+
+def test_stable_repr_of_values_users_pass_as_static() -> None:
+    from jaxaot._keys._text import unstable_part
+
+    Pair, Mode = _Pair, _Mode
+
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        n: int
+        act: Any = jax.nn.gelu
+
+    assert stable_repr(Pair(1, 2.0)) == f"{Pair.__module__}.{Pair.__qualname__}(a=1, b=2.0)"
+    assert stable_repr(Pair(1, 2.0)) != stable_repr((1, 2.0))
+    assert stable_repr((1,)) != stable_repr((True,))  # equal and of one hash to jax.jit
+    assert stable_repr(Mode.FAST).endswith("Mode.FAST")
+    # A class defined in a function is not named by its import path alone.
+    assert stable_repr(Cfg(1)) is None
+    assert unstable_part(Cfg(1)) is not None and "inside a function" in unstable_part(Cfg(1))[2]
+    gelu = stable_repr(jax.nn.gelu)
+    assert gelu is not None and "jax._src.nn.functions.gelu" in gelu and "0x" not in gelu
+    assert stable_repr(jax.nn.relu) is not None  # a custom_jvp whose rule refers to it
+    assert stable_repr(functools.partial(jax.nn.gelu, approximate=False)) != stable_repr(
+        functools.partial(jax.nn.gelu, approximate=True)
+    )
+    scale = [2.0, 3.0]
+    assert stable_repr(lambda x: x * scale[0]) is None  # a closure over a mutable list
+    where, part, why = unstable_part((1, (Mode.FAST, object()))) or ("", None, "")
+    assert where == "[1][1]" and type(part) is object and "address" in why
+    assert unstable_part((1, "a")) is None
 
 
 def test_aval_text_round_trip() -> None:

@@ -207,6 +207,80 @@ def test_read_only_cache(
     assert len(dcache.keys()) == 1
 
 
+_READ_ONLY_RUN = textwrap.dedent(
+    """
+    import json, logging, sys
+    import jax, jax.numpy as jnp, numpy as np, jaxaot
+    logging.basicConfig(level=logging.WARNING, format="WARNING-LINE %(message)s")
+
+    @jaxaot.component(key="ro-disk-f")
+    def f(x):
+        return jnp.sin(x) * 2
+
+    n = int(sys.argv[1])  # a new n is a miss: a lease, a lowering, a compile and a put
+    for m in range(2, n + 1):
+        x = jnp.arange(float(m))
+        np.testing.assert_allclose(f(x), jax.jit(lambda v: jnp.sin(v) * 2)(x))
+    jaxaot.wait_for_writes()
+    print(json.dumps(jaxaot.stats()))
+    """
+)
+
+
+def _read_only_command(root: Path, argv: list[str]) -> list[str]:
+    """``argv`` run with ``root`` truly read-only: a read-only bind mount in a mount
+    namespace of its own when root (whom no file mode stops), else a 0555 tree."""
+    if os.geteuid() != 0:
+        for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+            d.chmod(0o555)
+        return argv
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux) to mount the cache read-only")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a mount namespace: {probe.stderr.decode().strip()}")
+    quoted = " ".join(f"'{a}'" for a in argv)
+    return [
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        f"mount --bind '{root}' '{root}' && mount -o remount,bind,ro '{root}' && exec {quoted}",
+    ]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="read-only mounts")
+def test_read_only_disk_gives_one_warning(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    root = Path(subprocess_env["JAXAOT_CACHE_DIR"])
+    script = tmp_path / "ro_run.py"
+    script.write_text(_READ_ONLY_RUN)
+    first = subprocess.run(
+        [sys.executable, str(script), "2"], capture_output=True, text=True, env=subprocess_env
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    try:
+        proc = subprocess.run(
+            _read_only_command(root, [sys.executable, str(script), "4"]),
+            capture_output=True,
+            text=True,
+            env=subprocess_env,
+            timeout=300,
+        )
+    finally:
+        for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+            d.chmod(0o700)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING-LINE")]
+    # Two misses, each wanting a lease and two puts: one warning for the one cause.
+    assert len(warnings) == 1, warnings
+    assert str(root) in warnings[0] and "cannot be written" in warnings[0]
+    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert stats["hits"] >= 1 and stats["compiles"] == 2  # n=2 was read, n=3 and n=4 made
+    after = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    assert after == before
+
+
 def test_disk_full(
     dcache: jaxaot.DirectoryCache, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -254,6 +328,9 @@ def test_hostile_user_keys_stay_inside_the_root(
 def test_host_callback_entries_are_never_written(
     dcache: jaxaot.DirectoryCache, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # The lowered entry (it would hold this process's callbacks) stays in the
+    # process; only the executable is written, to be loaded with callbacks
+    # rebound (tests/test_callbacks.py).
     def noisy(v: jax.Array) -> jax.Array:
         jax.debug.print("v={v}", v=v)
         return v * 2
@@ -261,7 +338,9 @@ def test_host_callback_entries_are_never_written(
     caplog.set_level(logging.DEBUG, logger="jaxaot")
     comp = jaxaot.component(noisy)
     np.testing.assert_allclose(comp(jnp.ones(2)), 2 * np.ones(2))
-    assert dcache.keys() == []
+    jaxaot.wait_for_writes()
+    written = [_entry.decode(dcache.get(k) or b"") for k in dcache.keys()]
+    assert [(e.stablehlo, e.executable is not None) for e in written] == [(None, True)]
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert any("host callbacks" in r.getMessage() for r in caplog.records)
 

@@ -148,6 +148,99 @@ def test_donation() -> None:
     assert not x.is_deleted()
 
 
+def _pointers(tree: Any) -> list[int]:
+    return [leaf.unsafe_buffer_pointer() for leaf in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.mark.parametrize("form", ["split", "whole"])
+def test_a_donated_input_is_reused_in_place_on_every_call(form: str) -> None:
+    """A donated input read by component layers: its buffer goes from layer to
+    layer (each donates its input to its output) and the result is written over
+    it, on every call, as under jax.jit; the whole-program form reuses it too."""
+    comp = jaxaot.component(lambda w, v: jnp.tanh(v @ w) + v)
+
+    def f(x: jax.Array, ws: Any) -> jax.Array:
+        for w in ws:
+            x = comp(w, x)
+        return x
+
+    ws = [jnp.eye(8) * 0.5 * (i + 1) for i in range(3)]
+    x, y = jnp.arange(32.0).reshape(4, 8) / 32, jnp.arange(32.0).reshape(4, 8) / 32
+    regional = jaxaot.jit(f, donate_argnums=0, whole_program=form == "whole")
+    plain = jax.jit(f, donate_argnums=0)
+    if form == "whole":
+        x = regional(x, ws)  # the first two calls make the whole-program form
+        x = regional(x, ws)
+        y = plain(plain(y, ws), ws)
+        (plan,) = regional._plans.values()
+        assert plan.whole is not None
+        plan.whole.result()
+        plan.mode = "whole"
+    for _ in range(4):
+        before, before_plain = x.unsafe_buffer_pointer(), y.unsafe_buffer_pointer()
+        x, y = regional(x, ws), plain(y, ws)
+        assert y.unsafe_buffer_pointer() == before_plain  # what jax.jit does
+        assert x.unsafe_buffer_pointer() == before
+        close(x, y)
+    # All three layers donate: one executable of the entry, whatever the depth.
+    assert comp.cache_info().compiles == 1
+
+
+def test_a_program_served_whole_reuses_a_donated_input() -> None:
+    def f(x: jax.Array, ws: Any) -> jax.Array:  # nothing to split
+        for w in ws:
+            x = jnp.tanh(x @ w) + x
+        return x
+
+    ws = [jnp.eye(8) * 0.5 * (i + 1) for i in range(3)]
+    x, y = jnp.ones((4, 8)), jnp.ones((4, 8))
+    regional, plain = jaxaot.jit(f, donate_argnums=0), jax.jit(f, donate_argnums=0)
+    for _ in range(3):
+        before = x.unsafe_buffer_pointer()
+        x, y = regional(x, ws), plain(y, ws)
+        assert x.unsafe_buffer_pointer() == before
+        close(x, y)
+    (plan,) = regional._plans.values()
+    assert plan.served_whole is not None
+
+
+def test_a_donating_train_step_updates_its_state_in_place() -> None:
+    """A split train step donating its parameters and optimizer state writes the new
+    ones over the old, every call, as jax.jit does (and gives jax.jit's values)."""
+    step, optimizer = train_step_factory(block)
+    blocks, x = setup(2)
+    mine = (blocks, optimizer.init(blocks))
+    theirs = jax.tree_util.tree_map(jnp.copy, mine)
+    regional = jaxaot.jit(step, donate_argnums=(0, 1), whole_program=False)
+    plain = jax.jit(step, donate_argnums=(0, 1))
+    for _ in range(3):
+        before, before_plain = _pointers(mine), _pointers(theirs)
+        *mine, value = regional(*mine, x)
+        *theirs, want = plain(*theirs, x)
+        assert _pointers(theirs) == before_plain
+        assert _pointers(mine) == before
+        close((mine, value), (theirs, want), tol=1e-4)
+
+
+def test_donation_is_part_of_a_component_executable() -> None:
+    """One entry called with its input donated and without: two executables, so
+    the call that donates nothing never runs one that donates (its input stays)."""
+    comp = jaxaot.component(lambda w, v: jnp.tanh(v @ w) + v)
+
+    def f(x: jax.Array, w: jax.Array) -> jax.Array:
+        return comp(w, comp(w, x))
+
+    w = jnp.eye(8) * 0.5
+    donating = jaxaot.jit(f, donate_argnums=0, whole_program=False)
+    keeping = jaxaot.jit(f, whole_program=False)
+    x = jnp.ones((4, 8))
+    want = jax.jit(f)(x, w)
+    close(donating(jnp.ones((4, 8)), w), want)
+    close(keeping(x, w), want)
+    assert not x.is_deleted()
+    assert comp.cache_info().compiles == 2
+
+
 def test_vmap_and_nested_components() -> None:
     inner = jaxaot.component(lambda w, v: jnp.sin(v @ w))
 
@@ -175,6 +268,58 @@ def test_component_under_scan_still_correct(caplog: pytest.LogCaptureFixture) ->
     caplog.set_level("DEBUG", logger="jaxaot")
     close(jaxaot.jit(f)(xs), jax.jit(f)(xs))
     assert any("compiled inline" in r.getMessage() for r in caplog.records)
+
+
+def test_explain_compiles_nothing(compiles: list[str]) -> None:
+    """On an empty cache, ``explain`` traces and cuts programs of every kind (a
+    train step of components, a prefill of checkpoint blocks, components under a
+    ``fori_loop``, a program with nothing to split) and compiles none of them;
+    what it says is what the calls then run."""
+    comp = jaxaot.component(lambda w, v: jnp.tanh(v @ w) + v)
+    layer = jax.checkpoint(lambda w, h: jnp.sin(h @ w) + h)
+
+    def step(ws: Any, v: jax.Array) -> Any:
+        def loss(ws: Any) -> jax.Array:
+            h = v
+            for w in ws:
+                h = comp(w, h)
+            return jnp.sum(h**2)
+
+        grads = jax.grad(loss)(ws)
+        return [w - 0.1 * g for w, g in zip(ws, grads, strict=True)]
+
+    def prefill(ws: Any, h: jax.Array) -> jax.Array:
+        for w in ws:
+            h = layer(w, h)
+        return h
+
+    def looped(w: jax.Array, v: jax.Array) -> jax.Array:
+        return lax.fori_loop(0, 3, lambda i, h: comp(w, h), v)
+
+    ws, v = [jnp.eye(4) * 0.1 * (i + 1) for i in range(3)], jnp.ones((2, 4))
+    cases = [
+        (step, (ws, v), "component <lambda>: 3 forward, 3 linear/transpose\n  glue: 2"),
+        (prefill, (ws, v), "block checkpoint(<lambda>): 3 call"),
+        (
+            looped,
+            (ws[0], v),
+            "cached whole (kept whole: components under scan/fori_loop are compiled with "
+            "their glue)",
+        ),
+        (lambda v: jnp.sin(v) * 2, (v,), "cached whole (nothing to split: it calls no component"),
+    ]
+    compiles.clear()  # the inputs' own (eager) compiles
+    for fn, args, says in cases:
+        regional = jaxaot.jit(fn)
+        explained = regional.explain(*args)
+        _regional.wait_for_background()
+        assert compiles == [], (explained, compiles)
+        assert says in explained, explained
+        assert "glue: 1 programs" not in explained or "split into" in explained, explained
+        close(regional(*args), jax.jit(fn)(*args))
+        assert regional.explain(*args) == explained  # the plan made by the call says the same
+        _regional.wait_for_background()
+        compiles.clear()
 
 
 def test_program_without_components_and_static_args() -> None:
@@ -486,6 +631,127 @@ def test_warm_process_compiles_no_component(tmp_path: Path, subprocess_env: dict
     np.testing.assert_allclose(warm["whole_value"], cold["value"], rtol=1e-6)
     np.testing.assert_allclose(warm["value"], cold["value"], rtol=1e-6)
     np.testing.assert_allclose(warm["grads"], cold["grads"], rtol=1e-6)
+
+
+UNSPLIT_PROGRAMS = textwrap.dedent(
+    """
+    import json, logging, sys
+    import jax, jax.numpy as jnp, numpy as np, jaxaot
+    from jax import lax
+    from jaxaot import _regional
+
+    events = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            events.append(kwargs.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+
+    def looped(w, x):  # a loop JAX stages out: nothing for jaxaot.jit to split
+        return lax.fori_loop(0, 4, lambda i, h: jnp.tanh(h @ w) + h, x)
+
+    def plain(ws, x):  # a plain loop of layers, no blocks: nothing to split either
+        for w in ws:
+            x = jnp.tanh(x @ w) + x
+        return jnp.sum(x**2), x
+
+    w, x = jnp.eye(8) * 0.5, jnp.arange(16.0).reshape(2, 8) / 16
+    ws = [w * (i + 1) / 4 for i in range(4)]
+    out = {}
+    for name, fn, args in [("looped", looped, (w, x)), ("plain", plain, (ws, x))]:
+        regional = jaxaot.jit(fn)
+        before = len(events)  # the inputs exist: only the call's own compiles count
+        got = jax.block_until_ready(regional(*args))
+        again = jax.block_until_ready(regional(*args))
+        _regional.wait_for_background()  # what the calls started (a fast path's executable)
+        again = jax.block_until_ready(regional(*args))  # from JAX's C++ dispatcher
+        compiled = events[before:]
+        want = jax.jit(fn)(*args)
+        for g, a, v in zip(*map(jax.tree_util.tree_leaves, (got, again, want)), strict=True):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(v))
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(v))
+            assert g.dtype == v.dtype
+        out[name] = {"compiles": compiled, "explain": regional.explain(*args)}
+    jaxaot.wait_for_writes()
+    out["stats"] = jaxaot.stats()
+    print(json.dumps(out))
+    """
+)
+
+
+def test_a_program_that_is_not_split_is_cached_whole(subprocess_env: dict[str, str]) -> None:
+    """A program jaxaot.jit cannot split (a ``fori_loop``; a plain loop without
+    blocks) is still one cached region: a second process loads it and compiles
+    nothing, as JAX's own compile events count, where jax.jit without JAX's
+    persistent cache would compile it again; its values are jax.jit's."""
+    results, logs = [], []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, "-c", UNSPLIT_PROGRAMS],
+            capture_output=True,
+            text=True,
+            env=subprocess_env,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        logs.append(proc.stderr)
+    cold, warm = results
+    for name in ("looped", "plain"):
+        assert len(cold[name]["compiles"]) == 1, cold[name]  # once, then from this process
+        assert warm[name]["compiles"] == [], warm[name]
+        assert "cached whole" in warm[name]["explain"], warm[name]["explain"]
+        assert "nothing to split" in warm[name]["explain"], warm[name]["explain"]
+    assert cold["stats"]["compiles"] == 2 and cold["stats"]["misses"] == 2, cold["stats"]
+    assert warm["stats"]["compiles"] == 0 and warm["stats"]["hits"] == 2, warm["stats"]
+    # Said once at INFO, per function: that it is served whole, and why.
+    for log in logs:
+        lines = [line for line in log.splitlines() if "served whole" in line]
+        assert len(lines) == 2 and all(line.startswith("INFO:jaxaot:") for line in lines), log
+
+
+def test_a_program_served_whole_dispatches_in_cpp() -> None:
+    """A program served whole runs as a whole program does: calls of a signature
+    seen before go from JAX's C++ dispatcher straight to its executable (no
+    slower than jax.jit's calls); another signature comes back to Python and
+    gets jax.jit's result."""
+
+    def f(x: jax.Array, s: Any) -> Any:
+        return jnp.sin(x) * s, s * 2
+
+    regional, plain = jaxaot.jit(f), jax.jit(f)
+    x, strong = jnp.arange(4.0), jnp.asarray(0.5, jnp.float32)
+    misses: list[Any] = []
+    slow = regional._call_slow
+
+    def counted(args: Any, kwargs: Any, *rest: Any, **more: Any) -> Any:
+        misses.append(args[1])
+        return slow(args, kwargs, *rest, **more)
+
+    regional._call_slow = counted  # type: ignore[method-assign]
+    for _ in range(2):  # its executable, then the one taking the argument tree
+        regional(x, strong)
+        _regional.wait_for_background()
+    regional(x, strong)
+    misses.clear()
+
+    def check(*args: Any) -> None:
+        got, want = regional(*args), plain(*args)
+        for g, w in zip(
+            jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True
+        ):
+            assert jax.typeof(g) == jax.typeof(w)
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+    for _ in range(3):
+        check(x, strong)
+    assert misses == []  # in C++
+    check(x, 0.5)  # a Python float: weak, another signature
+    assert len(misses) == 1
+    (plan, _) = regional._plans.values()
+    assert plan.served_whole is not None
 
 
 def test_a_failed_executable_falls_back_to_jax_jit_with_inputs_intact(

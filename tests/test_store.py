@@ -90,10 +90,10 @@ def test_misses_are_explained_against_entries_other_processes_wrote(
     _explain_run(script, env, "2.0", "3")
     # Another input shape: the root entry differs in its argument type only.
     shape = _explain_run(script, env, "2.0", "4")
-    assert "args[0]: 'float32[4]' != 'float32[3]'" in shape, shape
+    assert "argument x: float32[3] → float32[4]" in shape, shape
     # Another constant: the program's constant, named by its index.
     const = _explain_run(script, env, "5.0", "3")
-    assert "consts[0]" in const, const
+    assert "constant #0 f32[3]: [2. 2. 2.] → [5. 5. 5.]" in const, const
     root_lines = [line for line in const.splitlines() if "missed the cache" in line]
     assert root_lines
     # Derived entries are explained against derived entries, not the root one.

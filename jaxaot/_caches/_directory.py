@@ -51,8 +51,8 @@ import filelock
 
 from . import _dirlayout, _filelease, _safefs
 from ._dirlayout import QUARANTINE_MAX_FILES, TEMP_MAX_AGE
-from ._faults import WarnOnce, errno_cause
-from ._protocol import Held, Lease, check_key, is_removable
+from ._faults import WarnOnce, errno_cause, write_fault_text
+from ._protocol import INDEX_ITEM_BYTES, INDEX_ITEMS, Held, Lease, check_key, is_removable
 from ._safefs import NotRegularFileError, makedirs_private, open_dir, stat_nofollow
 from ._trust import Refused, check_trusted, signing, untrusted_writer
 
@@ -187,7 +187,9 @@ class DirectoryCache(WarnOnce):
         except OSError as e:
             if not fallback_ok:
                 raise
-            self._warn_once("create", f"cannot use the cache directory ({errno_cause(e)}: {e})")
+            self._warn_once(
+                errno_cause(e), f"cannot use the cache directory ({errno_cause(e)}: {e})"
+            )
 
     def __repr__(self) -> str:
         return f"DirectoryCache({self._root!r}, max_bytes={self.max_bytes})"
@@ -404,7 +406,8 @@ class DirectoryCache(WarnOnce):
             return
         except OSError as e:
             self._count("put_errors")
-            self._warn_once(errno_cause(e), f"put of {key} skipped ({errno_cause(e)}: {e})")
+            cause = errno_cause(e)
+            self._warn_once(cause, write_fault_text(cause, e, f"put of {key}"))
             return
         self._count("puts")
 
@@ -480,13 +483,61 @@ class DirectoryCache(WarnOnce):
                 with self._shard_dir(rfd, key[:2], create=True) as sfd:
                     got = _filelease.take(sfd, key, self._trusted, where)
         except _Refused as r:
-            self._warn_once(f"lease {r.cause}", f"{r} (no lease on {key[:16]}: made here)")
+            # The same cause as a put's (a refused shard, say): one warning for both.
+            self._warn_once(r.cause, f"{r} (no lease on {key[:16]}: made here)")
+            return None
+        except NotRegularFileError:
+            self._warn_once(
+                "lease not a regular file", f"cannot lock {where} (not a regular file); made here"
+            )
             return None
         except OSError as e:
-            cause = "not a regular file" if isinstance(e, NotRegularFileError) else errno_cause(e)
-            self._warn_once(f"lease {cause}", f"cannot lock {where} ({cause}); made here")
+            cause = errno_cause(e)
+            self._warn_once(cause, write_fault_text(cause, e, f"lease {where}"))
             return None
         return got
+
+    def note(self, tag: str, key: str, item: bytes) -> None:
+        """Notes ``item`` about ``key`` under ``tag`` (see ``_protocol.Indexing``), in
+        ``<root>/<tag[:2]>/<tag>.index``; best effort (a fault skips it)."""
+        check_key(tag)
+        check_key(key)
+        if len(item) > INDEX_ITEM_BYTES:
+            return
+        where = os.path.join(self._root, tag[:2], tag + _dirlayout.INDEX_SUFFIX)
+        try:
+            with self._root_dir(create=True) as rfd:
+                with self._shard_dir(rfd, tag[:2], create=True) as sfd:
+                    _dirlayout.add_note(
+                        sfd, tag, key, bytes(item), lambda st: self._trusted(st, where)
+                    )
+        except (_Refused, OSError) as e:
+            logger.debug("jaxaot directory cache %s: no note in %s: %s", self._root, where, e)
+
+    def notes(self, tag: str) -> list[tuple[str, bytes]]:
+        """The notes under ``tag`` of stored entries, most recent first (see
+        ``_protocol.Indexing``): no entry is read, none counts a hit or is touched."""
+        check_key(tag)
+        where = os.path.join(self._root, tag[:2], tag + _dirlayout.INDEX_SUFFIX)
+        try:
+            with self._root_dir() as rfd, self._shard_dir(rfd, tag[:2]) as sfd:
+                noted = _dirlayout.read_notes(sfd, tag, lambda st: self._trusted(st, where))
+        except (_Refused, OSError) as e:
+            if not isinstance(e, FileNotFoundError | NotADirectoryError):
+                logger.debug("jaxaot directory cache %s: cannot read %s: %s", self._root, where, e)
+            return []
+        out: list[tuple[str, bytes]] = []
+        seen: set[str] = set()
+        for key, item in reversed(noted):
+            if key in seen:
+                continue
+            seen.add(key)
+            st = self._stat_in_shard(key, key)
+            if st is not None and stat.S_ISREG(st.st_mode):
+                out.append((key, item))
+                if len(out) >= INDEX_ITEMS:
+                    break
+        return out
 
     def access_time(self, key: str) -> float | None:
         """When ``key`` was last read or written (its mtime), or ``None`` if absent."""

@@ -9,6 +9,8 @@ Layout::
   <root>/<key[:2]>/<key>.hits   one byte appended per hit (O_APPEND: safe across processes)
   <root>/<key[:2]>/<key>.lease  the lease on making the entry (``_filelease``; flock)
   <root>/<key[:2]>/.tmp-<pid>-<hex>   a write in flight (or left by a killed writer)
+  <root>/<tag[:2]>/<tag>.index  notes about recent entries of one component and kind
+                                (``DirectoryCache.note``): ``<key> <base64 note>`` lines
   <root>/quarantine/<key>.<ns>  entries moved aside by ``DirectoryCache.quarantine``
 
 Everything here works through descriptors of real directories (see ``_safefs``)
@@ -17,15 +19,19 @@ and acts only on regular files: nothing is followed out of the root.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import errno
 import logging
 import os
 import stat
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 from . import _safefs
 from ._lease import LEASE_SUFFIX
+from ._protocol import INDEX_ITEMS, check_key
 from ._safefs import open_dir, opened_dir, stat_nofollow
 from ._trust import Refused, untrusted_writer
 
@@ -38,7 +44,9 @@ __all__ = [
     "ScannedEntry",
     "clear_quarantine",
     "evict",
+    "add_note",
     "forget_hits",
+    "read_notes",
     "move_to_quarantine",
     "record_hit",
     "scan",
@@ -58,6 +66,7 @@ FUTURE_SLACK = 86400.0
 
 TEMP_PREFIX = ".tmp-"
 HITS_SUFFIX = ".hits"
+INDEX_SUFFIX = ".index"
 QUARANTINE_DIR = "quarantine"
 _HEX = frozenset("0123456789abcdef")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -122,6 +131,77 @@ def forget_hits(shard_fd: int, key: str) -> None:
         os.unlink(key + HITS_SUFFIX, dir_fd=shard_fd)
     except OSError:
         pass
+
+
+# -- notes (an index per tag) ----------------------------------------------------------
+
+
+def read_notes(
+    shard_fd: int, tag: str, trusted: Callable[[os.stat_result], None]
+) -> list[tuple[str, bytes]]:
+    """The notes under ``tag``, oldest first (lines that do not parse are skipped:
+    an append cut short). ``trusted`` raises for a file it refuses.
+
+    Raises:
+      OSError: the file cannot be read (``FileNotFoundError`` when absent), or is
+        not a regular file.
+    """
+    fd, st = _safefs.open_regular(tag + INDEX_SUFFIX, shard_fd)
+    try:
+        trusted(st)
+        data = _safefs.read_all(fd, st.st_size)
+    finally:
+        os.close(fd)
+    notes = []
+    for line in data.split(b"\n"):
+        key, _, text = line.partition(b" ")
+        try:
+            notes.append((check_key(key.decode("ascii")), base64.b64decode(text, validate=True)))
+        except (ValueError, binascii.Error):
+            continue
+    return notes
+
+
+def add_note(
+    shard_fd: int, tag: str, key: str, item: bytes, trusted: Callable[[os.stat_result], None]
+) -> None:
+    """Notes ``item`` about ``key`` under ``tag`` unless ``key`` is noted already:
+    appended (one ``write`` with ``O_APPEND``, so concurrent notes do not mix), and
+    the file rewritten with the most recent :data:`INDEX_ITEMS` once it holds
+    twice as many (a note appended meanwhile may be lost: notes are hints).
+
+    Raises:
+      OSError: it cannot be read or written (or is not a regular file).
+    """
+    try:
+        notes = read_notes(shard_fd, tag, trusted)
+    except FileNotFoundError:
+        notes = []
+    if any(k == key for k, _ in notes):
+        return
+    line = key.encode("ascii") + b" " + base64.b64encode(item) + b"\n"
+    name = tag + INDEX_SUFFIX
+    if len(notes) >= 2 * INDEX_ITEMS:
+        kept = b"".join(
+            k.encode("ascii") + b" " + base64.b64encode(v) + b"\n"
+            for k, v in notes[-(INDEX_ITEMS - 1) :]
+        )
+        _safefs.write_new_and_replace(temp_name(), name, kept + line, 0o600, dir_fd=shard_fd)
+        return
+    fd = os.open(
+        name,
+        os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK,
+        0o600,
+        dir_fd=shard_fd,
+    )
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _safefs.NotRegularFileError(errno.EINVAL, "not a regular file", name)
+        trusted(st)
+        os.write(fd, line)
+    finally:
+        os.close(fd)
 
 
 # -- listing and eviction --------------------------------------------------------------

@@ -9,21 +9,48 @@ import logging
 import threading
 import time
 
+from .._stats import first_time
+
 logger = logging.getLogger("jaxaot")
+
+
+#: Causes that stop every write to a cache, whichever of a lease, a put or a
+#: clean-up meets them first: a read-only disk or mount, no write permission.
+UNWRITABLE = frozenset({"EROFS", "EACCES", "EPERM"})
 
 
 def errno_cause(exc: BaseException) -> str:
     """A fault's cause for one warning per cause: the errno's name (``ENOSPC``) for
-    an ``OSError`` that has one, else the exception's type name."""
+    an ``OSError`` that has one, else the exception's type name. Leases, writes and
+    reads of one cache use it alike, so one cause gives one warning."""
     if isinstance(exc, OSError) and exc.errno is not None:
         return errno.errorcode.get(exc.errno, f"errno {exc.errno}")
     return type(exc).__name__
 
 
+def write_fault_text(cause: str, exc: OSError, what: str) -> str:
+    """The warning for a write (``what``: "put of KEY", "lease LEASE-FILE") that
+    failed with ``cause``. An unwritable cache says what that means for every later
+    write, since it is warned about once, by whichever write meets it first."""
+    if cause in UNWRITABLE:
+        return (
+            f"the cache cannot be written ({cause}: {exc.strerror or exc}): its entries are "
+            f"still read, but none are written or leased, and misses are made in this "
+            f"process (first seen on {what})"
+        )
+    return f"{what} skipped ({cause}: {exc})"
+
+
+def store_fault_cause(cache: object, exc: BaseException) -> str:
+    """The process-wide cause of a fault raised by a cache's method (get, put or
+    lease alike): the cache and the fault, so one cause warns once."""
+    return f"cache {cache!r}: {errno_cause(exc)}"
+
+
 class WarnOnce:
     """Mixin for every backend: counters, and one warning per cause (later ones at
-    DEBUG). Subclasses set ``_state_lock``, ``_warned`` and ``_counters`` and name
-    themselves in ``_log_prefix``."""
+    DEBUG; ``_stats.first_time`` keeps the causes). Subclasses set ``_state_lock``,
+    ``_warned`` and ``_counters`` and name themselves in ``_log_prefix``."""
 
     _state_lock: threading.Lock
     _warned: set[str]
@@ -37,10 +64,7 @@ class WarnOnce:
             self._counters[name] += n
 
     def _warn_once(self, cause: str, message: str) -> None:
-        with self._state_lock:
-            first = cause not in self._warned
-            self._warned.add(cause)
-        if first:
+        if first_time(cause, self._warned):
             logger.warning(
                 "jaxaot %s: %s; further occurrences are logged at DEBUG",
                 self._log_prefix(),

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _filelease, _safefs
-from ._faults import errno_cause
+from ._faults import errno_cause, write_fault_text
 from ._protocol import Held, Lease
 from ._safefs import NotRegularFileError, open_dir, stat_nofollow
 from ._trust import Refused, check_trusted, signing, untrusted_writer
@@ -190,8 +190,11 @@ class LocalRoot:
             finally:
                 os.close(sfd)
         except Refused as r:
-            warn(f"lease {r.cause}", f"{r} (no lease on {key[:16]}: made here)")
-        except OSError as e:  # NotRegularFileError included
+            warn(r.cause, f"{r} (no lease on {key[:16]}: made here)")
+        except NotRegularFileError as e:
+            warn(f"lease {errno_cause(e)}", f"cannot lock {where} (not a regular file); made here")
+        except OSError as e:
+            # The cause a put's fault has too (a read-only mount, say): one warning for both.
             cause = errno_cause(e)
-            warn(f"lease {cause}", f"cannot lock {where} ({cause}: {e}); made here")
+            warn(cause, write_fault_text(cause, e, f"lease {where}"))
         return None

@@ -11,9 +11,11 @@ from collections import OrderedDict
 from typing import Any
 
 from ._faults import WarnOnce
-from ._protocol import check_key
+from ._protocol import INDEX_ITEM_BYTES, INDEX_ITEMS, check_key
 
 DEFAULT_MEMORY_BYTES = 1 << 30
+#: The most index tags kept (``note``), least recently noted dropped first.
+_INDEX_TAGS = 1024
 
 
 class MemoryCache(WarnOnce):
@@ -42,6 +44,7 @@ class MemoryCache(WarnOnce):
         self._counters = {"hits": 0, "misses": 0, "puts": 0, "evictions": 0}
         self._state_lock = threading.Lock()
         self._warned: set[str] = set()
+        self._index: OrderedDict[str, OrderedDict[str, bytes]] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"MemoryCache(max_bytes={self.max_bytes})"
@@ -105,7 +108,36 @@ class MemoryCache(WarnOnce):
         with self._lock:
             self._data.clear()
             self._hits.clear()
+            self._index.clear()
             self._bytes = 0
+
+    def note(self, tag: str, key: str, item: bytes) -> None:
+        """Notes ``item`` about ``key`` under ``tag`` (see ``_protocol.Indexing``)."""
+        check_key(tag)
+        check_key(key)
+        if len(item) > INDEX_ITEM_BYTES:
+            return
+        with self._lock:
+            noted = self._index.get(tag)
+            if noted is None:
+                noted = self._index[tag] = OrderedDict()
+                while len(self._index) > _INDEX_TAGS:
+                    self._index.popitem(last=False)
+            self._index.move_to_end(tag)
+            if key in noted:
+                return
+            noted[key] = bytes(item)
+            while len(noted) > INDEX_ITEMS:
+                noted.popitem(last=False)
+
+    def notes(self, tag: str) -> list[tuple[str, bytes]]:
+        """The notes under ``tag`` of stored entries, most recent first; no use of any."""
+        check_key(tag)
+        with self._lock:
+            noted = self._index.get(tag)
+            if noted is None:
+                return []
+            return [(k, v) for k, v in reversed(noted.items()) if k in self._data]
 
     def hit_count(self, key: str) -> int:
         """How many times ``get`` returned the value stored under ``key``."""

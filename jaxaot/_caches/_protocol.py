@@ -35,6 +35,9 @@ __all__ = [
     "EntryCheck",
     "Held",
     "HitCounting",
+    "INDEX_ITEMS",
+    "INDEX_ITEM_BYTES",
+    "Indexing",
     "Lease",
     "Leasing",
     "LocalFiles",
@@ -108,6 +111,31 @@ class HitCounting(Protocol):
     """How many times each entry was read."""
 
     def hit_count(self, key: str) -> int: ...
+
+
+#: The most notes an index keeps under one tag (the most recent ones).
+INDEX_ITEMS = 32
+#: Notes larger than this are not kept.
+INDEX_ITEM_BYTES = 64 << 10
+
+
+@runtime_checkable
+class Indexing(Protocol):
+    """Small notes about entries, kept under a *tag* beside the entries (never
+    listed, counted, evicted or served as entries): the store keeps one tag per
+    component and kind of entry, so that a miss can be explained from the entries
+    of its own component without reading any other.
+
+    ``note(tag, key, item)`` records ``item`` (at most :data:`INDEX_ITEM_BYTES`)
+    about the entry ``key`` under ``tag`` (both valid cache keys), keeping the
+    :data:`INDEX_ITEMS` most recent keys; a key already noted is left as it is.
+    ``notes(tag)`` returns ``(key, item)`` pairs, most recent first, for the
+    entries still stored. Neither is a use of any entry (no hit counted, no access
+    time refreshed), and neither raises for faults (a skipped note, no notes)."""
+
+    def note(self, tag: str, key: str, item: bytes) -> None: ...
+
+    def notes(self, tag: str) -> list[tuple[str, bytes]]: ...
 
 
 @runtime_checkable

@@ -1,8 +1,8 @@
 """A cache in a Redis server, shared by every process and machine that reaches it.
 
 Layout: one plain string value per entry, under ``<prefix><key>`` (the default
-prefix is ``jaxaot:``). Nothing else is stored; several caches can share one
-database under different prefixes.
+prefix is ``jaxaot:``), plus leases and notes (below); several caches can share
+one database under different prefixes.
 
 Guarantees:
 
@@ -30,6 +30,11 @@ Guarantees:
   (they miss or skip immediately), then the next call tries again; once the
   server answers, hits resume.
 
+Notes (``note``/``notes``, see ``_protocol.Indexing``): a list under
+``<prefix>index:<tag>`` of ``<key> <note>`` items, most recent first, trimmed to
+``INDEX_ITEMS`` (``LPUSH``, ``LTRIM``); they are not entries, so ``keys``,
+``clear`` and ``stats`` never see them.
+
 Leases (``lease``, see ``_redislease``): ``SET <prefix>lease:<key> <record> NX
 PX <ttl>``, renewed and released only by their holder; a server that is down
 lends none, and the entry is made locally as without leases.
@@ -53,7 +58,7 @@ from typing import Any
 
 from . import _redislease
 from ._faults import FaultTracking
-from ._protocol import Held, Lease, check_key, is_removable
+from ._protocol import INDEX_ITEM_BYTES, INDEX_ITEMS, Held, Lease, check_key, is_removable
 from ._trust import warn_unsigned_remote
 
 __all__ = ["DEFAULT_BACKOFF", "LIST_DEADLINE_FACTOR", "RedisCache", "redact_url"]
@@ -73,6 +78,7 @@ _KEY_RE = re.compile(r"^[0-9a-f]{16,128}$")
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 _SCAN_COUNT = 1000
 _BATCH = 500
+_INDEX_PREFIX = "index:"
 
 
 def _url_secrets(url: str) -> list[str]:
@@ -469,6 +475,51 @@ class RedisCache(FaultTracking):
         after it was taken or last renewed; ``None`` while the server fails."""
         name = self.prefix + _redislease.LEASE_PREFIX + check_key(key)
         return _redislease.take(self._run, name, key, ttl)
+
+    def note(self, tag: str, key: str, item: bytes) -> None:
+        """Notes ``item`` about ``key`` under ``tag`` (see ``_protocol.Indexing``);
+        a fault skips it."""
+        name = self.prefix + _INDEX_PREFIX + check_key(tag)
+        check_key(key)
+        if len(item) > INDEX_ITEM_BYTES:
+            return
+        head = key.encode("ascii") + b" "
+
+        def add(client: Any) -> None:
+            noted = client.lrange(name, 0, INDEX_ITEMS - 1) or []
+            if any(isinstance(n, bytes) and n.startswith(head) for n in noted):
+                return
+            pipe = client.pipeline(transaction=False)
+            pipe.lpush(name, head + bytes(item))
+            pipe.ltrim(name, 0, INDEX_ITEMS - 1)
+            if self.ttl is not None:
+                pipe.pexpire(name, max(1, int(round(self.ttl * 1000))))
+            pipe.execute()
+
+        self._run(f"note under {tag[:16]}", add)
+
+    def notes(self, tag: str) -> list[tuple[str, bytes]]:
+        """The notes under ``tag`` of stored entries, most recent first (``LRANGE``
+        and ``EXISTS``: no entry is read)."""
+        name = self.prefix + _INDEX_PREFIX + check_key(tag)
+
+        def read(client: Any) -> list[tuple[str, bytes]]:
+            found: list[tuple[str, bytes]] = []
+            for n in client.lrange(name, 0, INDEX_ITEMS - 1) or []:
+                key, _, item = bytes(n).partition(b" ")
+                text = key.decode("ascii", "replace")
+                if _KEY_RE.match(text) and text not in {k for k, _ in found}:
+                    found.append((text, item))
+            if not found:
+                return []
+            pipe = client.pipeline(transaction=False)
+            for text, _ in found:
+                pipe.exists(self.prefix + text)
+            held = pipe.execute()
+            return [f for f, h in zip(found, held, strict=True) if h]
+
+        ok, got = self._run(f"notes under {tag[:16]}", read)
+        return got if ok and isinstance(got, list) else []
 
     def _run(self, what: str, fn: Callable[[Any], Any]) -> tuple[bool, Any]:
         """``(True, fn(client))`` within the call deadline, or ``(False, None)`` on any

@@ -25,10 +25,12 @@ from typing import Any
 
 from ._faults import WarnOnce
 from ._protocol import (
+    INDEX_ITEMS,
     BadEntry,
     Cache,
     EntryCheck,
     Held,
+    Indexing,
     Lease,
     Leasing,
     Quarantining,
@@ -278,6 +280,28 @@ class TieredCache(WarnOnce):
                     self._tier_failed(i, "lease", e)
                     return None
         return None
+
+    def note(self, tag: str, key: str, item: bytes) -> None:
+        """Notes ``item`` about ``key`` under ``tag`` in every tier that keeps notes."""
+        for i, tier in enumerate(self.tiers):
+            if isinstance(tier, Indexing):
+                try:
+                    tier.note(tag, key, item)
+                except Exception as e:
+                    self._tier_failed(i, "note", e)
+
+    def notes(self, tag: str) -> list[tuple[str, bytes]]:
+        """The notes under ``tag`` from the tiers that keep them, fastest tier first,
+        each key once (no entry is read)."""
+        found: dict[str, bytes] = {}
+        for i, tier in enumerate(self.tiers):
+            if isinstance(tier, Indexing):
+                try:
+                    for key, item in tier.notes(tag):
+                        found.setdefault(key, item)
+                except Exception as e:
+                    self._tier_failed(i, "notes", e)
+        return list(found.items())[:INDEX_ITEMS]
 
     def quarantine(self, key: str, *, force: bool = False) -> None:
         """Removes a bad entry: from the tier that last served ``key`` and the faster

@@ -1,5 +1,12 @@
 """A component's arguments: which are static, which are donated, their names, and
-the flat array inputs of a call (errors name the component and the argument)."""
+the flat array inputs of a call (errors name the component and the argument).
+
+The errors for bad arguments are made here once, for ``jaxaot.component`` and
+``jaxaot.jit`` alike: a leaf that is not an array (by its path, as
+``jax.tree_util.keystr`` writes it: ``params['scale']``, ``m.activation``), a
+static value that is not hashable (in ``jax.jit``'s words), and a static
+value with no stable value form (components only: their keys outlive the
+process)."""
 
 from __future__ import annotations
 
@@ -11,18 +18,78 @@ import jax
 import numpy as np
 
 from .._jax import Tracer
-from .._keys._text import stable_repr
+from .._keys._text import stable_repr, unstable_part
 from ._types import ARRAY_SCALARS
 
-__all__ = ["Arguments", "as_ints"]
+__all__ = ["Arguments", "NonHashableStaticError", "as_ints"]
 
 
-def as_ints(value: int | Sequence[int], what: str, name: str) -> tuple[int, ...]:
-    """``value`` (an int or ints) as a tuple; TypeError naming ``what`` and the component."""
+#: Static values whose key text an ``Arguments`` remembers (see ``_static_text``).
+_MAX_TEXTS = 256
+
+
+class NonHashableStaticError(ValueError, TypeError):
+    """A static argument that cannot be hashed: a ``ValueError`` as ``jax.jit``
+    raises, and a ``TypeError`` as for any other bad argument of a component."""
+
+
+def _what(value: Any) -> str:
+    """``value``'s type and a short repr, for messages (a function by its name,
+    which says more than an address: ``jax.nn.relu`` is a ``custom_jvp``)."""
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    module = getattr(value, "__module__", None)
+    if callable(value) and isinstance(name, str):
+        where = f"{module}.{name}" if isinstance(module, str) else name
+        return f"{type(value).__name__} {where}"
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def unhashable_static(who: str, name: str, value: Any, error: Exception) -> NonHashableStaticError:
+    """The error for a static argument ``name`` that failed to hash with ``error``:
+    ``jax.jit``'s words, after the function and the argument."""
+    return NonHashableStaticError(
+        f"{who}: static argument {name!r} is not hashable. Non-hashable static arguments "
+        "are not supported. An error occurred while trying to hash an object of type "
+        f"{type(value)}, {_what(value).split(' ', 1)[1]}. The error was:\n"
+        f"{type(error).__name__}: {error}\n"
+        "Pass a hashable value instead: a tuple for a list, a frozen dataclass or a "
+        "NamedTuple for a dict or a mutable object."
+    )
+
+
+def not_an_array(who: str, path: str, value: Any) -> TypeError:
+    """The error for an argument leaf at ``path`` that is not an array."""
+    hint = ""
+    if callable(value):
+        hint = (
+            " A function inside an argument (a field of a module) is not an array: mark "
+            "the field static (eqx.field(static=True), flax.struct.field(pytree_node=False)), "
+            "pass the function as a static argument, or split the module into its arrays "
+            "and the rest (eqx.partition(model, eqx.is_array), then eqx.combine inside)."
+        )
+    return TypeError(
+        f"{who}: the argument at path {path} is a {_what(value)}, not an array. Pass "
+        f"arrays, or mark the argument static with static_argnums/static_argnames.{hint}"
+    )
+
+
+def check_hashable(who: str, name: str, value: Any) -> None:
+    """Raises :class:`NonHashableStaticError` where ``value`` cannot be hashed."""
+    try:
+        hash(value)
+    except Exception as e:  # whatever __hash__ raises, as jax.jit reports it
+        raise unhashable_static(who, name, value, e) from None
+
+
+def as_ints(value: int | Sequence[int], what: str, who: str) -> tuple[int, ...]:
+    """``value`` (an int or ints) as a tuple; TypeError naming ``what`` and ``who``
+    (``jaxaot.component 'f'``)."""
     items = (value,) if isinstance(value, int) else tuple(value)
     for v in items:
         if not isinstance(v, int) or isinstance(v, bool):
-            raise TypeError(f"jaxaot.component {name!r}: {what} must be ints, got {v!r}")
+            raise TypeError(f"{who}: {what} must be ints, got {v!r}")
     return items
 
 
@@ -30,8 +97,10 @@ class Arguments:
     """How the component ``name`` of ``fun`` takes its arguments.
 
     ``static_argnums`` and ``static_argnames`` are completed from each other
-    through the signature (as ``jax.jit`` does); static values must have a
-    stable text (they are key parts)."""
+    through the signature (as ``jax.jit`` does); static values must be hashable
+    and, for :meth:`split` (a component's: they are key parts), have a stable
+    text. ``kind`` names the API in messages (``jaxaot.component``,
+    ``jaxaot.jit``)."""
 
     def __init__(
         self,
@@ -40,8 +109,10 @@ class Arguments:
         static_argnums: int | Sequence[int],
         static_argnames: str | Sequence[str],
         donate_argnums: int | Sequence[int],
+        kind: str = "jaxaot.component",
     ) -> None:
         self.name = name
+        self.who = f"{kind} {name!r}"
         try:
             self.signature: inspect.Signature | None = inspect.signature(fun)
         except (TypeError, ValueError):
@@ -49,18 +120,22 @@ class Arguments:
         self.static_argnums, self.static_argnames = self._normalize_static(
             static_argnums, static_argnames
         )
-        self.donate_argnums = as_ints(donate_argnums, "donate_argnums", name)
+        self.donate_argnums = as_ints(donate_argnums, "donate_argnums", self.who)
+        # The key text of static values seen before, by identity (the value is
+        # held, so its id is not reused): spelling a config of functions walks
+        # their code and closures on every call otherwise. Like jax.jit, which keys
+        # a function by identity, a function whose closure cell is rebound later
+        # keeps the key of its first call in this process.
+        self._texts: dict[int, tuple[Any, str]] = {}
 
     def _normalize_static(
         self, argnums: int | Sequence[int], argnames: str | Sequence[str]
     ) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        nums = as_ints(argnums, "static_argnums", self.name)
+        nums = as_ints(argnums, "static_argnums", self.who)
         names = (argnames,) if isinstance(argnames, str) else tuple(argnames)
         for n in names:
             if not isinstance(n, str):
-                raise TypeError(
-                    f"jaxaot.component {self.name!r}: static_argnames must be strings, got {n!r}"
-                )
+                raise TypeError(f"{self.who}: static_argnames must be strings, got {n!r}")
         if self.signature is not None:
             params = list(self.signature.parameters.values())
             positional = [
@@ -113,33 +188,66 @@ class Arguments:
             try:
                 self.signature.bind(*args, **kwargs)
             except TypeError as e:
-                raise TypeError(f"jaxaot.component {self.name!r}: {e}") from None
+                raise TypeError(f"{self.who}: {e}") from None
         names = self.names(args)
         statics: list[tuple[str, str]] = []
         dyn_args = []
         static_pos = self.static_positions(len(args))
         for i, a in enumerate(args):
             if i in static_pos:
-                statics.append((names[i] or f"args[{i}]", self._static_repr(a, names[i] or str(i))))
+                name = names[i] or f"args[{i}]"
+                statics.append((name, self._static_text(a, name)))
             else:
                 dyn_args.append(a)
         dyn_kwargs = {}
         for k in sorted(kwargs):
             if k in self.static_argnames:
-                statics.append((k, self._static_repr(kwargs[k], k)))
+                statics.append((k, self._static_text(kwargs[k], k)))
             else:
                 dyn_kwargs[k] = kwargs[k]
         return tuple(dyn_args), dyn_kwargs, tuple(statics)
 
-    def _static_repr(self, value: Any, name: str) -> str:
+    def check_statics(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Raises :class:`NonHashableStaticError` for a static argument that cannot
+        be hashed (``jax.jit``'s error, naming the argument)."""
+        names = self.names(args)
+        for i in sorted(self.static_positions(len(args))):
+            check_hashable(self.who, names[i] or f"args[{i}]", args[i])
+        for k in sorted(kwargs):
+            if k in self.static_argnames:
+                check_hashable(self.who, k, kwargs[k])
+
+    def _static_text(self, value: Any, name: str) -> str:
+        """The key text of the static argument ``name``.
+
+        Raises:
+          NonHashableStaticError: it cannot be hashed (as ``jax.jit`` raises).
+          TypeError: it has no stable value form (its text would differ between
+            processes, or its only identity is its address), naming the part.
+        """
+        known = self._texts.get(id(value))
+        if known is not None and known[0] is value:
+            return known[1]
+        check_hashable(self.who, name, value)
         text = stable_repr(value)
-        if text is None:
-            raise TypeError(
-                f"jaxaot.component {self.name!r}: static argument {name!r} must be hashable "
-                "with a stable repr (None, bool, int, float, complex, str, bytes, an enum member, "
-                f"a dtype, or a tuple of those); got {type(value).__name__}"
-            )
-        return text
+        if text is not None:
+            if len(self._texts) >= _MAX_TEXTS:
+                self._texts.clear()
+            self._texts[id(value)] = (value, text)
+            return text
+        where, part, why = unstable_part(value) or ("", value, "it has no stable value form")
+        inner = f"; {name}{where} is a {_what(part)}" if where else ""
+        raise TypeError(
+            f"{self.who}: static argument {name!r} is a {_what(value)}, which has no value "
+            f"form that is the same in every process{inner} ({why}), so it cannot be part of "
+            "a cache key. Static arguments of components are keyed by value: None, bool, "
+            "int, float, complex, str, bytes, enum members, NumPy and JAX dtypes, classes "
+            "and functions defined at module level (or closures over such values), "
+            "functools.partial of those, and tuples, frozensets, NamedTuples and frozen "
+            "dataclasses (flax.struct, Equinox modules) of those. Pass such a value, or let "
+            "the function see this one by name (a closure or a global) instead: a default "
+            "key is the traced program, which covers what the value does."
+        )
 
     def flatten(
         self, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any], allow_sds: bool
@@ -157,26 +265,38 @@ class Arguments:
                 allow_sds and isinstance(leaf, jax.ShapeDtypeStruct)
             )
             if not ok:
-                raise TypeError(
-                    f"jaxaot.component {self.name!r}: argument {self._path_name(path)!r} "
-                    f"is a {type(leaf).__name__}, not an array; pass arrays (or mark the argument "
-                    "static with static_argnums/static_argnames)"
-                )
+                raise not_an_array(self.who, self.path_name(path, len(dyn_args)), leaf)
             leaves.append(leaf)
         return leaves, in_tree
 
-    def _path_name(self, path: tuple[Any, ...]) -> str:
-        head, *rest = path[1:] if path else ()
-        suffix = jax.tree_util.keystr(tuple(rest))
-        if path and isinstance(path[0], jax.tree_util.SequenceKey) and path[0].idx == 0:
-            idx = head.idx
-            params = list(self.signature.parameters) if self.signature else []
-            dyn_names = [
-                n
-                for i, n in enumerate(params)
-                if i not in self.static_argnums and n not in self.static_argnames
-            ]
-            base = dyn_names[idx] if idx < len(dyn_names) else f"args[{idx}]"
+    def leaf_error(
+        self, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any], index: int
+    ) -> TypeError:
+        """The error for the flat input ``index`` of these dynamic arguments, which
+        is not an array (by its path)."""
+        path, leaf = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0][index]
+        return not_an_array(self.who, self.path_name(path, len(dyn_args)), leaf)
+
+    def path_name(self, path: tuple[Any, ...], n_dynamic: int) -> str:
+        """The name of the leaf at ``path`` in ``(dynamic args, dynamic kwargs)`` with
+        ``n_dynamic`` dynamic positional arguments: the parameter's name, then the
+        path within it as ``jax.tree_util.keystr`` writes it (``params['scale']``,
+        ``m.activation``)."""
+        if len(path) < 2:
+            return jax.tree_util.keystr(tuple(path))
+        where, head, rest = path[0], path[1], tuple(path[2:])
+        suffix = jax.tree_util.keystr(rest)
+        if isinstance(where, jax.tree_util.SequenceKey) and where.idx == 0:
+            idx = getattr(head, "idx", 0)
+            # The positions of the dynamic arguments among all positional ones.
+            for total in range(n_dynamic, n_dynamic + len(self.static_argnums) + 1):
+                static = self.static_positions(total)
+                if total - len(static) == n_dynamic:
+                    break
+            positions = [i for i in range(total) if i not in static]
+            names = self.names((None,) * total)
+            pos = positions[idx] if idx < len(positions) else idx
+            base = (names[pos] if pos < len(names) else "") or f"args[{pos}]"
         else:
             base = str(getattr(head, "key", head))
         return base + suffix

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 
 from .. import _stats
-from .._jax import BoundCall, bind_plainly, default_platform, hoisted, trace_context
+from .._jax import BoundCall, bind_plainly, default_platform, hoisted, pruned, trace_context
 from .._keys._key import ComponentKey
 from .._keys._program import program_parts
 from .._keys._text import tree_text
@@ -102,8 +102,10 @@ def _memo_key(call: BoundCall, avals: tuple[Any, ...]) -> tuple[Any, ...] | None
 
 def block_call(call: BoundCall) -> tuple[Call, tuple[Any, ...]]:
     """The component call standing for ``call``, and the operands to bind it with
-    (an inner ``jit``'s constants first)."""
-    call = hoisted(call)
+    (an inner ``jit``'s constants first; inputs the body never uses left out)."""
+    # Keyed by what it uses: inputs its body never reads are dropped, so layers
+    # handed more than they read (``hk.remat``'s whole state) key alike.
+    call, _ = pruned(hoisted(call))
     avals = tuple(aval_of(a) for a in call.args)
     memo = _memo_key(call, avals)
     made = _MADE.get(memo) if memo is not None else None

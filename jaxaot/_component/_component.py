@@ -64,7 +64,7 @@ from ._call import Call
 from ._entries import build_entry
 from ._parts import base_parts, types_text
 from ._plain import Devices, devices_from_json, devices_of, needs_plain_jax
-from ._rules import bind, naming
+from ._rules import OWN_LOWERING, bind, naming
 from ._types import aval_of, sds
 
 __all__ = ["Component"]
@@ -301,6 +301,16 @@ class Component(Generic[P, R]):
             raise
         except (NameError, AssertionError) as e:  # e.g. a collective over an unbound axis
             raise naming(e, self.name) from e
+        except TypeError as e:
+            if "not a valid JAX type" not in str(e) or "output" not in str(e):
+                raise
+            # A result that is not an array (a function field of a returned module):
+            # JAX's words, after the component's name and what to do.
+            raise TypeError(
+                f"jaxaot.component {self.name!r} returns a value that is not an array: {e}\n"
+                "Return arrays only: mark such a field static (eqx.field(static=True)), "
+                "or return eqx.filter(model, eqx.is_array) and eqx.combine it outside."
+            ) from e
 
     def _fresh(self) -> Callable[..., Any]:
         """The body as a fresh function object, so JAX's own trace cache (keyed by
@@ -483,7 +493,12 @@ class Component(Generic[P, R]):
                 root.host_callbacks = has_host_callbacks(stage.jaxpr)
                 return stage.lower().compile(), root
             call, _ = self._root_call(args, kwargs, allow_sds=True)
-            return self._jitted.trace(*args, **kwargs).lower().compile(), call.entry
+            token = OWN_LOWERING.set(self.name)
+            try:
+                lowered = self._jitted.trace(*args, **kwargs).lower()
+            finally:
+                OWN_LOWERING.reset(token)
+            return lowered.compile(), call.entry
 
         return self.store.executable(sig, key, compile, self._code_extra, in_tree), sig
 

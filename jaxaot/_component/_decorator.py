@@ -57,13 +57,18 @@ def component(
         str, int or tuple of those names it explicitly, without tracing (two
         functions with one key are taken to compute the same thing); a
         callable receives the call's arguments and returns such a value.
-      static_argnums, static_argnames: arguments passed as Python values
-        (hashable, with a stable repr), part of the key, as in ``jax.jit``.
+      static_argnums, static_argnames: arguments passed as Python values, part
+        of the key by value, as in ``jax.jit``: numbers, strings, enums, dtypes,
+        frozen dataclasses, NamedTuples, functions and tuples or frozensets of
+        those (see the docs' "Static arguments"); an unhashable value gets
+        ``jax.jit``'s error, a value without a stable form a ``TypeError``
+        naming it.
       donate_argnums: arguments whose buffers top-level calls may reuse.
 
     Host callbacks (``jax.debug.print``, ``jax.pure_callback``,
-    ``io_callback``) work in components, but their entries stay in this
-    process, and a callback must never call back into JAX.
+    ``io_callback``, Equinox's runtime checks) work in components and are
+    cached: a new process loads the executable with its own callbacks bound.
+    A callback must never call back into JAX.
 
     Example::
 

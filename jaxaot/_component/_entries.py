@@ -11,6 +11,7 @@ from .. import _stats
 from .._jax import has_host_callbacks, is_ordered_effect, module_to_bytecode
 from .._keys._key import ComponentKey
 from .._store._entry import Entry
+from .._store._readwrite import CALLBACKS_ONLY
 from ._cost import work_facts
 from ._plain import devices_of, devices_to_json, needs_context, needs_plain_jax
 from ._types import traced_under
@@ -48,7 +49,8 @@ def build_entry(
     # A program served as plain JAX: its entry is not lowered, and stays in this process.
     devices = devices_of(closed)
     plain = needs_plain_jax(devices)
-    local = callbacks or needs_context(closed) or plain is not None
+    context = needs_context(closed)
+    local = callbacks or context or plain is not None
     if not local and lower:
         platform = key.parts["platforms"][0]
         with traced_under((*closed.in_avals, *closed.out_avals)):
@@ -78,6 +80,9 @@ def build_entry(
         jaxpr=closed,
         effects=frozenset(closed.effects),
         extra={
+            # In this process only for its host callbacks: its executable can be
+            # cached where JAX can bind them again in another process.
+            **({CALLBACKS_ONLY: True} if callbacks and not context and plain is None else {}),
             **({"plain": plain} if plain else {}),
             **({"devices": devices_to_json(devices)} if devices else {}),
             **work_facts(closed),

@@ -25,6 +25,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from .. import _stats
 from .._jax import (
     KNOWN_PLATFORMS,
     Primitive,
@@ -33,6 +34,7 @@ from .._jax import (
     apply_primitive,
     batching,
     call_module_function,
+    has_host_callbacks,
     inline_jaxpr_lowering,
     lowering_platforms,
     not_mapped,
@@ -52,6 +54,13 @@ component_p.multiple_results = True
 # compiling while the rest of the program is still being traced.
 PREFETCH: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
     "jaxaot_prefetch", default=None
+)
+
+# The component whose own top-level executable is being lowered now: its body
+# inlined there is the executable itself (cached, callbacks rebound), not a
+# caller's program.
+OWN_LOWERING: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "jaxaot_own_lowering", default=None
 )
 
 
@@ -140,6 +149,23 @@ def _lower(
     if entry.stablehlo is None:
         if entry.jaxpr is None:
             raise RuntimeError(f"jaxaot.component {call.name!r}: entry has no lowering")
+        if (
+            entry.host_callbacks
+            and OWN_LOWERING.get() != call.name
+            and hasattr(call.component, "__wrapped__")  # a user's component, not a block
+            and not in_regional_trace()
+            and has_host_callbacks(entry.jaxpr)
+        ):
+            # Its StableHLO would hold this process's callbacks: linked into a
+            # caller, it is lowered with the caller's program in every process.
+            _stats.warn_once(
+                f"callbacks-inlined:{call.name}",
+                f"jaxaot: component {call.name!r} calls the host (jax.debug.print, "
+                "pure_callback, io_callback, Equinox checks): inside jax.jit it is "
+                "lowered and compiled with its caller in each process, not loaded from "
+                "the cache; its top-level calls, and jaxaot.jit programs that call it, "
+                "are cached",
+            )
         try:
             return inline_jaxpr_lowering(ctx, entry.jaxpr, args)
         except Exception as e:

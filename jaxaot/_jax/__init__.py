@@ -6,6 +6,8 @@ the small surface jaxaot depends on:
 
 * ``_jaxpr``: jaxpr types, walking jaxprs, call bodies, effects and callbacks;
 * ``_intercept``: seeing inner ``jit`` and ``checkpoint`` calls as they are bound;
+* ``_callbacks``: host callbacks in serialized executables, bound again in the
+  process that loads them;
 * ``_interpret``: evaluating a jaxpr equation by equation, binding one equation;
 * ``_primitive``: defining a primitive (abstract evaluation, lowering,
   batching, JVP, linearization, transpose), linking a StableHLO module into
@@ -36,6 +38,15 @@ between those versions are all handled here, keyed on the installed version
   ``_runtime.one_auto_layout``).
 """
 
+from ._callbacks import (
+    CallbacksNotRebindable,
+    callback_functions,
+    called_callbacks,
+    is_callback_equation,
+    rebind_unsupported,
+    register_program,
+    serialize_with_callbacks,
+)
 from ._intercept import (
     BoundCall,
     bind_plainly,
@@ -44,7 +55,9 @@ from ._intercept import (
     hoisted,
     intercepting,
     is_inline,
+    is_plain_jit,
     not_intercepting,
+    pruned,
     within,
 )
 from ._interpret import bind_equation, evaluate
@@ -87,8 +100,10 @@ from ._primitive import (
     register_lowering,
 )
 from ._runtime import (
+    EXCLUDED_FLAGS,
     KNOWN_PLATFORMS,
     canonical_platform,
+    compile_flags,
     cpp_dispatcher,
     default_platform,
     deserialize_executable,
@@ -107,6 +122,7 @@ one_auto_layout()
 __all__ = [
     "CALL_PRIMITIVES",
     "ELEMENTWISE_ARITHMETIC",
+    "EXCLUDED_FLAGS",
     "JAX_VERSION",
     "KNOWN_PLATFORMS",
     "SUPPORTED_JAX",
@@ -124,12 +140,20 @@ __all__ = [
     "batch_jaxpr",
     "batching",
     "bind_equation",
+    "callback_functions",
+    "called_callbacks",
+    "CallbacksNotRebindable",
+    "is_callback_equation",
+    "rebind_unsupported",
+    "register_program",
+    "serialize_with_callbacks",
     "bind_plainly",
     "call_jaxpr",
     "current_trace",
     "call_body",
     "call_module_function",
     "canonical_platform",
+    "compile_flags",
     "cpp_dispatcher",
     "default_platform",
     "deserialize_executable",
@@ -142,6 +166,8 @@ __all__ = [
     "inline_jaxpr_lowering",
     "intercepting",
     "is_inline",
+    "is_plain_jit",
+    "pruned",
     "is_ordered_effect",
     "jaxpr_as_fun",
     "jaxprs_in_params",

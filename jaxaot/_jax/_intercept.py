@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
+import jax
 from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import core as _core
 from jax._src import pjit as _pjit
@@ -33,6 +35,8 @@ __all__ = [
     "hoisted",
     "intercepting",
     "is_inline",
+    "is_plain_jit",
+    "pruned",
     "not_intercepting",
     "within",
 ]
@@ -118,6 +122,34 @@ def hoisted(call: BoundCall) -> BoundCall:
     return BoundCall(call.kind, params, (*closed.consts, *call.args))
 
 
+def pruned(call: BoundCall) -> tuple[BoundCall, tuple[bool, ...]]:
+    """``call`` without the inputs its body never uses, and which inputs it keeps.
+
+    A layer that receives more than it reads (``hk.remat`` passes the whole Haiku
+    state into each layer's checkpoint) then has the inputs and the body of every
+    other such layer. The call computes the same: only unused inputs go."""
+    closed = call.params["jaxpr"]
+    jaxpr = getattr(closed, "jaxpr", closed)
+    if getattr(closed, "consts", ()):
+        return call, (True,) * len(call.args)
+    try:
+        new, used = _pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=False)
+    except Exception:  # a body JAX cannot prune: kept whole
+        return call, (True,) * len(call.args)
+    keep = tuple(bool(u) for u in used)
+    if all(keep):
+        return call, keep
+    params = dict(call.params)
+    # An inner jit's body is closed (its constants were hoisted into inputs); a
+    # checkpoint's is open.
+    params["jaxpr"] = ClosedJaxpr(new, ()) if call.kind == "jit" else new
+    for name in ("in_shardings", "in_layouts", "donated_invars"):
+        if name in params:
+            params[name] = tuple(p for p, k in zip(params[name], keep, strict=True) if k)
+    args = tuple(a for a, k in zip(call.args, keep, strict=True) if k)
+    return BoundCall(call.kind, params, args), keep
+
+
 def call_jaxpr(call: BoundCall) -> Any:
     """The body of ``call`` (a jaxpr, closed or not)."""
     return call.params["jaxpr"]
@@ -130,9 +162,45 @@ def call_jaxpr(call: BoundCall) -> Any:
 _INLINED_BY_JAX = frozenset(["jax_early", "jax_late"])
 
 
+# Where JAX's own code lives: an inner jit whose function is defined below it is
+# one of JAX's helpers (``jnp.var``, ``jax.random.normal``'s ``_normal``,
+# ``jax.nn`` functions), whatever its ``inline`` flag says.
+_JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
+
+
+def is_jax_helper(call: BoundCall) -> bool:
+    """Whether ``call``'s function is defined in JAX's own code (``jax.numpy``,
+    ``jax.nn``, ``lax``, ``jax.random``...), found by where its source lives."""
+    closed = call.params.get("jaxpr")
+    debug = getattr(getattr(closed, "jaxpr", closed), "debug_info", None)
+    where = getattr(debug, "func_src_info", None)
+    if not isinstance(where, str) or " at " not in where:
+        return False
+    path = where.rsplit(" at ", 1)[1].rsplit(":", 1)[0]
+    return os.path.abspath(path).startswith(_JAX_DIR)
+
+
+def is_plain_jit(call: BoundCall) -> bool:
+    """Whether ``call`` is an inner ``jit`` that asks for nothing its body does not
+    say: no input or output shardings, no donated inputs, no layouts. Inlining it
+    then computes and places exactly what binding it would."""
+    if call.kind != "jit":
+        return False
+    params = call.params
+    shardings = (*params.get("in_shardings", ()), *params.get("out_shardings", ()))
+    layouts = (*params.get("in_layouts", ()), *params.get("out_layouts", ()))
+    return (
+        all(s is UNSPECIFIED for s in shardings)
+        and all(layout is None for layout in layouts)
+        and not any(params.get("donated_invars", ()))
+    )
+
+
 def is_inline(call: BoundCall) -> bool:
     """Whether ``call`` is an inner ``jit`` JAX inlines anyway (``jax.numpy``'s own,
-    or one made with ``inline=True``)."""
+    or one made with ``inline=True``), or one of JAX's own helpers."""
+    if call.kind == "jit" and is_jax_helper(call):
+        return True
     inline = call.params.get("inline", False)
     if isinstance(inline, bool):  # JAX before 0.12
         return inline

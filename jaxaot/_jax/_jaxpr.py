@@ -33,6 +33,7 @@ __all__ = [
     "Zero",
     "apply_primitive",
     "call_body",
+    "component_callback_jaxpr",
     "has_host_callbacks",
     "is_ordered_effect",
     "jaxpr_as_fun",
@@ -84,9 +85,31 @@ def _is_callback(primitive: Any) -> bool:
     return primitive in _CALLBACK_PRIMITIVES or name in _CALLBACK_NAMES or name.endswith("callback")
 
 
+def component_callback_jaxpr(eqn: Any) -> Any | None:
+    """The jaxpr of the entry a ``jaxaot_component`` equation calls, where that entry
+    is kept in its process for its host callbacks (and so is lowered inline, its
+    callbacks with it); ``None`` for any other equation."""
+    if eqn.primitive.name != "jaxaot_component":
+        return None
+    entry = getattr(eqn.params.get("call"), "entry", None)
+    if not getattr(entry, "host_callbacks", False):
+        return None
+    return getattr(entry, "jaxpr", None)
+
+
 def has_host_callbacks(closed_jaxpr: Any) -> bool:
-    """Whether the jaxpr (or any jaxpr nested in it) calls back into Python."""
-    return any(_is_callback(eqn.primitive) for j in walk_jaxprs(closed_jaxpr) for eqn in j.eqns)
+    """Whether the jaxpr (or any jaxpr nested in it, or in a component it calls)
+    calls back into Python."""
+    stack = [closed_jaxpr]
+    while stack:
+        for j in walk_jaxprs(stack.pop()):
+            for eqn in j.eqns:
+                if _is_callback(eqn.primitive):
+                    return True
+                inner = component_callback_jaxpr(eqn)
+                if inner is not None:
+                    stack.append(inner)
+    return False
 
 
 def is_ordered_effect(effect: Any) -> bool:

@@ -2,11 +2,14 @@
 names, the tracing context ``jax.jit``'s caches key on, the concrete shardings
 JAX's device assignment sees in a jaxpr, the distributed runtime's key-value
 client, one ``AutoLayout`` (types made again by pickling compare equal),
-serialized executables, and JAX's C++ dispatcher over executables.
+serialized executables, JAX's C++ dispatcher over executables, and the
+compiler flags that key an executable.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,8 +18,10 @@ from jax._src import xla_bridge as _xb
 from jax.sharding import Sharding
 
 __all__ = [
+    "EXCLUDED_FLAGS",
     "KNOWN_PLATFORMS",
     "canonical_platform",
+    "compile_flags",
     "cpp_dispatcher",
     "default_platform",
     "deserialize_executable",
@@ -191,3 +196,64 @@ def fastpath_miss(
     if miss is None:
         return compiled(*args, **kwargs), None, False
     return miss(*args, **kwargs)  # type: ignore[no-any-return]
+
+
+# -- compiler flags that key an executable ----------------------------------------
+
+# The flags JAX's persistent cache leaves out of its keys because they cannot
+# change the compiled code (dump and debug output, the simulated device count,
+# which the device count keys anyway): ``xla_flags_to_exclude_from_cache_key``
+# in ``jax/_src/cache_key.py``, read from the installed JAX so that jaxaot
+# leaves out exactly what that JAX leaves out. The fallback is that list as of
+# jax 0.10.2, for a JAX that moved it.
+_FALLBACK_EXCLUDED = (
+    "--xla_dump_compress_protos",
+    "--xla_dump_module_metadata",
+    "--xla_dump_max_hlo_modules",
+    "--xla_dump_include_timestamp",
+    "--xla_dump_hlo_pass_re",
+    "--xla_dump_hlo_module_re",
+    "--xla_dump_hlo_snapshots",
+    "--xla_dump_fusion_visualization",
+    "--xla_dump_hlo_as_url",
+    "--xla_dump_hlo_as_proto",
+    "--xla_dump_hlo_as_text",
+    "--xla_dump_hlo_as_long_text",
+    "--xla_dump_hlo_as_html",
+    "--xla_dump_hlo_as_dot",
+    "--xla_dump_to",
+    "--xla_force_host_platform_device_count",
+    "--xla_dump_disable_metadata",
+    "--xla_dump_hlo_pipeline_re",
+    "--xla_gpu_cuda_data_dir",
+    "--xla_gpu_experimental_autotune_cache_mode",
+)
+
+
+def _excluded_flags() -> frozenset[str]:
+    try:
+        from jax._src import cache_key
+
+        return frozenset(cache_key.xla_flags_to_exclude_from_cache_key)
+    except (ImportError, AttributeError):
+        return frozenset(_FALLBACK_EXCLUDED)
+
+
+EXCLUDED_FLAGS = _excluded_flags()
+
+
+def _kept(flags: Sequence[str]) -> str:
+    return " ".join(f for f in flags if f.split("=", 1)[0] not in EXCLUDED_FLAGS)
+
+
+def compile_flags() -> tuple[tuple[str, str], ...]:
+    """The compiler flags of this process that can change compiled code, as key
+    parts: ``XLA_FLAGS`` (with the ``--xla`` arguments of the command line, which
+    XLA also reads) and ``LIBTPU_INIT_ARGS``, in their order, less the flags JAX's
+    own cache key leaves out."""
+    xla = os.environ.get("XLA_FLAGS", "").split()
+    xla += [a for a in sys.argv[1:] if a.startswith("--xla")]
+    return (
+        ("xla_flags", _kept(xla)),
+        ("libtpu_init_args", _kept(os.environ.get("LIBTPU_INIT_ARGS", "").split())),
+    )

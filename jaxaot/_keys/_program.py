@@ -17,7 +17,12 @@ reduces a closed jaxpr to key parts that are the same in every process:
   that changes changes the key.
 
 The parts are separate so that :meth:`ComponentKey.explain` can say which of
-them changed.
+them changed. The ``program`` part also carries explanation data (a
+:class:`~jaxaot._keys._key.Described` string: never a part, so the digest is
+the same with or without it): the arguments' paths, each top-level constant's
+value as short text, and each top-level equation as ``primitive:digest``
+(bounded in number), so that an explanation can name the constant or the
+equation that changed.
 """
 
 from __future__ import annotations
@@ -26,15 +31,26 @@ import enum
 import functools
 import hashlib
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, Tracer, bind_equation, named_shardings
+from .._jax import (
+    ClosedJaxpr,
+    DropVar,
+    Jaxpr,
+    Literal,
+    Tracer,
+    bind_equation,
+    called_callbacks,
+    is_callback_equation,
+    named_shardings,
+)
+from ._callbacks import callback_text, register_callbacks
 from ._closure import ClosureError
-from ._key import ComponentKey
+from ._key import ComponentKey, Described
 from ._sharding import sharded_type, sharding_text, value_text
 from ._text import jax_type_text, strip_addresses
 
@@ -43,6 +59,10 @@ __all__ = ["content_digest", "program_parts"]
 _RULE_PRIMITIVES = ("custom_jvp_call", "custom_vjp_call")
 _COMPONENT_PRIMITIVE = "jaxaot_component"
 _MAX_RULE_DEPTH = 2
+#: Bounds on the explanation data a program key carries: equations listed, and
+#: characters of a constant's value text.
+_ABOUT_EQNS = 512
+_ABOUT_TEXT = 60
 
 
 def content_digest(value: Any) -> str:
@@ -106,11 +126,25 @@ class _Canonical:
         self.consts: list[str] = []
         self.rules: list[tuple[str, str]] = []
         self.depth = 0
+        # Callback equations, in the order visited: rebound by index when an
+        # executable with host callbacks is loaded (``_jax._callbacks``).
+        self.callbacks: list[Any] = []
+        # Explanation data (top level only): constants as text, equations as
+        # ``primitive:digest`` (the digest over everything the equation emits).
+        self.const_texts: list[str] = []
+        self.eqns: list[str] = []
+        self.eqn_count = 0
+        self._eqn: Any = None
+        self._nesting = 0
 
     def emit(self, *items: str) -> None:
         for item in items:
-            self.hash.update(item.encode("utf-8", "backslashreplace"))
+            data = item.encode("utf-8", "backslashreplace")
+            self.hash.update(data)
             self.hash.update(b"\0")
+            if self._eqn is not None:
+                self._eqn.update(data)
+                self._eqn.update(b"\0")
 
     def const(self, value: Any, where: str) -> str:
         if isinstance(value, Tracer):
@@ -129,6 +163,7 @@ class _Canonical:
             digests.append(digest)
             if top:
                 self.consts.append(f"{jax_type_text(jax.typeof(c))}:{digest}")
+                self.const_texts.append(_value_text(c))
         # The program's own constants are a part of their own (``consts``), so
         # that an explanation can say which one changed; nested ones count here.
         self.emit("closed", str(len(digests)), *([] if top else digests))
@@ -148,22 +183,44 @@ class _Canonical:
             return f"v{n}:{jax_type_text(v.aval)}"
 
         self.emit("jaxpr", *[var(v) for v in jaxpr.constvars], "|", *[var(v) for v in jaxpr.invars])
-        for eqn in jaxpr.eqns:
-            ins = [var(v) for v in eqn.invars]
-            self.emit("eqn", eqn.primitive.name, *ins)
-            for name in sorted(eqn.params):
-                self.emit(name)
-                if name == "devices" and eqn.primitive.name == _COMPONENT_PRIMITIVE:
-                    # A component call's device witness: keyed by the devices it names
-                    # (its own equations' parameters depend on the context it was made in).
-                    self.emit(*(sharding_text(s) for s in named_shardings(eqn.params[name])))
-                else:
-                    self.param(eqn.params[name])
-            self.emit("->", *[var(v) for v in eqn.outvars])
-            if eqn.primitive.name in _RULE_PRIMITIVES:
-                self.rule(eqn)
+        top = self._nesting == 0
+        self._nesting += 1
+        try:
+            for eqn in jaxpr.eqns:
+                if top:
+                    self._eqn = hashlib.sha256()
+                self.eqn(eqn, var)
+                if top:
+                    self.eqn_count += 1
+                    if len(self.eqns) < _ABOUT_EQNS:
+                        literals = ",".join(
+                            _value_text(v.val) for v in eqn.invars if isinstance(v, Literal)
+                        )
+                        item = f"{eqn.primitive.name}:{self._eqn.hexdigest()[:12]}:{literals}"
+                        self.eqns.append(item[: _ABOUT_TEXT * 2])
+                    self._eqn = None
+        finally:
+            self._nesting -= 1
         self.emit("out", *[var(v) for v in jaxpr.outvars])
         self.emit("effects", *sorted(strip_addresses(str(e)) for e in jaxpr.effects))
+
+    def eqn(self, eqn: Any, var: Callable[[Any], str]) -> None:
+        ins = [var(v) for v in eqn.invars]
+        self.emit("eqn", eqn.primitive.name, *ins)
+        for name in sorted(eqn.params):
+            self.emit(name)
+            if name == "devices" and eqn.primitive.name == _COMPONENT_PRIMITIVE:
+                # A component call's device witness: keyed by the devices it names
+                # (its own equations' parameters depend on the context it was made in).
+                self.emit(*(sharding_text(s) for s in named_shardings(eqn.params[name])))
+            else:
+                self.param(eqn.params[name])
+        self.emit("->", *[var(v) for v in eqn.outvars])
+        if is_callback_equation(eqn):
+            self.emit(callback_text(eqn))
+            self.callbacks.append(eqn)
+        if eqn.primitive.name in _RULE_PRIMITIVES:
+            self.rule(eqn)
 
     def rule(self, eqn: Any) -> None:
         if self.depth >= _MAX_RULE_DEPTH:
@@ -226,6 +283,7 @@ class _Canonical:
             sub.param(value)
             self.consts.extend(sub.consts)
             self.rules.extend(sub.rules)
+            self.callbacks.extend(sub.callbacks)
             return f"jaxpr:{sub.hash.hexdigest()}"
         if isinstance(value, dict) or (
             hasattr(value, "items") and callable(value.items) and hasattr(value, "keys")
@@ -241,6 +299,7 @@ class _Canonical:
             return f"callable:{_callable_name(value)}"
         key = getattr(value, "key", None)
         if isinstance(key, ComponentKey):  # a component call: by its entry's key
+            self.callbacks.extend(called_callbacks(value))  # lowered inline with it
             return f"component:{key.digest}"
         if callable(value) and hasattr(value, "f") and hasattr(value, "transforms"):
             return f"wrapped:{_callable_name(value)}"
@@ -254,8 +313,42 @@ def program_parts(closed: Any, component: str) -> dict[str, Any]:
     transformation (it has no content to key on)."""
     canon = _Canonical(component)
     canon.closed(closed, top=True)
+    register_callbacks(component, canon.hash.hexdigest(), canon.callbacks)
+    about = {
+        "args": _arg_names(closed),
+        "consts": canon.const_texts,
+        "eqns": canon.eqns,
+        "eqn_count": canon.eqn_count,
+    }
     return {
-        "program": canon.hash.hexdigest(),
+        "program": Described(canon.hash.hexdigest(), about),
         "consts": tuple(canon.consts),
         "rules": tuple(canon.rules),
     }
+
+
+def _arg_names(closed: Any) -> list[str] | None:
+    """The inputs' paths as JAX's debug info names them (``x``, ``params['w']``)."""
+    jaxpr = getattr(closed, "jaxpr", closed)
+    names = getattr(getattr(jaxpr, "debug_info", None), "arg_names", None)
+    invars = getattr(jaxpr, "invars", None)
+    if names is None or invars is None or len(names) != len(invars):
+        return None
+    if not all(isinstance(n, str) and n for n in names):
+        return None
+    return list(names)
+
+
+def _value_text(value: Any) -> str:
+    """A constant's value as short text (``[1. 2. 3.]``, ``[0. 1. ... 99.]``)."""
+    try:
+        dtype = getattr(value, "dtype", None)
+        if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            value = jax.random.key_data(value)
+        text = np.array2string(
+            np.asarray(value), threshold=6, edgeitems=2, max_line_width=10_000, separator=" "
+        )
+    except Exception:  # a value NumPy cannot print: the explanation says less
+        return "?"
+    text = " ".join(text.split())
+    return text if len(text) <= _ABOUT_TEXT else text[: _ABOUT_TEXT - 1] + "…"

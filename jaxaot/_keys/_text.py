@@ -12,10 +12,13 @@ process (no memory addresses, no object identities), for keys and entry headers.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import functools
 import re
 import sys
 import types
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -31,6 +34,7 @@ __all__ = [
     "strip_addresses",
     "tree_text",
     "type_text",
+    "unstable_part",
 ]
 
 _ADDRESS = re.compile(r"(?: at)? 0x[0-9a-fA-F]+")
@@ -51,38 +55,214 @@ def qualified_name(obj: Any) -> str:
 # User keys, static arguments and other values.
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_MAX_DEPTH = 50
+
+
+class _Unstable(Exception):
+    """A part of a value with no stable text: where it sits and what it is."""
+
+    def __init__(self, path: str, value: Any, why: str) -> None:
+        super().__init__(path, why)
+        self.path, self.value, self.why = path, value, why
 
 
 def stable_repr(value: Any) -> str | None:
-    """``repr`` of ``value`` if it is stable across processes, else ``None``.
+    """Text of ``value`` that is the same in every process and differs between
+    values that differ, else ``None``.
 
-    Stable: None, bool, int, float, complex, str, bytes, enum members, NumPy
-    dtypes and scalar types, JAX meshes, shardings and partition specs (by
-    axes, devices and spec), and tuples/frozensets of those.
+    Stable: None, bool, int, float, complex, str, bytes, NumPy scalars, enum
+    members, NumPy and JAX dtypes and scalar types, classes defined at module
+    level (by import path), JAX meshes, shardings and partition specs (by axes,
+    devices and spec); tuples (NamedTuples by type and fields), frozensets and
+    hashable mappings of stable values; frozen dataclasses (``flax.struct``
+    ones included) and Equinox modules, by type and every field; functions by
+    import path, code digest and the values their closure and defaults hold;
+    ``functools.partial``, bound methods, ``jax.jit``, ``jax.custom_jvp`` and
+    ``jax.custom_vjp`` wrappers of stable parts. Types are named by import path,
+    so a NamedTuple never reads as the plain tuple of its fields.
     """
-    if isinstance(value, _SCALARS):
+    try:
+        return _stable(value, "", 0, [])
+    except _Unstable:
+        return None
+
+
+def unstable_part(value: Any) -> tuple[str, Any, str] | None:
+    """Where ``value`` has no stable text (see :func:`stable_repr`): the path of the
+    first such part within it (``""`` for ``value`` itself, ``.act``, ``[0]``),
+    the part, and why; ``None`` where it has one."""
+    try:
+        _stable(value, "", 0, [])
+    except _Unstable as e:
+        return e.path, e.value, e.why
+    return None
+
+
+def _module_level_name(obj: Any, path: str) -> str:
+    """``module.QualName`` of a class or function that its import path names alone."""
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        raise _Unstable(path, obj, "it has no import path")
+    if "<locals>" in qualname and isinstance(obj, type):
+        raise _Unstable(path, obj, f"class {qualname} is defined inside a function")
+    return f"{module}.{qualname}"
+
+
+def _items(values: Any, path: str, depth: int, active: list[int]) -> list[str]:
+    return [_stable(v, f"{path}[{i}]", depth + 1, active) for i, v in enumerate(values)]
+
+
+def _stable(value: Any, path: str, depth: int, active: list[int]) -> str:
+    """The text of ``value``; ``active``: the ids of the values it sits in (a value
+    within itself, as a custom_jvp whose rule closes over it, reads as a
+    reference to that enclosing value by its depth)."""
+    kind = type(value)
+    if kind in _SCALARS:
         return repr(value)
+    if id(value) in active:
+        return f"<ref {active.index(id(value))}>"
+    if depth > _MAX_DEPTH:
+        raise _Unstable(path, value, "it nests too deeply")
+    active.append(id(value))
+    try:
+        return _stable_kind(value, path, depth, active)
+    finally:
+        active.pop()
+
+
+def _stable_kind(value: Any, path: str, depth: int, active: list[int]) -> str:  # noqa: C901
+    kind = type(value)
     if isinstance(value, enum.Enum):
-        return f"{type(value).__module__}.{type(value).__qualname__}.{value.name}"
+        return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
     if isinstance(value, np.dtype):
         return f"dtype({value.name})"
-    if isinstance(value, type) and issubclass(value, np.generic):
-        return f"dtype({np.dtype(value).name})"
-    if isinstance(value, tuple):
-        parts = [stable_repr(v) for v in value]
-        if any(p is None for p in parts):
-            return None
-        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"  # type: ignore[arg-type]
-    if isinstance(value, frozenset):
-        parts = [stable_repr(v) for v in value]
-        if any(p is None for p in parts):
-            return None
-        return "frozenset({" + ", ".join(sorted(parts)) + "})"  # type: ignore[arg-type]
-    if "jax" in sys.modules:  # meshes, shardings and specs: values, with their devices
+    if isinstance(value, np.generic):
+        return f"{value.dtype.name}({value.item()!r})"
+    if isinstance(value, type):
+        if issubclass(value, np.generic):
+            return f"dtype({np.dtype(value).name})"
+        dtype = getattr(value, "dtype", None)
+        if isinstance(dtype, np.dtype):  # jnp.float32 and kin
+            return f"{_module_level_name(value, path)}(dtype({dtype.name}))"
+        return f"type({_module_level_name(value, path)})"
+    if "jax" in sys.modules:  # meshes, shardings and specs (before tuples: a spec may be one)
         from ._sharding import value_text
 
-        return value_text(value)
-    return None
+        sharding = value_text(value)
+        if sharding is not None:
+            return sharding
+    if isinstance(value, _SCALARS):  # a subclass of a scalar type: by its type too
+        if getattr(value, "__dict__", None):
+            raise _Unstable(path, value, f"a {kind.__name__} with attributes")
+        base: Any = next(t for t in kind.__mro__ if t in _SCALARS)
+        return f"{_module_level_name(kind, path)}({base.__repr__(value)})"
+    if isinstance(value, tuple):
+        parts = _items(value, path, depth, active)
+        fields = getattr(kind, "_fields", None)
+        if kind is tuple:
+            return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+        if isinstance(fields, tuple) and len(fields) == len(parts):  # a NamedTuple
+            inner = ", ".join(f"{f}={p}" for f, p in zip(fields, parts, strict=True))
+            return f"{_module_level_name(kind, path)}({inner})"
+        return f"{_module_level_name(kind, path)}({', '.join(parts)})"
+    if isinstance(value, frozenset):
+        parts = sorted(_stable(v, f"{path}{{...}}", depth + 1, active) for v in value)
+        text = "frozenset({" + ", ".join(parts) + "})"
+        return text if kind is frozenset else f"{_module_level_name(kind, path)}{text}"
+    if dataclasses.is_dataclass(value):
+        return _dataclass(value, path, depth, active)
+    if isinstance(value, Mapping) and getattr(kind, "__hash__", None) is not None:
+        items = sorted(
+            (
+                _stable(k, f"{path}[{k!r}]", depth + 1, active),
+                _stable(v, f"{path}[{k!r}]", depth + 1, active),
+            )
+            for k, v in value.items()
+        )
+        inner = ", ".join(f"{k}: {v}" for k, v in items)
+        return f"{_module_level_name(kind, path)}({{{inner}}})"
+    if callable(value):
+        return _callable(value, path, depth, active)
+    if isinstance(value, list | dict | set | bytearray):
+        raise _Unstable(path, value, f"a {kind.__name__} is mutable")
+    raise _Unstable(path, value, "its only identity is its address")
+
+
+def _dataclass(value: Any, path: str, depth: int, active: list[int]) -> str:
+    kind = type(value)
+    params = getattr(kind, "__dataclass_params__", None)
+    frozen = bool(getattr(params, "frozen", False))
+    # Equinox modules are dataclasses made immutable by their own __setattr__.
+    frozen = frozen or any(
+        f"{t.__module__}.{t.__qualname__}" == "equinox._module._module.Module"
+        or f"{t.__module__}.{t.__qualname__}" == "equinox._module.Module"
+        for t in kind.__mro__
+    )
+    if not frozen:
+        raise _Unstable(path, value, f"dataclass {kind.__qualname__} is not frozen")
+    fields = [
+        f"{f.name}={_stable(getattr(value, f.name), f'{path}.{f.name}', depth + 1, active)}"
+        for f in dataclasses.fields(value)
+    ]
+    return f"{_module_level_name(kind, path)}({', '.join(fields)})"
+
+
+def _callable(value: Any, path: str, depth: int, active: list[int]) -> str:
+    kind = type(value)
+    if isinstance(value, types.FunctionType):
+        from ._closure import code_digest
+
+        name = _module_level_name(value, path)
+        parts = [f"code={code_digest(value)}"]
+        code = value.__code__
+        for var, cell in zip(code.co_freevars, value.__closure__ or (), strict=False):
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # not bound yet
+                continue
+            text = _stable(contents, f"{path}<closure {var}>", depth + 1, active)
+            parts.append(f"{var}={text}")
+        if value.__defaults__:
+            parts.append(
+                f"defaults={_stable(value.__defaults__, f'{path}<defaults>', depth + 1, active)}"
+            )
+        for k, d in sorted((value.__kwdefaults__ or {}).items()):
+            parts.append(f"{k}={_stable(d, f'{path}<default {k}>', depth + 1, active)}")
+        return f"function({name}, {', '.join(parts)})"
+    if isinstance(value, types.BuiltinFunctionType):
+        owner = value.__self__
+        if owner is None or isinstance(owner, types.ModuleType):
+            return f"builtin({_module_level_name(value, path)})"
+        text = _stable(owner, f"{path}.__self__", depth + 1, active)
+        return f"builtin({value.__qualname__}, {text})"
+    if isinstance(value, types.MethodType):
+        func = _stable(value.__func__, path, depth + 1, active)
+        return f"method({func}, {_stable(value.__self__, f'{path}.__self__', depth + 1, active)})"
+    if isinstance(value, functools.partial):
+        func = _stable(value.func, f"{path}.func", depth + 1, active)
+        args = _stable(tuple(value.args), f"{path}.args", depth + 1, active)
+        keywords = sorted(
+            (k, _stable(v, f"{path}.keywords[{k!r}]", depth + 1, active))
+            for k, v in value.keywords.items()
+        )
+        inner = ", ".join(f"{k}={v}" for k, v in keywords)
+        return f"{_module_level_name(kind, path)}({func}, {args}, {{{inner}}})"
+    module = getattr(kind, "__module__", "") or ""
+    if module.startswith(("jax.", "jaxlib.")):
+        # jax.jit, jax.custom_jvp and jax.custom_vjp wrappers: by what they wrap
+        # and, for custom derivatives, by their rules.
+        rules = [
+            f"{attr}={_stable(getattr(value, attr), f'{path}.{attr}', depth + 1, active)}"
+            for attr in ("fun", "jvp", "fwd", "bwd", "nondiff_argnums", "symbolic_zeros")
+            if getattr(value, attr, None) is not None
+        ]
+        wrapped = getattr(value, "__wrapped__", None)
+        if not rules and callable(wrapped) and wrapped is not value:
+            rules = [_stable(wrapped, f"{path}.__wrapped__", depth + 1, active)]
+        if rules:
+            return f"{kind.__qualname__}({', '.join(rules)})"
+    raise _Unstable(path, value, "its only identity is its address")
 
 
 def stable_text(value: Any, depth: int = 0) -> str:

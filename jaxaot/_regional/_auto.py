@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .._component._blocks import Block, block_call
+from .._component._blocks import Block, block_call, block_name
 from .._component._rules import bind, component_p
 from .._jax import (
     CALL_PRIMITIVES,
@@ -35,9 +35,12 @@ from .._jax import (
     call_body,
     call_jaxpr,
     current_trace,
+    evaluate,
     intercepting,
     is_inline,
+    is_plain_jit,
     not_intercepting,
+    uses_primitive,
     walk_jaxprs,
     within,
 )
@@ -50,6 +53,7 @@ logger = logging.getLogger("jaxaot")
 #: many equations (nested ones included) on.
 MIN_EQUATIONS = 16
 _HEAVY = frozenset(["dot_general", "conv_general_dilated", "ragged_dot", "ragged_dot_general"])
+_CUSTOM_VJP = ("custom_vjp_call", "custom_vjp_call_jaxpr")
 
 _FINDER: contextvars.ContextVar[BlockFinder | None] = contextvars.ContextVar(
     "jaxaot_block_finder", default=None
@@ -69,6 +73,25 @@ def _worth_a_block(call: BoundCall) -> bool:
     return heavy or count >= MIN_EQUATIONS
 
 
+def _repeats_inside(call: BoundCall) -> bool:
+    """Whether ``call``'s body calls one inner function (jit or checkpoint, the
+    same body on the same types) two or more times, at its top level: then it
+    wraps the repeated layers rather than being one of them."""
+    seen: set[tuple[str, str]] = set()
+    for eqn in call_jaxpr(call).jaxpr.eqns:
+        body = call_body(eqn)
+        if body is None:
+            continue
+        kind = "jit" if eqn.primitive.name in ("jit", "pjit") else "checkpoint"
+        if not _worth_a_block(BoundCall(kind, eqn.params, ())):
+            continue  # JAX's helpers and small functions are not layers
+        text = (eqn.primitive.name, str(body[0]))
+        if text in seen:
+            return True
+        seen.add(text)
+    return False
+
+
 class BlockFinder:
     """The blocks of one trace of a program: turns calls into block calls, and
     counts how often each entry is called."""
@@ -84,7 +107,22 @@ class BlockFinder:
     def hook(self, call: BoundCall) -> Sequence[Any] | None:
         if self.root is None or not within(current_trace(), self.root):
             return None  # inside another inner function's own trace
+        if is_plain_jit(call) and _repeats_inside(call):
+            # An outer jit around the model (gemma's and linen's ``nn.jit``, a
+            # ``jax.jit`` of the loss): looked through, as if it were not there,
+            # so that the layers it repeats are found as blocks.
+            closed = call_jaxpr(call)
+            return evaluate(closed.jaxpr, closed.consts, call.args)
         if not _worth_a_block(call):
+            return None
+        if current_trace() is not self.root and uses_primitive(call_jaxpr(call), _CUSTOM_VJP):
+            # Under a transformation (grad), a custom_vjp rule traced by the
+            # program (diffrax's adjoints, optimistix, lineax) cannot be
+            # transposed again outside the trace that made it: kept in its glue.
+            logger.debug(
+                "jaxaot.jit: %s is not a block (a custom_vjp rule under a transformation)",
+                block_name(call),
+            )
             return None
         with not_intercepting():  # jaxaot's own tracing below binds calls too
             block, operands = block_call(call)

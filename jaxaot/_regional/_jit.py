@@ -12,8 +12,18 @@ the program the same way, then splits its jaxpr at the component calls
   that are the same (same equations, same types) are compiled once and
   cached too (``_programs``).
 
-When nothing can be split, or splitting fails, the program runs under plain
-``jax.jit``. Either way the result is the one ``jax.jit`` would give.
+When nothing can be split (no component calls, blocks each called once,
+components only under ``lax.scan``/``fori_loop``), the program is served
+whole: one region, whose executable is cached like a glue program's, so a
+warm process compiles nothing (one INFO line says so, and why). When
+splitting fails, the program runs under plain ``jax.jit``. Either way the
+result is the one ``jax.jit`` would give.
+
+Donated inputs (``donate_argnums``) are donated to the region that reads them
+last, and the output XLA writes over a donated buffer is donated in turn to
+the region that reads it last: the buffer reaches the region producing the
+program's matching output, which reuses it, as in one XLA program. A region
+donating inputs runs its own executable (donation is part of its key).
 
 In the steady state, the split program competes with its whole-program form
 (one executable, repeated layers as a loop), compiled in the background once
@@ -59,7 +69,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
+from .._component._arguments import Arguments
+from .._component._types import ARRAY_SCALARS
 from .._jax import Tracer, cpp_dispatcher, fastpath_miss, trace_context, trace_state_clean
 from .._store import _job
 from ._auto import program_entered
@@ -74,7 +87,7 @@ from ._placement import (
 )
 from ._plan import WHOLE as WHOLE_MODE
 from ._plan import Plan, PlanFailed
-from ._planner import PlanSpec, build_plan
+from ._planner import PlanSpec, build_plan, describe
 from ._pool import submit_background
 from ._programs import WHOLE
 
@@ -86,6 +99,8 @@ _AVAL = operator.attrgetter("aval")
 _SHARDING = operator.attrgetter("sharding")
 _ARRAY_TYPES = {type(jax.numpy.zeros(()))}
 _NOT_LOOKED_UP = object()
+# Inputs that are arrays without asking jax.typeof.
+_LEAF_TYPES = (jax.Array, np.ndarray, Tracer, *ARRAY_SCALARS)
 
 
 def _avals(leaves: Sequence[Any], arrays: bool) -> tuple[Any, ...]:
@@ -113,15 +128,19 @@ class RegionalFunction:
         blocks: Any = (),
     ) -> None:
         self.__wrapped__ = fun
-        self._static_argnums = (
-            (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+        # Static arguments completed from each other through the signature, as
+        # jax.jit completes them (it does not when given both, as below).
+        self._arguments = Arguments(
+            getattr(fun, "__name__", "function"),
+            fun,
+            static_argnums,
+            static_argnames,
+            donate_argnums,
+            kind="jaxaot.jit",
         )
-        self._static_argnames = (
-            (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
-        )
-        self._donate_argnums = (
-            (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
-        )
+        self._static_argnums = self._arguments.static_argnums
+        self._static_argnames = self._arguments.static_argnames
+        self._donate_argnums = self._arguments.donate_argnums
         self._whole_program = bool(whole_program)
         placement: dict[str, Any] = {}
         if in_shardings is not UNSET:
@@ -193,11 +212,23 @@ class RegionalFunction:
     def _dynamic(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[list[Any], Any, tuple[Any, ...], list[int]]:
+        """The flat dynamic inputs, their tree, the static values (by position or
+        name) and which inputs are donated.
+
+        Raises:
+          ValueError: a static value is not hashable (``jax.jit``'s error, naming
+            the argument).
+          TypeError: an input is not an array, naming its path.
+        """
         if not self._static_argnums and not self._static_argnames and not self._donate_argnums:
             leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+            if not set(map(type, leaves)) <= _ARRAY_TYPES:
+                self._check_leaves(leaves, args, kwargs)
             return leaves, treedef, (), []
+        arguments = self._arguments
         n = len(args)
-        static_pos = {i % n for i in self._static_argnums if -n <= i < n} if n else set()
+        static_pos = arguments.static_positions(n)
+        static_names = arguments.static_argnames
         donate_pos = {i % n for i in self._donate_argnums if -n <= i < n} if n else set()
         dyn_args: list[Any] = []
         statics: list[tuple[Any, Any]] = []
@@ -208,9 +239,16 @@ class RegionalFunction:
             else:
                 dyn_args.append(a)
                 donated_flags.append(i in donate_pos)
-        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
-        statics += [(k, v) for k, v in sorted(kwargs.items()) if k in self._static_argnames]
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in static_names}
+        statics += [(k, v) for k, v in sorted(kwargs.items()) if k in static_names]
+        try:
+            hash(tuple(statics))
+        except Exception:
+            arguments.check_statics(args, kwargs)  # names the argument
+            raise
         leaves, treedef = jax.tree_util.tree_flatten((tuple(dyn_args), dyn_kwargs))
+        if not set(map(type, leaves)) <= _ARRAY_TYPES:
+            self._check_leaves(leaves, tuple(dyn_args), dyn_kwargs)
         donated_leaves: list[int] = []
         offset = 0
         for a, donated in zip(dyn_args, donated_flags, strict=True):
@@ -219,6 +257,19 @@ class RegionalFunction:
                 donated_leaves.extend(range(offset, offset + count))
             offset += count
         return leaves, treedef, tuple(statics), donated_leaves
+
+    def _check_leaves(
+        self, leaves: list[Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]
+    ) -> None:
+        """Raises the error that names the path of the first input JAX takes for no
+        array (what ``jax.jit`` would refuse), as components word it."""
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, _LEAF_TYPES):
+                continue
+            try:
+                jax.typeof(leaf)
+            except TypeError:
+                raise self._arguments.leaf_error(dyn_args, dyn_kwargs, i) from None
 
     def _placed(self, leaves: list[Any], treedef: Any) -> list[Any] | None:
         """The leaves placed as ``in_shardings`` says (as ``jax.jit`` places them:
@@ -451,10 +502,15 @@ class RegionalFunction:
 
     def explain(self, *args: Any, **kwargs: Any) -> str:
         """What ``jaxaot.jit`` makes of a call with these arguments, without running
-        it: per component and per block it found (inner ``jax.jit`` functions,
-        ``jax.checkpoint`` regions), how many calls of each of its entries run as
-        regions; how many glue programs; the blocks called only once (left in
-        their glue); or why the call runs under plain ``jax.jit``."""
+        or compiling anything (it traces the program and cuts it into regions,
+        as a call would): per component and per block it found (inner
+        ``jax.jit`` functions, ``jax.checkpoint`` regions), how many calls of
+        each of its entries run as regions; how many glue programs; the blocks
+        called only once (left in their glue); the components it cannot reach
+        (under ``lax.scan``/``fori_loop``, compiled with their glue); or that the
+        program is served whole, as one cached program, and why. Once the
+        program has run, what its plan runs (its whole-program form, where
+        that measured faster)."""
         leaves, treedef, statics, donated = self._dynamic(args, kwargs)
         if self._in_shardings is not UNSET:
             placed = self._placed(leaves, treedef)
@@ -463,12 +519,25 @@ class RegionalFunction:
             leaves = placed
         sig = self._signature(leaves, treedef, statics, set(map(type, leaves)) <= _ARRAY_TYPES)
         with self._lock:
-            if sig not in self._plans:
-                self._plans[sig] = self._agreed(self._plan(args, kwargs, donated, leaves))
-            plan = self._plans[sig]
+            plan = self._plans.get(sig, _NOT_LOOKED_UP)
+        head = f"jaxaot.jit {self.__name__}"
         if plan is None:
-            return f"jaxaot.jit {self.__name__}: jax.jit (nothing to split; DEBUG logs say why)"
-        return f"jaxaot.jit {self.__name__}: split into\n{plan.summary}"
+            return f"{head}: jax.jit (not split; DEBUG logs say why)"
+        if isinstance(plan, Plan):
+            summary, why = plan.summary, plan.served_whole
+            if plan.mode is WHOLE_MODE:
+                summary += "\n  runs its whole-program form (one executable; measured faster)"
+        else:
+            try:
+                described = describe(self._spec, args, kwargs, donated, leaves)
+            except Exception as e:  # a call would fall back to jax.jit
+                return f"{head}: jax.jit (not split: {type(e).__name__}: {e})"
+            if described is None:
+                return f"{head}: jax.jit (nothing to compile)"
+            summary, why = described
+        if why is not None:
+            return f"{head}: one program, cached whole ({why})"
+        return f"{head}: split into\n{summary}"
 
     def _plan(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int], leaves: list[Any]
@@ -508,12 +577,12 @@ def jit(
     regions, as Flax ``nnx.remat``/``nn.remat`` and Equinox
     ``filter_checkpoint`` make them, called more than once) are found while
     the program is traced and become components, keyed by their programs.
-    ``explain(*args)`` says what was found. Code without such boundaries (a
+    ``explain(*args)`` says what was found (it traces, and compiles nothing). Code without such boundaries (a
     plain Python loop of layers) names its blocks: ``blocks=(Layer, ...)``,
     module classes (Equinox, Flax NNX and linen modules, any pytree class) or
     functions, whose calls then become blocks, their arrays passed as
-    arguments. ``auto_regions=False`` finds none (and runs unannotated
-    programs under plain ``jax.jit``).
+    arguments. ``auto_regions=False`` finds none. A program with nothing to
+    split is served whole, as one cached program.
 
     With ``whole_program`` (the default), once the split program has run, a
     whole-program form of it (one executable, in which repeated layers are a

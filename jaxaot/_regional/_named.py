@@ -13,12 +13,20 @@ block finder (``_auto``) turns into a block like any other.
   module's arrays as arguments.
 * A function: found where the program names it: a global of the function's
   own module or of the program's, or a free variable of the program.
+
+Without ``blocks=``, module classes name themselves (:func:`repeated_modules`):
+an Equinox or Flax NNX module class with two or more instances in what the
+program receives (its arguments, the values it closes over) is a block, as if
+the user had named it. Its calls that repeat with the same structure become
+regions; a call made once (a head, an embedding) is inlined back into its glue
+by the block finder, as every block called once is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -28,7 +36,11 @@ import numpy as np
 
 from .._jax import Tracer
 
-__all__ = ["check_blocks", "named_blocks"]
+__all__ = ["check_blocks", "named_blocks", "repeated_modules"]
+
+# The module frameworks whose instances are pytrees the program receives (or
+# closes over), by the module that defines their base class.
+_MODULE_BASES = (("equinox", "Module"), ("flax.nnx", "Module"))
 
 
 def check_blocks(blocks: Any) -> tuple[Any, ...]:
@@ -45,6 +57,59 @@ def check_blocks(blocks: Any) -> tuple[Any, ...]:
                 f"{type(item).__name__}: {item!r:.60}"
             )
     return items
+
+
+def _module_bases() -> tuple[type, ...]:
+    """The module base classes of the frameworks this process imported (none is
+    imported here: a program that uses one has imported it)."""
+    bases = []
+    for module, name in _MODULE_BASES:
+        base = getattr(sys.modules.get(module), name, None)
+        if isinstance(base, type):
+            bases.append(base)
+    return tuple(bases)
+
+
+def _is_module(x: Any, bases: tuple[type, ...] | None = None) -> bool:
+    return isinstance(x, bases if bases is not None else _module_bases())
+
+
+def _count_modules(obj: Any, found: dict[type, int], depth: int = 0) -> None:
+    """Counts, per class, the module instances in the pytree ``obj`` (modules
+    nested in modules included)."""
+    if depth > 64:
+        return
+    children = jax.tree_util.tree_leaves(obj, is_leaf=lambda x: x is not obj and _is_module(x))
+    for child in children:
+        if child is not obj and _is_module(child):
+            found[type(child)] = found.get(type(child), 0) + 1
+            _count_modules(child, found, depth + 1)
+
+
+def repeated_modules(args: Sequence[Any], kwargs: dict[str, Any], program: Any) -> tuple[type, ...]:
+    """The Equinox and Flax NNX module classes with two or more instances in
+    ``args``, ``kwargs`` and the values ``program`` closes over: the blocks of a
+    plain loop of layers, which no ``jax.jit`` or ``jax.checkpoint`` marks."""
+    found: dict[type, int] = {}
+    target = getattr(program, "__wrapped__", program)
+    closed = []
+    for cell in getattr(target, "__closure__", None) or ():
+        try:
+            closed.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    for root in (*args, *kwargs.values(), *closed):
+        if _is_module(root):
+            found[type(root)] = found.get(type(root), 0) + 1
+        try:
+            _count_modules(root, found)
+        except Exception:  # a value that is no pytree: it holds no module
+            continue
+    return tuple(cls for cls, n in found.items() if n >= 2 and "__call__" in _calls(cls))
+
+
+def _calls(cls: type) -> set[str]:
+    return {name for c in cls.__mro__ for name in c.__dict__ if name == "__call__"}
 
 
 def _is_array(x: Any) -> bool:
@@ -94,7 +159,13 @@ def _class_call(cls: type) -> Callable[..., Any]:
     if kind == "nnx":
         from flax import nnx
 
-        jitted = nnx.jit(original)
+        @functools.wraps(original)
+        def named(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return original(self, *args, **kwargs)
+
+        # Named as the user knows it (``Block.__call__``): the block is named after it.
+        named.__name__ = named.__qualname__ = getattr(original, "__qualname__", "block")
+        jitted = nnx.jit(named)
 
         @functools.wraps(original)
         def nnx_call(self: Any, *args: Any, **kwargs: Any) -> Any:

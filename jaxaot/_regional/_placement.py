@@ -102,8 +102,12 @@ def canonical_sharding(sharding: Any) -> Any:
 def region_placement(value: Any) -> Any:
     """What :func:`region_sharding` gives for a value: ``None`` for host values
     (NumPy arrays, Python scalars) and uncommitted arrays (placed by the call that
-    takes them), else its sharding's."""
-    placed = leaf_sharding(value) if isinstance(value, jax.Array) else None
+    takes them), else its sharding's (a ``ShapeDtypeStruct``'s own, if any)."""
+    if isinstance(value, jax.ShapeDtypeStruct):
+        # A signature precompiled for arrays of this sharding: placed as they will be.
+        placed = value.sharding
+    else:
+        placed = leaf_sharding(value) if isinstance(value, jax.Array) else None
     return region_sharding(placed) if isinstance(placed, Sharding) else None
 
 

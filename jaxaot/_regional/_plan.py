@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 
 from .._env import number
 
@@ -140,11 +141,16 @@ class Plan:
         out_shardings: Sequence[Any] | None = None,
         in_flight: int | None = None,
         summary: str = "",
+        served_whole: str | None = None,
+        program: tuple[concurrent.futures.Future[Any], bool, Callable[[Any], bytes | None]]
+        | None = None,
         recalled: concurrent.futures.Future[str | None] | None = None,
         remember: Callable[[str, dict[str, float]], None] | None = None,
     ) -> None:
         self.name = name
         self.summary = summary  # what the program was split into (``jaxaot.jit(...).explain``)
+        # Why the program runs as one region (one cached program), where it does.
+        self.served_whole = served_whole
         self.n_inputs = n_inputs
         self.fixed = list(fixed)
         self.n_consts = n_consts  # the first ``n_consts`` of ``fixed`` are the program's constants
@@ -201,6 +207,13 @@ class Plan:
         # The whole-program executable taking the program's arguments as a tree
         # (for JAX's C++ dispatch), by the tree's structure; see ``structured``.
         self._structured: dict[Any, concurrent.futures.Future[Any]] = {}
+        # A program served whole (``program``: its executable's job, whether it
+        # calls back into Python, and where its bytes are) has no steps: it runs
+        # as a whole program does, from its first call.
+        self._payload: Callable[[Any], bytes | None] | None = None
+        if program is not None:
+            self.whole, self.whole_calls_back, self._payload = program
+            self._mode = WHOLE
 
     @property
     def mode(self) -> str | None:
@@ -230,6 +243,7 @@ class Plan:
         until it is ready, or if it is not made (constants, host callbacks, no
         whole program)."""
         whole = self.whole
+        payload = self._payload or payload
         if self.consts or self.whole_calls_back or whole is None:
             return None  # (a program calling back would run its callbacks on the zeros below)
         if not whole.done() or whole.exception() is not None:
@@ -250,8 +264,9 @@ class Plan:
                     # Run once on zeros before any call relies on it: an executable
                     # loaded from the cache and serialized again can lack its
                     # kernels on XLA:CPU ("Function ... not found" when it runs).
+                    # (Made on the host and put on the device: no XLA compile.)
                     zeros = [
-                        jax.numpy.zeros(info.shape, info.dtype)
+                        jax.device_put(np.zeros(info.shape, info.dtype))
                         for info in jax.tree_util.tree_leaves(flat.args_info)
                     ]
                     args, kwargs = jax.tree_util.tree_unflatten(in_tree, zeros)
@@ -267,6 +282,8 @@ class Plan:
 
     def wait(self) -> None:
         """Waits for every executable; raises ``PlanFailed`` if one could not be made."""
+        if self._payload is not None:  # served whole
+            self._whole_executable()
         if not self.ready:
             fast = [
                 (step.executable(), _getter(step.ins), step.outs, dead)
@@ -334,9 +351,18 @@ class Plan:
                 self._count_down()
             return self.run(leaves)
         if mode is WHOLE:
-            assert self.whole is not None
-            return self.run_whole(self.whole.result(), leaves)
+            return self.run_whole(self._whole_executable(), leaves)
         return self._undecided(leaves)
+
+    def _whole_executable(self) -> Any:
+        """The whole-program executable, waiting for it if need be (a program served
+        whole runs it from its first call: raises ``PlanFailed`` if it could not be
+        made)."""
+        assert self.whole is not None
+        try:
+            return self.whole.result()
+        except Exception as e:
+            raise PlanFailed(f"the whole program: {type(e).__name__}: {e}") from e
 
     def _recall(self) -> bool:
         """Takes the form an earlier process settled on (read from the cache since

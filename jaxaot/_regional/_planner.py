@@ -16,7 +16,7 @@ import concurrent.futures
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import jax
@@ -26,7 +26,7 @@ from .._component._rules import PREFETCH, component_p
 from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, has_host_callbacks, join_effects
 from . import _choice, _whole
 from ._auto import BlockFinder, finding
-from ._named import named_blocks
+from ._named import named_blocks, repeated_modules
 from ._placement import (
     UNSET,
     MeshContext,
@@ -40,9 +40,9 @@ from ._plan import WHOLE as WHOLE_FORM
 from ._plan import Plan, Step
 from ._pool import submit_background, submit_jobs
 from ._programs import GLUE, WHOLE, region_executable
-from ._split import Region, contains_components, inline_calls, split
+from ._split import Region, contains_components, inline_calls, nested_components, split
 
-__all__ = ["MAX_WHOLE_CALLS", "PlanSpec", "build_plan"]
+__all__ = ["MAX_WHOLE_CALLS", "PlanSpec", "build_plan", "describe"]
 
 logger = logging.getLogger("jaxaot")
 
@@ -63,6 +63,8 @@ class PlanSpec:
     auto_regions: bool = True  # find the blocks an unmodified program repeats
     blocks: tuple[Any, ...] = ()  # functions and classes the user names as blocks
     program: Any = None  # the user's function (where named functions are found)
+    # Why programs of this function were served whole, once said (at INFO).
+    said: set[str] = field(default_factory=set, compare=False, hash=False)
 
 
 class _Maker(NamedTuple):
@@ -115,10 +117,11 @@ class _Slots:
 
 
 def _trace(
-    spec: PlanSpec, args: tuple[Any, ...], kwargs: dict[str, Any], sharded: bool
+    spec: PlanSpec, args: tuple[Any, ...], kwargs: dict[str, Any], prefetch_entries: bool
 ) -> tuple[Any, dict[Any, concurrent.futures.Future[Any]], BlockFinder | None]:
     """The traced program, the region executables autodiff started compiling
-    during the trace (by entry key), and what found its blocks."""
+    during the trace (by entry key; only with ``prefetch_entries``), and what
+    found its blocks."""
     early: dict[Any, concurrent.futures.Future[Any]] = {}
     seen: collections.Counter[Any] = collections.Counter()
 
@@ -130,10 +133,14 @@ def _trace(
         if call.key not in early:
             early.update(submit_jobs({call.key: functools.partial(region_executable, call)}))
 
-    finder = BlockFinder() if spec.auto_regions or spec.blocks else None
-    token = None if sharded else PREFETCH.set(prefetch)
+    blocks = spec.blocks
+    if spec.auto_regions:  # module classes of a plain loop of layers name themselves
+        found = repeated_modules(args, kwargs, spec.program)
+        blocks = (*blocks, *(cls for cls in found if cls not in blocks))
+    finder = BlockFinder() if spec.auto_regions or blocks else None
+    token = PREFETCH.set(prefetch) if prefetch_entries else None
     try:
-        with finding(finder), named_blocks(spec.blocks, spec.program):
+        with finding(finder), named_blocks(blocks, spec.program):
             traced = spec.jitted.trace(*args, **kwargs)
     finally:
         if token is not None:
@@ -147,14 +154,19 @@ def _glue_for(
     return GLUE.get(glue, donate, shardings, text)
 
 
-def _entry_for(call: Any, shardings: tuple[Any, ...] | None) -> Any:
+def _entry_for(call: Any, donate: tuple[int, ...], shardings: tuple[Any, ...] | None) -> Any:
+    if donate:
+        return region_executable(call, shardings, donate)
     return region_executable(call, shardings)
 
 
 def _maker(region: Region, debug_info: Any) -> _Maker:
     if region.kind == "component":
         call = region.eqns[0].params["call"]
-        return _Maker(functools.partial(_entry_for, call), call.key, call.name)
+        # A call donating inputs runs an executable of its own (the same entry,
+        # compiled with those inputs donated).
+        job_key = (call.key, region.donate) if region.donate else call.key
+        return _Maker(functools.partial(_entry_for, call, region.donate), job_key, call.name)
     glue = ClosedJaxpr(
         Jaxpr(
             constvars=(),
@@ -222,6 +234,115 @@ def _unsharded_jobs(
     return [futures[maker.job_key] for maker in makers]
 
 
+class _Cut(NamedTuple):
+    """A traced program cut into regions (see :func:`_cut`)."""
+
+    traced: Any
+    jaxpr: Any  # the program with the calls holding components inlined
+    consts: list[Any]
+    regions: list[Region]
+    leftover: set[Any]  # donated inputs no region consumes (deleted after the call)
+    donated_vars: set[Any]
+    counts: collections.Counter[Any]  # calls of each block's entry
+    nested: str  # what holds components the split cannot reach ("" if nothing)
+    why: str | None  # why the program is served whole, where it is
+    placements: list[Any]
+    sharded: bool
+    early: dict[Any, concurrent.futures.Future[Any]]
+
+
+def _cut(
+    spec: PlanSpec,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    donated: list[int],
+    leaves: list[Any],
+    prefetch: bool = True,
+) -> _Cut | None:
+    """Traces the program and cuts it into regions (``prefetch``: starting the
+    executables autodiff binds while it traces; else compiling nothing); ``None``
+    where there is nothing to compile."""
+    placements = [region_placement(x) for x in leaves]
+    sharded = any(p is not None for p in placements) or not MeshContext().empty
+    traced, early, finder = _trace(spec, args, kwargs, prefetch and not sharded)
+    closed = traced.jaxpr
+    counts: collections.Counter[Any] = collections.Counter()
+    if not contains_components(closed.jaxpr):
+        # Nothing to split: the program is served whole, as one region (cached
+        # like any glue program), never compiled afresh in a warm process.
+        jaxpr, consts = closed.jaxpr, list(closed.consts)
+        why = (
+            "nothing to split: it calls no component and repeats no block"
+            if finder is not None
+            else "nothing to split: it calls no component (auto_regions=False, no blocks=)"
+        )
+    else:
+        counts = BlockFinder.counts(closed.jaxpr)
+        unsplit = BlockFinder.once(counts) if counts else None
+        in_avals = closed.in_avals
+        if len(in_avals) != len(placements):
+            raise ValueError(f"{len(in_avals)} traced inputs for {len(placements)} leaves")
+        flat = jax.make_jaxpr(lambda *xs: inline_calls(closed.jaxpr, closed.consts, xs, unsplit))(
+            *[
+                jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=p)
+                for a, p in zip(in_avals, placements, strict=True)
+            ]
+        )
+        jaxpr, consts = flat.jaxpr, list(flat.consts)
+        why = None
+        if not contains_components(jaxpr):
+            why = "nothing to split: every block it found is called once"
+    donated_vars = {jaxpr.invars[i] for i in donated}
+    regions, leftover = split(jaxpr, donated_vars)
+    if not regions:
+        logger.debug("jaxaot.jit %s: nothing to compile; using jax.jit", spec.name)
+        return None
+    nested = nested_components(jaxpr)
+    if why is None and not any(region.kind == "component" for region in regions):
+        why = f"kept whole: components under {nested} are compiled with their glue"
+    if why is not None:
+        for f in early.values():
+            f.cancel()
+        early = {}
+    return _Cut(
+        traced,
+        jaxpr,
+        consts,
+        regions,
+        leftover,
+        donated_vars,
+        counts,
+        nested,
+        why,
+        placements,
+        sharded,
+        early,
+    )
+
+
+def describe(
+    spec: PlanSpec,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    donated: list[int],
+    leaves: list[Any],
+) -> tuple[str, str | None] | None:
+    """What the plan of this call would run (the summary its plan would have), and
+    why it would be served whole (or ``None``), found by tracing and cutting the
+    program only: no executable is compiled or loaded. ``None`` where
+    ``jax.jit`` would serve it."""
+    cut = _cut(spec, args, kwargs, donated, leaves, prefetch=False)
+    if cut is None:
+        return None
+    return _described(cut), cut.why
+
+
+def _described(cut: _Cut) -> str:
+    if cut.why is not None:
+        return f"  {cut.why}"
+    return _summary(cut.regions, cut.counts, cut.nested)
+
+
 def build_plan(
     spec: PlanSpec,
     args: tuple[Any, ...],
@@ -229,37 +350,24 @@ def build_plan(
     donated: list[int],
     leaves: list[Any],
 ) -> Plan | None:
-    """The plan for this call's signature, or ``None`` where the program calls no
-    component (``jax.jit`` serves it). Raises where it cannot be split."""
-    placements = [region_placement(x) for x in leaves]
-    sharded = any(p is not None for p in placements) or not MeshContext().empty
-    traced, early, finder = _trace(spec, args, kwargs, sharded)
-    closed = traced.jaxpr
-    if not contains_components(closed.jaxpr):
-        logger.debug("jaxaot.jit %s: no component calls; using jax.jit", spec.name)
+    """The plan for this call's signature, or ``None`` where the program has nothing
+    to compile (``jax.jit`` serves it). Raises where it cannot be split."""
+    cut = _cut(spec, args, kwargs, donated, leaves)
+    if cut is None:
         return None
-    counts = BlockFinder.counts(closed.jaxpr)
-    unsplit = BlockFinder.once(counts) if counts else None
-    in_avals = closed.in_avals
-    if len(in_avals) != len(placements):
-        raise ValueError(f"{len(in_avals)} traced inputs for {len(placements)} leaves")
-    flat = jax.make_jaxpr(lambda *xs: inline_calls(closed.jaxpr, closed.consts, xs, unsplit))(
-        *[
-            jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=p)
-            for a, p in zip(in_avals, placements, strict=True)
-        ]
-    )
-    jaxpr = flat.jaxpr
-    if not contains_components(jaxpr):
-        logger.debug("jaxaot.jit %s: no repeated blocks; using jax.jit", spec.name)
-        return None
-    regions, leftover = split(jaxpr, {jaxpr.invars[i] for i in donated})
+    traced, jaxpr, consts, regions, leftover, donated_vars = cut[:6]
+    why, placements, sharded, early = cut.why, cut.placements, cut.sharded, cut.early
+    if why is not None and why not in spec.said:
+        spec.said.add(why)
+        logger.info("jaxaot.jit %s: served whole, as one cached program (%s)", spec.name, why)
+    if why is not None and not sharded:
+        return _served_whole(spec, cut, tuple(donated))
     # A component that names devices places its outputs there: the regions after
     # it are compiled for the shardings they receive, as in a sharded program.
     sharded = sharded or any(
         region.kind == "component" and region.eqns[0].params["call"].devices for region in regions
     )
-    slots = _Slots(jaxpr, flat.consts, regions)
+    slots = _Slots(jaxpr, consts, regions)
     makers = [_maker(region, jaxpr.debug_info) for region in regions]
     step_ins = [tuple(slots(v) for v in region.invars) for region in regions]
     step_outs = [slots.outs(region) for region in regions]
@@ -273,18 +381,27 @@ def build_plan(
     else:
         step_futures = _unsharded_jobs(makers, early)
     steps = [
-        Step(region.kind, future, ins, outs, maker.label, bool(region.donate))
+        # (Only a step donating an input waits for every executable: one donating
+        # an intermediate leaves the inputs intact for jax.jit.)
+        Step(
+            region.kind,
+            future,
+            ins,
+            outs,
+            maker.label,
+            any(region.invars[j] in donated_vars for j in region.donate),
+        )
         for region, future, ins, outs, maker in zip(
             regions, step_futures, step_ins, step_outs, makers, strict=True
         )
     ]
-    summary = _summary(regions, counts)
+    summary = _described(cut)
     logger.debug("jaxaot.jit %s:%s\n%s", spec.name, " (sharded)" if sharded else "", summary)
     start_whole = recalled = remember = None
     # Sharded programs have no whole-program form: the choice between the two
     # forms is by local timing, which differs from process to process (their
     # collectives would diverge), and its executable is compiled unsharded.
-    if spec.whole_program and not jaxpr.effects and not sharded:
+    if spec.whole_program and not jaxpr.effects and not sharded and why is None:
         # The whole program's digest (its text and entry keys), made once when first needed.
         digest = functools.lru_cache(maxsize=1)(functools.partial(_whole.digest, jaxpr))
         start_whole = functools.partial(_start_whole, spec.name, jaxpr, tuple(donated), digest)
@@ -297,7 +414,7 @@ def build_plan(
         name=spec.name,
         n_inputs=len(jaxpr.invars),
         fixed=slots.fixed,
-        n_consts=len(flat.consts),
+        n_consts=len(consts),
         n_slots=slots.next + 1,
         steps=steps,
         out_slots=[slots(v) for v in jaxpr.outvars],
@@ -308,8 +425,50 @@ def build_plan(
         out_shardings=out_shardings,
         in_flight=in_flight_limit() if sharded else None,
         summary=summary,
+        served_whole=why,
         recalled=recalled,
         remember=remember,
+    )
+
+
+def _served_whole(spec: PlanSpec, cut: _Cut, donated: tuple[int, ...]) -> Plan:
+    """The plan of an unsharded program served whole: one executable of the whole
+    program (its inputs, then its constants), cached like a glue program, run as
+    the whole-program form is (so that calls go through JAX's C++ dispatcher)."""
+    jaxpr = cut.jaxpr
+    program = ClosedJaxpr(
+        Jaxpr(
+            constvars=(),
+            invars=[*jaxpr.invars, *jaxpr.constvars],
+            outvars=jaxpr.outvars,
+            eqns=jaxpr.eqns,
+            effects=jaxpr.effects,
+            debug_info=jaxpr.debug_info,
+        ),
+        (),
+    )
+    text = str(program)
+    job = submit_jobs({"whole": lambda: GLUE.get(program, donated, None, text)})["whole"]
+    out_shardings = None
+    if spec.out_shardings is not UNSET:
+        outs = jax.tree_util.tree_unflatten(cut.traced.out_tree, list(jaxpr.outvars))
+        out_shardings = list(flat_targets(spec.out_shardings, outs, "out_shardings"))
+    return Plan(
+        name=spec.name,
+        n_inputs=len(jaxpr.invars),
+        fixed=cut.consts,
+        n_consts=len(cut.consts),
+        n_slots=len(jaxpr.invars) + len(cut.consts) + 1,
+        steps=[],
+        out_slots=[],
+        out_tree=cut.traced.out_tree,
+        delete_after=[],
+        donated=list(donated),
+        start_whole=None,
+        out_shardings=out_shardings,
+        summary=_described(cut),
+        served_whole=cut.why,
+        program=(job, has_host_callbacks(program), GLUE.payload),
     )
 
 
@@ -336,7 +495,7 @@ def _recorded_choice(
     return submit_jobs({"recall": recall})["recall"], remember
 
 
-def _summary(regions: Sequence[Region], counts: collections.Counter[Any]) -> str:
+def _summary(regions: Sequence[Region], counts: collections.Counter[Any], nested: str) -> str:
     """What the program was split into: per component and block, how many calls
     of each of its entries (``forward``, ``transpose``...) run as regions; how
     many glue programs; which blocks stayed in their glue (called once)."""
@@ -359,6 +518,8 @@ def _summary(regions: Sequence[Region], counts: collections.Counter[Any]) -> str
     inlined = sorted({call.component.name for call, n in counts.items() if n < 2})
     if inlined:
         lines.append("  in glue (called once): " + ", ".join(inlined))
+    if nested:
+        lines.append(f"  kept whole: components under {nested} are compiled with their glue")
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ compiled (and stored)."""
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,9 +17,19 @@ from .._component import Call
 from .._component._parts import base_parts, types_text
 from .._component._rules import bind
 from .._component._types import sds
-from .._jax import default_platform, has_host_callbacks, jaxpr_as_fun
+from .._jax import (
+    CallbacksNotRebindable,
+    default_platform,
+    has_host_callbacks,
+    is_callback_equation,
+    jaxpr_as_fun,
+    serialize_with_callbacks,
+    walk_jaxprs,
+)
+from .._keys._callbacks import callback_text, register_callbacks
 from .._keys._key import ComponentKey
 from .._keys._sharding import region_sharding_parts
+from .._store import _explain
 from .._store._active import get_cache
 from .._store._entry import Entry
 from .._store._executables import (
@@ -28,11 +39,13 @@ from .._store._executables import (
     store_executable,
 )
 from .._store._once import make_once
-from .._store._readwrite import read
+from .._store._readwrite import callbacks_executable, read
 from ._helper import compile_in_helper
 from ._placement import MeshContext
 
 __all__ = ["GLUE", "WHOLE", "ProgramCache", "program_key", "region_executable"]
+
+logger = logging.getLogger("jaxaot")
 
 
 def program_key(
@@ -98,9 +111,21 @@ class ProgramCache:
         text: str | None = None,
     ) -> Any:
         """The executable of a glue program (a closed jaxpr, whose text is ``text``)
-        for inputs with ``shardings`` (see ``program``)."""
+        for inputs with ``shardings`` (see ``program``).
+
+        A glue program's host callbacks (diffrax's and Equinox's error checks)
+        name their Python functions in its digest (a jaxpr's text names them
+        without their code) and are recorded for rebinding, so that it is stored
+        and a new process loads it with its own callbacks bound."""
+        body = str(closed) if text is None else text
+        eqns = [e for j in walk_jaxprs(closed.jaxpr) for e in j.eqns if is_callback_equation(e)]
+        if eqns:
+            body += "\n" + "\n".join(callback_text(e) for e in eqns)
+        digest = hashlib.sha256(body.encode()).hexdigest()
+        if eqns:
+            register_callbacks(self.kind, digest, eqns)
         return self.program(
-            hashlib.sha256((str(closed) if text is None else text).encode()).hexdigest(),
+            digest,
             tuple(closed.in_avals),
             tuple(closed.out_avals),
             donate,
@@ -148,6 +173,7 @@ class ProgramCache:
                 if fn is None:
                     return None
                 fun: Callable[..., Any] = fn
+                _explain.miss(self.kind, key, cache, label=f"jaxaot.jit's {self.kind} program")
                 # Missed: compiled here, or loaded once another process compiled it.
                 outcome = make_once(
                     cache,
@@ -202,9 +228,18 @@ class ProgramCache:
         out_avals: tuple[Any, ...],
         callbacks: Callable[[], bool],
     ) -> None:
-        """Writes a compiled program (unless it calls back into Python)."""
-        if cache is None or callbacks():
+        """Writes a compiled program; one that calls back into Python only where its
+        callbacks can be bound again in another process."""
+        if cache is None:
             return
+        payload = self.payload(exe)
+        if callbacks():
+            try:
+                digest = str(key.parts["component"]).partition(":")[2]
+                payload = serialize_with_callbacks(exe, self.kind, digest)
+            except CallbacksNotRebindable as e:
+                logger.debug("jaxaot: %s program %s not stored (%s)", self.kind, key.digest[:16], e)
+                return
         record = Entry(
             key=key,
             name=self.kind,
@@ -214,7 +249,7 @@ class ProgramCache:
             arg_names=("",) * len(avals),
             result_paths=tuple(f"result[{i}]" for i in range(len(out_avals))),
         )
-        store_executable(cache, key, record, exe, None, serialized=self.payload(exe))
+        store_executable(cache, key, record, exe, None, serialized=payload)
 
 
 GLUE = ProgramCache("glue")
@@ -222,13 +257,16 @@ GLUE = ProgramCache("glue")
 WHOLE = ProgramCache("whole program", helper=True)
 
 
-def region_executable(call: Call, shardings: tuple[Any, ...] | None = None) -> Any:
+def region_executable(
+    call: Call, shardings: tuple[Any, ...] | None = None, donate: tuple[int, ...] = ()
+) -> Any:
     """An executable running one entry (``call``'s) on flat arrays, compiled for the
     input ``shardings`` (``None`` for each input that needs none; all ``None``, or
-    no ``shardings``, outside a mesh: the unsharded executable): from this
-    process, else loaded from the cache, else compiled and stored. One per entry
-    and shardings, in this process and in the cache: one compiled for some
-    shardings is never loaded for others. Counted in the component's counters."""
+    no ``shardings``, outside a mesh: the unsharded executable), with the inputs
+    at ``donate`` donated: from this process, else loaded from the cache, else
+    compiled and stored. One per entry, shardings and donated inputs, in this
+    process and in the cache: one compiled for some shardings is never loaded
+    for others. Counted in the component's counters."""
     store = call.component.store
     key, entry = call.key, call.entry
     memo: Any = key
@@ -237,6 +275,8 @@ def region_executable(call: Call, shardings: tuple[Any, ...] | None = None) -> A
         context = MeshContext()
         if not context.empty or any(s is not None for s in shardings):
             memo, sharded = (key, shardings, context.key()), True
+    if donate:
+        memo = (memo, "donate", donate)
     exe = store.region_executables.get(memo)
     if exe is not None:
         return exe
@@ -248,7 +288,7 @@ def region_executable(call: Call, shardings: tuple[Any, ...] | None = None) -> A
             return exe
         # Not the top-level executable of the same entry: that one takes the
         # call's pytrees, this one flat arrays.
-        parts = (*executable_parts(()), ("calling_convention", "flat"))
+        parts = (*executable_parts(donate), ("calling_convention", "flat"))
         if sharded:
             assert shardings is not None
             texts, mesh = region_sharding_parts(shardings, [len(a.shape) for a in entry.in_avals])
@@ -259,15 +299,25 @@ def region_executable(call: Call, shardings: tuple[Any, ...] | None = None) -> A
         if loaded is None:
             # Missed: compiled here, or loaded once another process compiled it.
             def write(made: tuple[Any, Any]) -> None:
-                if cache is not None and not entry.host_callbacks:
-                    store_executable(cache, exe_key, entry, made[0], cost_dict(made[0]))
+                if cache is None:
+                    return
+                payload = None
+                if entry.host_callbacks:
+                    # Stored only where its callbacks can be bound again in a
+                    # process that traced the same program (``_jax._callbacks``).
+                    payload = callbacks_executable(entry, made[0], call.component.name)
+                    if payload is None:
+                        return
+                store_executable(
+                    cache, exe_key, entry, made[0], cost_dict(made[0]), serialized=payload
+                )
 
             outcome = make_once(
                 cache,
                 exe_key.digest,
                 f"{call.component.name} region executable",
                 lambda: None if cache is None else load_executable(cache, exe_key),
-                lambda: (_compile_entry(call, shardings), None),
+                lambda: (_compile_entry(call, shardings, donate), None),
                 write,
             )
             exe = outcome.value[0]
@@ -283,7 +333,9 @@ def region_executable(call: Call, shardings: tuple[Any, ...] | None = None) -> A
         return exe
 
 
-def _compile_entry(call: Call, shardings: tuple[Any, ...] | None) -> Any:
+def _compile_entry(
+    call: Call, shardings: tuple[Any, ...] | None, donate: tuple[int, ...] = ()
+) -> Any:
     avals = [sds(a) for a in call.entry.in_avals]
     if shardings is not None:
         avals = [
@@ -292,4 +344,5 @@ def _compile_entry(call: Call, shardings: tuple[Any, ...] | None) -> Any:
             else jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=sharding)
             for s, sharding in zip(avals, shardings, strict=True)
         ]
-    return jax.jit(lambda *a: bind(call, a), keep_unused=True).trace(*avals).lower().compile()
+    fn = jax.jit(lambda *a: bind(call, a), keep_unused=True, donate_argnums=donate)
+    return fn.trace(*avals).lower().compile()

@@ -24,7 +24,7 @@ from .._jax import (
     walk_jaxprs,
 )
 
-__all__ = ["Region", "contains_components", "inline_calls", "split"]
+__all__ = ["Region", "contains_components", "inline_calls", "nested_components", "split"]
 
 logger = logging.getLogger("jaxaot")
 
@@ -32,6 +32,24 @@ logger = logging.getLogger("jaxaot")
 def contains_components(jaxpr: Any) -> bool:
     """Whether ``jaxpr`` (closed or not) holds a component call, nested jaxprs included."""
     return any(eqn.primitive is component_p for j in walk_jaxprs(jaxpr) for eqn in j.eqns)
+
+
+# How the primitives that hold components the split cannot reach are spelled in
+# what ``explain`` says (``fori_loop`` stages out as a scan or a while loop).
+_NESTING_NAMES = {"scan": "scan/fori_loop", "while": "while_loop/fori_loop"}
+
+
+def nested_components(jaxpr: Any) -> str:
+    """The primitives (``scan/fori_loop``, ``cond``...) of ``jaxpr``'s own equations
+    that hold component calls, which therefore stay inside their glue; ``""``
+    if none do."""
+    names = dict.fromkeys(
+        _NESTING_NAMES.get(eqn.primitive.name, eqn.primitive.name)
+        for eqn in jaxpr.eqns
+        if eqn.primitive is not component_p
+        and any(contains_components(j) for j in jaxprs_in_params(eqn.params))
+    )
+    return ", ".join(names)
 
 
 def inline_calls(
@@ -79,9 +97,50 @@ class Region(NamedTuple):
     donate: tuple[int, ...]
 
 
+def _aval_key(v: Any) -> tuple[Any, Any]:
+    return tuple(v.aval.shape), v.aval.dtype
+
+
+def _donations(
+    invars: Sequence[Any],
+    outvars: Sequence[Any],
+    donatable: set[Any],
+    here: int,
+    last_use: dict[Any, int],
+    needed_after: set[Any],
+) -> tuple[int, ...]:
+    """The positions among ``invars`` a region donates: values whose buffers may be
+    reused (``donatable``) that it reads last (once: a buffer passed twice cannot
+    be donated), each matched, in order, to an output of its shape and dtype that
+    no earlier one was matched to, as XLA pairs donated inputs with outputs (a
+    donated input with no output to reuse it is deleted after the call instead)."""
+    free = [_aval_key(v) for v in outvars]
+    donate = []
+    for j, v in enumerate(invars):
+        if (
+            isinstance(v, Literal)
+            or v not in donatable
+            or last_use.get(v) != here
+            or v in needed_after
+            or sum(u is v for u in invars) != 1
+        ):
+            continue
+        key = _aval_key(v)
+        if key in free:
+            free.remove(key)
+            donate.append(j)
+    return tuple(donate)
+
+
 def split(jaxpr: Any, donated: set[Any]) -> tuple[list[Region], set[Any]]:
     """Cuts ``jaxpr`` into regions, in program order; and the donated inputs that
-    no glue region consumed (deleted after the call)."""
+    no region consumed (deleted after the call).
+
+    A donated input's buffer is donated to the region that reads it last, and
+    lives on in the output XLA reuses it for; that output is donated in turn to
+    the region that reads it last, and so on: the buffer reaches the region that
+    produces the program's matching output, which reuses it, as in one XLA
+    program (a donated step's new parameters are written over its old ones)."""
     groups: list[tuple[str, list[Any]]] = []
     for eqn in jaxpr.eqns:
         if eqn.primitive is component_p:
@@ -103,28 +162,29 @@ def split(jaxpr: Any, donated: set[Any]) -> tuple[list[Region], set[Any]]:
                     last_use.setdefault(v, i)
     regions: list[Region] = []
     consumed: set[Any] = set()
+    # Values whose buffers a region may donate: the donated inputs, then the
+    # outputs that may hold a donated buffer (of the shape and dtype of one).
+    donatable = set(donated)
     for i, (kind, eqns) in enumerate(groups):
         if kind == "component":
-            regions.append(Region(kind, eqns, list(eqns[0].invars), list(eqns[0].outvars), ()))
-            continue
-        defined: set[Any] = set()
-        invars: list[Any] = []
-        for eqn in eqns:
-            for v in eqn.invars:
-                if not isinstance(v, Literal) and v not in defined and v not in invars:
-                    invars.append(v)
-            defined.update(v for v in eqn.outvars if not isinstance(v, DropVar))
-        outvars = [
-            v
-            for eqn in eqns
-            for v in eqn.outvars
-            if not isinstance(v, DropVar) and v in needed_after[i]
-        ]
-        donate = tuple(
-            j
-            for j, v in enumerate(invars)
-            if v in donated and last_use.get(v) == i and v not in needed_after[i]
-        )
+            invars, outvars = list(eqns[0].invars), list(eqns[0].outvars)
+        else:
+            defined: set[Any] = set()
+            invars = []
+            for eqn in eqns:
+                for v in eqn.invars:
+                    if not isinstance(v, Literal) and v not in defined and v not in invars:
+                        invars.append(v)
+                defined.update(v for v in eqn.outvars if not isinstance(v, DropVar))
+            outvars = [
+                v
+                for eqn in eqns
+                for v in eqn.outvars
+                if not isinstance(v, DropVar) and v in needed_after[i]
+            ]
+        donate = _donations(invars, outvars, donatable, i, last_use, needed_after[i])
+        given = {_aval_key(invars[j]) for j in donate}
+        donatable.update(v for v in outvars if not isinstance(v, DropVar) and _aval_key(v) in given)
         consumed.update(invars[j] for j in donate)
         regions.append(Region(kind, eqns, invars, outvars, donate))
     return regions, donated - consumed

@@ -65,7 +65,7 @@ from .._caches._trust import HMAC_ENV, hmac_secret
 from .._keys._key import ComponentKey
 from .._keys._sharding import sharded_type, type_sharding_from_json, type_sharding_to_json
 from .._keys._text import parse_aval_str, type_text
-from ._trees import LEAF, NotPersistable, tree_from_json, tree_to_json
+from ._trees import LEAF, NotPersistable, TreeError, tree_from_json, tree_to_json
 
 __all__ = [
     "ENTRY_FORMAT_VERSION",
@@ -77,6 +77,7 @@ __all__ = [
     "HeaderError",
     "NotPersistable",
     "SignatureError",
+    "UnknownTreeNode",
     "check_stored",
     "decode",
     "encode",
@@ -128,6 +129,18 @@ class FormatVersionError(EntryError):
             f"entry format version {version}; this jaxaot reads version {ENTRY_FORMAT_VERSION}"
         )
         self.version = version
+
+    @property
+    def removable(self) -> bool:
+        return False
+
+
+class UnknownTreeNode(EntryError):
+    """A sound entry whose tree names a node type (or a name in its node data) that
+    this process has not imported: good for the processes that have, so never
+    quarantined."""
+
+    cause = "tree node type not imported"
 
     @property
     def removable(self) -> bool:
@@ -532,5 +545,7 @@ def decode(blob: bytes, expected: ComponentKey | None = None) -> Entry:
         )
     except EntryError:
         raise
+    except TreeError as e:
+        raise UnknownTreeNode(f"cannot rebuild its tree here: {e}") from e
     except Exception as e:  # a verified entry that this process cannot rebuild
         raise EntryError(f"cannot decode entry: {type(e).__name__}: {e}") from e

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 import threading
 from typing import Any
 
@@ -14,7 +13,7 @@ import jax
 
 from .. import _stats
 from .._caches import Cache
-from .._jax import deserialize_executable, serialize_executable
+from .._jax import compile_flags, deserialize_executable, serialize_executable
 from .._keys._key import ComponentKey
 from ._entry import Entry, EntryError
 from ._readwrite import discard, read, write
@@ -48,8 +47,8 @@ def executable_parts(donate_argnums: tuple[int, ...]) -> tuple[tuple[str, Any], 
         # An executable is bound to its process's devices: each process has its own.
         ("process_index", jax.process_index()),
         ("donate_argnums", tuple(donate_argnums)),
-        ("xla_flags", os.environ.get("XLA_FLAGS", "")),
-        ("libtpu_init_args", os.environ.get("LIBTPU_INIT_ARGS", "")),
+        # Less the dump and debug flags, which cannot change the code (as JAX's cache).
+        *compile_flags(),
     )
 
 

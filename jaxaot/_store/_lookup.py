@@ -24,8 +24,8 @@ from typing import Any
 from .. import _stats
 from .._caches import Cache
 from .._keys._key import ComponentKey
-from . import _entry, _job
-from ._active import explain_misses, get_cache
+from . import _entry, _explain, _job
+from ._active import get_cache
 from ._entry import Entry
 from ._executables import (
     BACKGROUND_AFTER_SECONDS,
@@ -40,9 +40,6 @@ from ._readwrite import decoder, read, write
 __all__ = ["Store"]
 
 logger = logging.getLogger("jaxaot")
-
-# At most this many entries are read to explain one miss.
-_EXPLAIN_SCAN = 256
 
 
 class Store:
@@ -138,35 +135,10 @@ class Store:
         return entry
 
     def explain_miss(self, key: ComponentKey, cache: Cache | None) -> None:
-        """With ``JAXAOT_EXPLAIN_MISSES=1``, logs (WARNING) the parts in which ``key``
-        differs from the closest key of this component held in this process or in
-        the cache (written by any process); of the same kind only (root against
-        root, executable against executable, one derived entry against another of
-        the same transformation)."""
-        if not explain_misses():
-            logger.debug("jaxaot: %s miss %s", self.name, key.digest[:16])
-            return
-        known = [k for k in list(self.entries) if _same_kind(k, key)]
-        if cache is not None:
-            known += [k for k in _cached_keys(cache, self.name) if _same_kind(k, key)]
-        known = [k for k in dict.fromkeys(known) if k != key]
-        if not known:
-            logger.warning(
-                "jaxaot: component %r missed the cache (key %s); no other entry of this "
-                "component of the same kind is held in this process or the cache",
-                self.name,
-                key.digest[:16],
-            )
-            return
-        closest = min(known, key=lambda k: len(key.explain(k)))
-        logger.warning(
-            "jaxaot: component %r missed the cache (key %s); the closest entry held "
-            "(%s) differs in: %s",
-            self.name,
-            key.digest[:16],
-            closest.digest[:16],
-            "; ".join(key.explain(closest)),
-        )
+        """Notes a miss of ``key``; with ``JAXAOT_EXPLAIN_MISSES=1`` logs (WARNING, once
+        per miss) what changed against the closest key of this component of the same
+        kind, held here or noted in the cache, without reading any entry (``_explain``)."""
+        _explain.miss(self.name, key, cache, list(self.entries))
 
     # -- executables -------------------------------------------------------------
 
@@ -235,9 +207,18 @@ class Store:
             exe, root = value
             # Executables are compiled by each process of a multi-process job
             # (they are bound to that process's devices); lowered entries are shared.
-            if cache is None or root is None or root.host_callbacks:
+            if cache is None or root is None:
                 return None
             more = extra() if extra is not None else {}
+            if root.host_callbacks:
+                # Kept in this process; its executable is cached where another
+                # process can bind its own callbacks to it (a default key traces them).
+                from ._readwrite import callbacks_executable
+
+                payload = callbacks_executable(root, exe, self.name)
+                if payload is not None:
+                    store_executable(cache, exe_key, root, exe, made["costs"], more, payload)
+                return None
             if made["seconds"] >= BACKGROUND_AFTER_SECONDS:
                 # A big executable: serialize and write it while the first step
                 # runs, off the path to the first result.
@@ -260,33 +241,3 @@ class Store:
 
 def _written(cache: Cache, entry: Entry) -> None:
     write(cache, entry)
-
-
-def _kind(key: ComponentKey) -> tuple[Any, ...]:
-    transform = key.parts.get("transform") or ()
-    kinds = tuple(t[0] if isinstance(t, tuple) and t else t for t in transform)
-    return (kinds, "executable" in key.parts)
-
-
-def _same_kind(a: ComponentKey, b: ComponentKey) -> bool:
-    return _kind(a) == _kind(b)
-
-
-def _cached_keys(cache: Cache, name: str) -> list[ComponentKey]:
-    """Keys of this component's entries in ``cache``, from their verified headers."""
-    try:
-        digests = list(cache.keys())
-    except Exception:  # a cache that cannot list its keys
-        return []
-    out = []
-    for digest in digests[:_EXPLAIN_SCAN]:
-        try:
-            blob = cache.get(digest)
-            if blob is None:
-                continue
-            header, _ = _entry.verify(blob)
-            if header.get("name") == name:
-                out.append(ComponentKey.from_json(header["key"]))
-        except Exception:  # a bad entry explains nothing
-            continue
-    return out

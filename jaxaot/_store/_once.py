@@ -54,7 +54,9 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from .. import _stats
 from .._caches import Cache, Held, Lease, Leasing
+from .._caches._faults import store_fault_cause
 from .._env import number
+from . import _progress
 
 __all__ = [
     "LEASE_TTL_ENV",
@@ -122,7 +124,7 @@ def make_once(
     ``$JAXAOT_LEASE_TTL``; faults of the cache or its leases are never raised."""
     wait = lease_wait() if isinstance(cache, Leasing) else 0.0
     if wait <= 0:
-        return Outcome(_make(make, store, None, 0.0), made=True)
+        return Outcome(_make(_watched(make, what), store, None, 0.0), made=True)
     assert isinstance(cache, Leasing)
     ttl = lease_ttl()
     started: float | None = None
@@ -176,7 +178,7 @@ def make_once(
         )
     if started is not None:
         _stats.bump("wait_seconds", time.monotonic() - started)
-    value = _make(make, store, lease, ttl)
+    value = _make(_watched(make, what), store, lease, ttl)
     if lease is not None:
         logger.debug("jaxaot: made %s %s holding its lease (%s)", what, digest[:16], lease.holder)
     return Outcome(value, made=True, waited=started is not None)
@@ -187,7 +189,7 @@ def _lease(cache: Leasing, digest: str, ttl: float) -> Lease | Held | None:
         return cache.lease(digest, ttl)
     except Exception as e:  # a backend that raises: no lease, as if it lent none
         _stats.warn_once(
-            f"lease:{type(cache).__name__}:{type(e).__name__}",
+            store_fault_cause(cache, e),
             f"jaxaot: taking a lease in {cache!r} failed ({type(e).__name__}: {e}); "
             "making entries here",
         )
@@ -204,6 +206,17 @@ def _loaded(value: T, started: float | None, digest: str, what: str, holder: str
         "jaxaot: loaded %s %s after waiting %.2f s for %s", what, digest[:16], seconds, holder
     )
     return Outcome(value, made=False, waited=True)
+
+
+def _watched(make: Callable[[], T], what: str) -> Callable[[], T]:
+    """``make``, its XLA compile seconds counted (``jaxaot.report()``) and, when
+    opted in, shown while it runs long (``_progress``)."""
+
+    def run() -> T:
+        with _stats.making(), _progress.showing(what):
+            return make()
+
+    return run
 
 
 def _make(make: Callable[[], T], store: Write[T] | None, lease: Lease | None, ttl: float) -> T:
@@ -283,6 +296,9 @@ class _Heartbeat:
         self._held = {}
         self._thread = None
 
+
+# Every miss's work passes through here: count its compile seconds (jaxaot.report()).
+_stats.watch_compiles()
 
 _HEARTBEAT = _Heartbeat()
 if hasattr(os, "register_at_fork"):

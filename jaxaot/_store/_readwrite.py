@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from .. import _stats
 from .._caches import Cache, Quarantining
+from .._caches._faults import store_fault_cause
+from .._jax import CallbacksNotRebindable, serialize_with_callbacks
 from .._keys._key import ComponentKey
 from . import _entry
 from ._entry import Entry, EntryError
 from ._trees import NotPersistable
 
-__all__ = ["decoder", "discard", "read", "write"]
+__all__ = ["CALLBACKS_ONLY", "callbacks_executable", "decoder", "discard", "read", "write"]
+
+#: ``Entry.extra`` flag of an entry kept in this process for its host callbacks
+#: alone: its top-level executables are cached where JAX can bind the callbacks
+#: again in another process (``callbacks_executable``).
+CALLBACKS_ONLY = "host_callbacks_only"
 
 logger = logging.getLogger("jaxaot")
 
@@ -24,14 +32,14 @@ def read(cache: Cache, key: ComponentKey) -> Entry | None:
     except Exception as e:
         _stats.bump("cache_errors")
         _stats.warn_once(
-            f"get:{type(cache).__name__}:{type(e).__name__}",
+            store_fault_cause(cache, e),
             f"jaxaot: reading from {cache!r} failed ({type(e).__name__}: {e}); computing locally",
         )
         return None
     if blob is None:
         return None
     try:
-        return _entry.decode(blob, expected=key)
+        entry = _entry.decode(blob, expected=key)
     except EntryError as e:
         if not e.removable:
             # Sound for the processes that wrote it (another HMAC key, another entry
@@ -52,6 +60,8 @@ def read(cache: Cache, key: ComponentKey) -> Entry | None:
         )
         discard(cache, key.digest)
         return None
+    _stats.bump("loaded")
+    return entry
 
 
 def decoder(key: ComponentKey) -> Callable[[bytes], Entry | None]:
@@ -76,16 +86,57 @@ def discard(cache: Cache, digest: str) -> None:
 
 
 def write(cache: Cache, entry: Entry) -> None:
+    if entry.host_callbacks and entry.extra.get(CALLBACKS_ONLY):
+        # Its lowered form would hold this process's callbacks; its executables
+        # are cached with them rebound (``callbacks_executable``).
+        logger.debug("jaxaot: %s stays in this process (host callbacks)", entry.name)
+        return
     try:
         blob = _entry.encode(entry)
     except NotPersistable as e:
-        logger.debug("jaxaot: not caching %s (%s): %s", entry.name, entry.key.digest[:16], e)
+        # Silence would read as "jaxaot does not help": say once per component
+        # what keeps it from a warm start.
+        _stats.warn_once(
+            f"not-persistable:{entry.name}",
+            f"jaxaot: component {entry.name!r} is not written to the cache ({e}); "
+            "its entries stay in this process, so a new process traces, lowers and "
+            "compiles it again",
+        )
         return
     try:
         cache.put(entry.key.digest, blob)
     except Exception as e:
         _stats.bump("cache_errors")
         _stats.warn_once(
-            f"put:{type(cache).__name__}:{type(e).__name__}",
+            store_fault_cause(cache, e),
             f"jaxaot: writing to {cache!r} failed ({type(e).__name__}: {e}); continuing without it",
         )
+
+
+def callbacks_executable(root: Entry, exe: Any, component: str) -> bytes | None:
+    """The serialized top-level executable ``exe`` of ``root``, an entry kept in this
+    process for its host callbacks, in a form another process loads with its own
+    callbacks bound; or ``None`` where that cannot be (then the executable stays in
+    this process, with one WARNING per component and cause)."""
+    if not root.extra.get(CALLBACKS_ONLY):
+        return None  # in this process for another reason (a context, plain JAX)
+    program = root.key.parts.get("program")
+    if program is None:
+        _stats.warn_once(
+            f"callbacks-explicit-key:{component}",
+            f"jaxaot: component {component!r} has an explicit key and calls back into "
+            "Python (jax.debug.print, pure_callback, io_callback, Equinox checks); its "
+            "executable is not cached: an explicit key does not trace the body, so "
+            "another process would have no callbacks to bind to it. Use a default key "
+            "to cache it.",
+        )
+        return None
+    try:
+        return serialize_with_callbacks(exe, component, str(program))
+    except CallbacksNotRebindable as e:
+        _stats.warn_once(
+            f"callbacks:{component}:{e}",
+            f"jaxaot: component {component!r} calls back into Python and its executable "
+            f"is not cached ({e}); each process compiles it",
+        )
+        return None

@@ -8,10 +8,11 @@ Commands::
   jaxaot cache info    KEY [--json]
   jaxaot cache stats   [--json]
   jaxaot cache verify  [--fix] [--json]
-  jaxaot cache prune   (--max-bytes N | --older-than DURATION) [--dry-run] [-v]
+  jaxaot cache prune   (--max-bytes N | --older-than DURATION) [--dry-run] [--yes] [-v]
   jaxaot cache clear   [--yes]
   jaxaot cache export  BUNDLE [--component NAME ...] [--json]
   jaxaot cache import  BUNDLE [--json]
+  jaxaot precompile    module:manifest [--workers N] [--cache SPEC]
 
 Layout: :mod:`._output` holds what every command shares (one-line errors, the
 parser, the :class:`Command`/:class:`Group` registry types, tables and
@@ -59,8 +60,9 @@ def _commands() -> list[Command | Group]:
     from .bench import BENCH
     from .cache import CACHE
     from .demo import DEMO
+    from .precompile import PRECOMPILE
 
-    return [DEMO, BENCH, CACHE]
+    return [DEMO, BENCH, CACHE, PRECOMPILE]
 
 
 def __getattr__(name: str) -> Any:

@@ -159,7 +159,7 @@ class Output:
 # Parsing and formatting sizes, durations, times.
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)\s*$", re.IGNORECASE)
-_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_size(text: str) -> int:
@@ -174,11 +174,19 @@ def parse_size(text: str) -> int:
 
 
 def parse_duration(text: str) -> float:
-    """Seconds from ``30s``, ``15m``, ``12h``, ``7d``, ``2w`` (a plain number is seconds)."""
+    """Seconds from ``30s``, ``15m``, ``12h``, ``7d``, ``2w``.
+
+    A bare number is refused: ``find -mtime 2`` means days and ``sleep 2``
+    seconds, so either reading surprises someone (and ``prune`` deletes)."""
     m = _DURATION_RE.match(text)
     if m is None:
         raise argparse.ArgumentTypeError(
             f"invalid duration {text!r}: use a number with s, m, h, d or w (e.g. 7d)"
+        )
+    if not m.group(2):
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: give a unit, e.g. {m.group(1)}d for days or "
+            f"{m.group(1)}h for hours (s, m, h, d, w)"
         )
     return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
 

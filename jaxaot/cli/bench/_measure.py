@@ -120,6 +120,8 @@ def settle(step: Any, args: tuple[Any, ...], result: dict[str, Any]) -> None:
     for mode in (_plan.SPLIT, _plan.WHOLE):
         if mode == _plan.WHOLE and (plan.whole is None or plan.whole.exception() is not None):
             continue
+        if mode == _plan.SPLIT and plan.served_whole:
+            continue  # one program, served whole: it has no split form to time
         plan.mode = mode
         result[f"steady_{mode}"] = steady_after_warmup(lambda: step(*args), 5)
     plan.mode = chosen

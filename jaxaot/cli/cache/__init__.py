@@ -6,7 +6,7 @@ Commands::
   jaxaot cache info    KEY [--dir PATH] [--json]
   jaxaot cache stats   [--dir PATH] [--json]
   jaxaot cache verify  [--dir PATH] [--fix] [--json]
-  jaxaot cache prune   [--dir PATH] (--max-bytes N | --older-than DURATION) [--dry-run] [-v]
+  jaxaot cache prune   [--dir PATH] (--max-bytes N | --older-than DURATION) [--dry-run] [--yes] [-v]
   jaxaot cache clear   [--dir PATH] [--yes]
   jaxaot cache export  BUNDLE [--component NAME ...] [--dir PATH] [--json]
   jaxaot cache import  BUNDLE [--dir PATH] [--json]
@@ -88,7 +88,10 @@ CACHE = Group(
             _prune._configure,
             _prune._cmd_prune,
             epilog="Both options may be given: entries older than DURATION go first, then "
-            "the least recently used until the rest fit in N bytes.",
+            "the least recently used until the rest fit in N bytes. DURATION needs a unit "
+            "(a bare number is refused). On a terminal, prune says what it would remove and "
+            "asks unless --yes; when stdin is not a terminal (cron, CI) it removes without "
+            "asking and says what it removed.",
         ),
         Command(
             "clear",

@@ -1,13 +1,27 @@
 """``jaxaot cache prune``: remove the least recently used entries, or those unused
-for longer than a duration."""
+for longer than a duration.
+
+On a terminal, prune says what it would remove and asks unless ``--yes``. When
+stdin is not a terminal (cron, CI, a pipe) it does not ask: a size cap kept by
+a scheduled job is what prune is for, and a prompt there would hang it. It
+says what it removed either way."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 
-from .._output import CLIError, Output, entries_text, human_bytes, parse_duration, parse_size
+from .._output import (
+    CLIError,
+    Output,
+    entries_text,
+    human_bytes,
+    is_terminal,
+    parse_duration,
+    parse_size,
+)
 from ._view import Record, load_record, open_cache
 
 
@@ -23,9 +37,13 @@ def _configure(p: argparse.ArgumentParser) -> None:
         "--older-than",
         type=parse_duration,
         metavar="DURATION",
-        help="remove entries not used for longer than DURATION (30s, 15m, 12h, 7d, 2w)",
+        help="remove entries not used for longer than DURATION, which needs a unit "
+        "(30s, 15m, 12h, 7d, 2w)",
     )
     p.add_argument("--dry-run", action="store_true", help="show what would be removed")
+    p.add_argument(
+        "-y", "--yes", action="store_true", help="do not ask for confirmation on a terminal"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="list each removed entry")
 
 
@@ -58,6 +76,18 @@ def _cmd_prune(args: argparse.Namespace, out: Output) -> int:
             r = keep.pop(0)
             victims.append(r)
             total -= r.size
+    if victims and not args.dry_run and not args.yes and is_terminal(sys.stdin):
+        if args.verbose:
+            for r in victims:
+                out.line(f"would remove {r.key[:12]}  {human_bytes(r.size)}  {r.name}")
+        what = f"{entries_text(len(victims))} ({human_bytes(sum(r.size for r in victims))})"
+        try:
+            answer = input(f"Remove {what} of {len(records)} from {view.location}? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            out.line("nothing removed")
+            return 1
     removed: list[Record] = []
     for r in victims:
         if args.dry_run or view.cache.delete(r.key):

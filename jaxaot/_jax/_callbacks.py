@@ -1,0 +1,361 @@
+"""Host callbacks in serialized executables: taking a compiled program that calls
+back into Python into another process.
+
+An XLA executable names its host callbacks by index (``xla_ffi_python_*_callback``
+custom calls); the Python functions behind the indices are handed to jaxlib when
+the executable is compiled or deserialized, and are never part of its bytes. An
+executable with callbacks can therefore be loaded in another process when that
+process supplies, for each index, a function that does what the compiling
+process's did. jaxaot builds them from the traced program of the loading
+process (whose default key traces the component anyway):
+
+* :func:`register_program` records a program's callback equations, in the order
+  its canonical form (``_keys._program``) visits them, under the component and
+  the program's digest;
+* :func:`serialize_with_callbacks` (in the compiling process) matches each host
+  callback of a compiled program to its equation, and pickles the executable with
+  ``(component, program, equation index)`` in place of each Python function;
+* unpickling it (``jax.experimental.serialize_executable.deserialize_and_load``
+  of the loading process) rebuilds each function from the equation registered
+  at that index, with that process's Python objects, and deserializes the XLA
+  executable with them bound.
+
+Rebinding needs a jaxlib whose ``deserialize_executable`` takes
+``host_callbacks`` (0.10.2 through 0.12 do) and a backend whose callbacks are
+FFI calls by index (CPU and GPU; TPU callbacks are send/receive channels baked
+into the program). :func:`rebind_unsupported` says why not, where not.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import threading
+import types
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._jaxpr import component_callback_jaxpr, walk_jaxprs
+
+__all__ = [
+    "CallbacksNotRebindable",
+    "callback_functions",
+    "called_callbacks",
+    "is_callback_equation",
+    "rebind_unsupported",
+    "register_program",
+    "serialize_with_callbacks",
+]
+
+from jax._src import callback as _callback  # noqa: E402
+from jax._src import debugging as _debugging  # noqa: E402
+from jax._src import dtypes as _dtypes  # noqa: E402
+from jax._src.lib import xla_client as _xc  # noqa: E402
+
+
+class CallbacksNotRebindable(Exception):
+    """A compiled program's host callbacks cannot be rebound in another process."""
+
+
+# What the lowering rules of JAX's callback primitives run on the host for an
+# equation (``pure_callback_lowering``, ``io_callback_lowering``,
+# ``debug_callback_lowering``, ``debug_print_lowering_rule``): the primitive's
+# implementation on the host arguments, with the equation's parameters. The
+# primitives' own ``impl`` of pure and io callbacks dispatches a jit, so the
+# module functions are named. A JAX without one of them rebinds the others.
+_HOST_IMPLS: dict[str, Callable[..., Any]] = {
+    name: impl
+    for name, impl in (
+        ("pure_callback", getattr(_callback, "pure_callback_impl", None)),
+        ("io_callback", getattr(_callback, "io_callback_impl", None)),
+        ("debug_callback", getattr(_debugging, "debug_callback_impl", None)),
+        ("debug_print", getattr(_debugging, "debug_print_impl", None)),
+    )
+    if impl is not None
+}
+
+
+def is_callback_equation(eqn: Any) -> bool:
+    """Whether ``eqn`` calls back into Python (see ``has_host_callbacks``)."""
+    from ._jaxpr import _is_callback
+
+    return _is_callback(eqn.primitive)
+
+
+def callback_functions(eqn: Any) -> list[Any]:
+    """The Python functions a callback equation runs: the callables in its
+    parameters and, through partials, JAX's flattening wrappers and closure
+    cells, the functions they call (the user's function among them)."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    stack: list[tuple[Any, int]] = [(v, 0) for v in eqn.params.values()]
+    while stack:
+        obj, depth = stack.pop()
+        if id(obj) in seen or depth > 4 or len(seen) > 200:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, types.FunctionType):
+            found.append(obj)
+            for cell in obj.__closure__ or ():
+                try:
+                    stack.append((cell.cell_contents, depth + 1))
+                except ValueError:  # an empty cell
+                    continue
+        elif isinstance(obj, types.MethodType):
+            found.append(obj)
+        elif hasattr(obj, "func") and hasattr(obj, "args") and hasattr(obj, "keywords"):
+            stack.append((obj.func, depth + 1))
+            stack.extend((a, depth + 1) for a in obj.args)
+            stack.extend((v, depth + 1) for v in obj.keywords.values())
+        elif hasattr(obj, "callback_func"):  # jax's _FlatCallback
+            stack.append((obj.callback_func, depth + 1))
+        elif callable(obj) and not isinstance(obj, type):
+            found.append(obj)
+    return found
+
+
+def rebind_unsupported() -> str | None:
+    """Why executables with host callbacks cannot be loaded in another process with
+    this JAX and backend, or ``None`` if they can."""
+    backend = jax.devices()[0].client
+    doc = getattr(backend.deserialize_executable, "__doc__", "") or ""
+    if "host_callbacks" not in doc:
+        return f"jaxlib {jax.__version__} cannot bind host callbacks to a deserialized executable"
+    platform = jax.devices()[0].platform
+    if platform not in ("cpu", "gpu", "cuda", "rocm"):
+        return f"host callbacks on {platform} are channels compiled into the program"
+    return None
+
+
+# (component, program digest) -> the program's callback equations, in canonical
+# order, and the witness of the objects their callbacks see; ``None`` equations
+# for an ambiguous program. Bounded: a process that traces more programs forgets
+# the oldest (a load of a forgotten one compiles instead).
+_MAX_PROGRAMS = 4096
+_programs: collections.OrderedDict[tuple[str, str], tuple[tuple[Any, ...] | None, Hashable]] = (
+    collections.OrderedDict()
+)
+_programs_lock = threading.Lock()
+
+
+def register_program(
+    component: str, program: str, eqns: Sequence[Any], witness: Hashable = None
+) -> None:
+    """Records the callback equations of the program with digest ``program`` traced
+    for ``component`` (this process's Python objects), in canonical order.
+    ``witness`` names the objects the callbacks see (closure values): a new trace
+    with the same witness replaces the old one (the same callbacks), one with
+    another makes the program ambiguous (two components of one name and program
+    whose callbacks see different objects): it is then never rebound here."""
+    if not eqns:
+        return
+    slot = (component, program)
+    with _programs_lock:
+        old = _programs.get(slot)
+        if old is not None and (old[0] is None or old[1] != witness):
+            _programs[slot] = (None, old[1])
+        else:
+            _programs[slot] = (tuple(eqns), witness)
+        _programs.move_to_end(slot)
+        while len(_programs) > _MAX_PROGRAMS:
+            _programs.popitem(last=False)
+
+
+def _registered(component: str, program: str) -> tuple[Any, ...]:
+    with _programs_lock:
+        found = _programs.get((component, program))
+    if found is None:
+        raise CallbacksNotRebindable(
+            f"component {component!r}: the program {program[:16]} was not traced in this process"
+        )
+    if found[0] is None:
+        raise CallbacksNotRebindable(
+            f"component {component!r}: the program {program[:16]} was traced with "
+            "callbacks that see different objects"
+        )
+    return found[0]
+
+
+def _host_function(eqn: Any) -> Callable[..., Any]:
+    """What the lowering of ``eqn`` hands to XLA as its host callback (the checks of
+    ``jax._src.callback.emit_python_callback`` included)."""
+    impl = _HOST_IMPLS.get(eqn.primitive.name)
+    if impl is None:
+        raise CallbacksNotRebindable(f"no host implementation of {eqn.primitive.name}")
+    params = dict(eqn.params)
+    result_avals = [v.aval for v in eqn.outvars]
+
+    def host(*args: Any) -> tuple[Any, ...]:
+        outs = impl(*args, **params)
+        outs = () if outs is None else tuple(outs)
+        if len(outs) != len(result_avals):
+            raise RuntimeError(
+                "Mismatched number of outputs from callback. "
+                f"Expected: {len(result_avals)}, Actual: {len(outs)}"
+            )
+        values = tuple(_dtypes.canonicalize_value(np.asarray(a)) for a in outs)
+        for i, (value, aval) in enumerate(zip(values, result_avals, strict=True)):
+            if value.shape != aval.shape:
+                raise RuntimeError(
+                    f"Incorrect output shape for return value #{i}: "
+                    f"Expected: {aval.shape}, Actual: {value.shape}"
+                )
+            if value.dtype != aval.dtype:
+                raise RuntimeError(
+                    f"Incorrect output dtype for return value #{i}: "
+                    f"Expected: {aval.dtype}, Actual: {value.dtype}"
+                )
+        return values
+
+    return host
+
+
+def _rebound_callback(component: str, program: str, index: int) -> Callable[..., Any]:
+    """Unpickling a host callback: the one built from this process's equation."""
+    return _host_function(_registered(component, program)[index])
+
+
+def _rebound_executable(
+    payload: bytes, component: str, program: str, indices: tuple[int, ...]
+) -> Any:
+    """Unpickling the XLA executable: deserialized with this process's callbacks
+    bound (on the default backend and its devices, as ``deserialize_and_load``)."""
+    eqns = _registered(component, program)
+    callbacks = [_host_function(eqns[i]) for i in indices]
+    backend = jax.devices()[0].client
+    devices = _xc.DeviceList(tuple(backend.devices()))
+    return backend.deserialize_executable(payload, devices, None, callbacks)
+
+
+_ATOMS = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _reachable(obj: Any, limit: int = 400) -> set[int]:
+    """Ids of the objects a host callback reaches through closures and partials."""
+    seen: set[int] = set()
+    stack: list[tuple[Any, int]] = [(obj, 0)]
+    while stack and len(seen) < limit:
+        o, depth = stack.pop()
+        if id(o) in seen or depth > 6:
+            continue
+        seen.add(id(o))
+        if isinstance(o, types.FunctionType):
+            for cell in o.__closure__ or ():
+                try:
+                    stack.append((cell.cell_contents, depth + 1))
+                except ValueError:
+                    continue
+            stack.extend((d, depth + 1) for d in o.__defaults__ or ())
+        elif isinstance(o, types.MethodType):
+            stack.append((o.__func__, depth + 1))
+            stack.append((o.__self__, depth + 1))
+        elif hasattr(o, "func") and hasattr(o, "args") and hasattr(o, "keywords"):
+            stack.append((o.func, depth + 1))
+            stack.extend((a, depth + 1) for a in o.args)
+            stack.extend((v, depth + 1) for v in o.keywords.values())
+        elif isinstance(o, dict):
+            stack.extend((v, depth + 1) for v in o.values())
+        elif isinstance(o, list | tuple):
+            stack.extend((v, depth + 1) for v in o)
+    return seen
+
+
+def _match(host_callbacks: Sequence[Any], eqns: Sequence[Any]) -> tuple[int, ...]:
+    """For each host callback of a compiled program, the index of the equation it
+    was lowered from: the one whose parameter objects it reaches. Equations whose
+    reached objects tie are interchangeable (they share them)."""
+    keyed = [
+        [id(v) for v in eqn.params.values() if not isinstance(v, _ATOMS) and v is not None]
+        for eqn in eqns
+    ]
+    indices = []
+    for host in host_callbacks:
+        reach = _reachable(host)
+        scores = [sum(i in reach for i in ids) for ids in keyed]
+        best = max(scores, default=0)
+        if best == 0:
+            raise CallbacksNotRebindable("a host callback matches no callback equation")
+        tied = [k for k, s in enumerate(scores) if s == best]
+        first = tied[0]
+        if any(
+            keyed[k] != keyed[first] or eqns[k].primitive is not eqns[first].primitive for k in tied
+        ):
+            raise CallbacksNotRebindable("a host callback matches several callback equations")
+        if eqns[first].primitive.name not in _HOST_IMPLS:
+            raise CallbacksNotRebindable(
+                f"host callbacks of {eqns[first].primitive.name} cannot be rebound"
+            )
+        indices.append(first)
+    return tuple(indices)
+
+
+def serialize_with_callbacks(compiled: Any, component: str, program: str) -> bytes:
+    """``compiled`` (a ``jax.stages.Compiled`` of the program with digest
+    ``program``, registered for ``component``) serialized so that
+    ``deserialize_and_load`` in another process that traced the same program binds
+    its own callbacks (see the module docstring).
+
+    Raises :class:`CallbacksNotRebindable` where that cannot be done."""
+    from jax.experimental import serialize_executable as _se
+
+    reason = rebind_unsupported()
+    if reason is not None:
+        raise CallbacksNotRebindable(reason)
+    unloaded = getattr(compiled._executable, "_unloaded_executable", None)
+    if unloaded is None or not getattr(unloaded, "host_callbacks", None):
+        raise CallbacksNotRebindable("the executable holds no host callbacks to rebind")
+    mut = getattr(unloaded, "mut", None)
+    if mut is not None and getattr(mut, "in_mut", None):
+        raise CallbacksNotRebindable("the executable closes over a mutable array")
+    if getattr(unloaded, "keepalive", None):
+        raise CallbacksNotRebindable("the executable keeps Python objects alive")
+    hosts = list(unloaded.host_callbacks)
+    indices = _match(hosts, _registered(component, program))
+    by_id = {id(h): i for h, i in zip(hosts, indices, strict=True)}
+    if compiled._params.const_args:
+        raise CallbacksNotRebindable("the executable has constant arguments")
+    args_info_flat, _ = jax.tree_util.tree_flatten(compiled.args_info)
+
+    class Pickler(_se._JaxPjrtPickler):  # type: ignore[misc,name-defined]
+        def persistent_id(self, obj: Any) -> Any:
+            if isinstance(obj, _xc.LoadedExecutable):
+                return None  # pickled by reducer_override, with its callbacks
+            return super().persistent_id(obj)
+
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, _xc.LoadedExecutable):
+                blob = obj.serialize()
+                return _rebound_executable, (blob, component, program, indices)
+            index = by_id.get(id(obj))
+            if index is not None:
+                return _rebound_callback, (component, program, index)
+            return NotImplemented
+
+    with io.BytesIO() as file:
+        Pickler(file).dump((unloaded, args_info_flat, compiled._no_kwargs))
+        return file.getvalue()
+
+
+def called_callbacks(call: Any) -> list[Any]:
+    """The callback equations of the entry a component call (the ``call`` parameter
+    of a ``jaxaot_component`` equation) runs, where that entry is kept in its
+    process for them (it is lowered inline into its caller, callbacks and all):
+    in walk order, through the components it calls in turn."""
+    entry: Any = getattr(call, "entry", None)
+    jaxpr = getattr(entry, "jaxpr", None)
+    if not getattr(entry, "host_callbacks", False) or jaxpr is None:
+        return []
+    found = []
+    stack = [jaxpr]
+    while stack:
+        for j in walk_jaxprs(stack.pop()):
+            for eqn in j.eqns:
+                if is_callback_equation(eqn):
+                    found.append(eqn)
+                inner = component_callback_jaxpr(eqn)
+                if inner is not None:
+                    stack.append(inner)
+    return found

@@ -1,0 +1,499 @@
+"""A manifest of what a deployment will call, and precompiling it.
+
+A :class:`Manifest` lists signatures: a component or ``jaxaot.jit`` function with
+its arguments (``jax.ShapeDtypeStruct``s, shardings included, or arrays; static
+arguments as the function takes them), added one by one (:meth:`Manifest.add`)
+or as serving buckets (:meth:`Manifest.buckets`). :meth:`Manifest.precompile`
+loads or compiles every executable each signature needs through the function's
+own ``precompile`` (the same keys a call computes), runs nothing, and returns
+when every entry is written to the active cache.
+
+**Sharing the work.** Processes that precompile one manifest into one shared
+cache in one *run* (the workers of one ``jaxaot precompile``, or processes given
+the same ``run`` name) (a directory, Redis, an object store) split it by *claiming* signatures
+through the cache's per-entry leases (``_caches.Leasing``, one lease per
+signature, named by a digest of the run's name, the manifest's name and the
+signature): a
+process precompiles the signatures whose lease it takes, skips those another
+one finished, and comes back to those another one holds until that one is done
+or its lease is free (its holder died: a lock file unlocks at once, a Redis or
+object-store lease expires after ``$JAXAOT_LEASE_TTL``), then takes it over.
+Entries shared by signatures are made once all the same: every entry is made
+under its own lease (``_store._once``). Worker ``w`` of ``n`` starts with the
+signatures ``i`` with ``i % n == w``, so that workers rarely meet. Without
+leases (a cache that lends none, ``JAXAOT_LEASE_WAIT=0``) each worker
+precompiles only those.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import time
+from collections.abc import Callable, Container, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import jax
+
+from .. import _stats
+from .._caches import Held, Lease, Leasing
+from .._component import Component
+from .._store._active import get_cache
+from .._store._executables import wait_for_writes
+from .._store._once import _HEARTBEAT, lease_ttl, lease_wait
+from ._jit import RegionalFunction
+from ._plan import split_only_seconds
+from ._pool import wait_for_background
+
+__all__ = ["ItemResult", "Manifest", "PrecompileReport", "Signature", "manifest"]
+
+logger = logging.getLogger("jaxaot")
+
+#: Seconds between looks at signatures another process holds (growing to the last).
+_POLLS = (0.05, 0.1, 0.2, 0.5, 1.0)
+#: The longest label a signature gets in progress lines.
+_LABEL_CHARS = 100
+
+
+class Signature(NamedTuple):
+    """One call a deployment will make: ``function(*args, **kwargs)``."""
+
+    function: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    label: str
+
+
+@dataclass
+class ItemResult:
+    """What precompiling one signature did: ``made`` entries here, ``loaded``
+    entries another process made while this one waited, in ``seconds``.
+    ``state``: ``"made"`` (something was made here), ``"loaded"`` (only loaded
+    after waiting), ``"present"`` (everything was in the cache already) or
+    ``"elsewhere"`` (another process precompiled it) or ``"plain"`` (nothing to
+    cache). ``note`` says why a
+    signature leaves nothing in the cache (a ``jaxaot.jit`` function that runs
+    under plain ``jax.jit``)."""
+
+    index: int
+    label: str
+    state: str
+    made: int = 0
+    loaded: int = 0
+    seconds: float = 0.0
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "label": self.label,
+            "state": self.state,
+            "made": self.made,
+            "loaded": self.loaded,
+            "seconds": round(self.seconds, 3),
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ItemResult:
+        return cls(
+            int(raw["index"]),
+            str(raw["label"]),
+            str(raw["state"]),
+            int(raw.get("made", 0)),
+            int(raw.get("loaded", 0)),
+            float(raw.get("seconds", 0.0)),
+            str(raw.get("note", "")),
+        )
+
+
+@dataclass
+class PrecompileReport:
+    """What precompiling a manifest did: one :class:`ItemResult` per signature
+    precompiled (or skipped: ``"elsewhere"``) in ``seconds``."""
+
+    signatures: int
+    items: list[ItemResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def made(self) -> int:
+        """Entries made (lowered entries, derived entries, executables)."""
+        return sum(r.made for r in self.items)
+
+    @property
+    def loaded(self) -> int:
+        """Entries loaded once another process had made them."""
+        return sum(r.loaded for r in self.items)
+
+    @property
+    def present(self) -> int:
+        """Signatures whose entries were all in the cache already."""
+        here = {r.index for r in self.items if r.state != "elsewhere"}
+        made = {r.index for r in self.items if r.state in ("made", "loaded")}
+        return len(here - made)
+
+    @property
+    def elsewhere(self) -> int:
+        """Signatures another process precompiled (none of them here)."""
+        here = {r.index for r in self.items if r.state != "elsewhere"}
+        return len({r.index for r in self.items} - here)
+
+    def line(self) -> str:
+        """``precompiled N signatures: M entries made, L loaded, P already present, in T s``
+        (with ``, K by other processes`` when another process precompiled some)."""
+        others = f", {self.elsewhere} by other processes" if self.elsewhere else ""
+        return (
+            f"precompiled {self.signatures} signature{'s' if self.signatures != 1 else ''}: "
+            f"{self.made} entr{'ies' if self.made != 1 else 'y'} made, {self.loaded} loaded, "
+            f"{self.present} already present{others}, in {self.seconds:.1f} s"
+        )
+
+
+def _leaf_text(leaf: Any) -> str:
+    shape = getattr(leaf, "shape", None)
+    dtype = getattr(leaf, "dtype", None)
+    if shape is not None and dtype is not None:
+        try:
+            name = jax.numpy.dtype(dtype).name
+        except TypeError:
+            name = str(dtype)
+        short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "int32": "i32"}
+        return f"{short.get(name, name)}[{','.join(map(str, shape))}]"
+    return repr(leaf)[:40]
+
+
+def _arg_text(arg: Any) -> str:
+    """An argument in a progress line: an array's type, or how many arrays a tree holds."""
+    leaves = jax.tree_util.tree_leaves(arg)
+    if len(leaves) == 1 and leaves[0] is arg:
+        return _leaf_text(arg)
+    return f"<{len(leaves)} leaves>"
+
+
+def _leaf_identity(leaf: Any) -> str:
+    """A leaf as the claims name it: shape, dtype and sharding of arrays, the
+    value of anything else (static arguments)."""
+    shape = getattr(leaf, "shape", None)
+    dtype = getattr(leaf, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{tuple(shape)}:{dtype}:{getattr(leaf, 'sharding', None)!r}"
+    return repr(leaf)
+
+
+def _function_name(function: Any) -> str:
+    return str(getattr(function, "name", None) or getattr(function, "__name__", None) or function)
+
+
+def _check_function(function: Any, where: str) -> None:
+    if isinstance(function, Component | RegionalFunction):
+        return
+    name = getattr(function, "__name__", None) or type(function).__name__
+    raise TypeError(
+        f"jaxaot.Manifest.{where}: {name!r} is a {type(function).__name__}, not a jaxaot "
+        "component or jaxaot.jit function: precompile caches only what jaxaot serves; wrap "
+        "it with @jaxaot.component or jaxaot.jit (a plain jax.jit function is not cached)"
+    )
+
+
+class Manifest:
+    """The signatures a deployment will call, to precompile into a cache before
+    it starts (``jaxaot precompile module:manifest``, or :meth:`precompile`).
+
+    ``name`` names the manifest in the leases that split its signatures between
+    processes: processes that precompile the same manifest into one cache give
+    it the same name (``jaxaot precompile`` names it by its ``module:attr``).
+    """
+
+    def __init__(self, name: str = "manifest") -> None:
+        self.name = name
+        self._items: list[Signature] = []
+
+    def __repr__(self) -> str:
+        return f"<jaxaot.Manifest {self.name!r}: {len(self._items)} signatures>"
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Signature]:
+        return iter(self._items)
+
+    def __getitem__(self, index: int) -> Signature:
+        return self._items[index]
+
+    def add(self, function: Any, /, *args: Any, **kwargs: Any) -> Manifest:
+        """Adds the call ``function(*args, **kwargs)``: ``function`` is a component or
+        a ``jaxaot.jit`` function; array arguments are ``jax.ShapeDtypeStruct``s
+        (with the shardings the deployment's arrays will have) or arrays; static
+        arguments are their values. Returns the manifest.
+
+        Raises:
+          TypeError: ``function`` is neither a component nor a ``jaxaot.jit`` function.
+        """
+        _check_function(function, "add")
+        text = [_arg_text(a) for a in args] + [f"{k}={_arg_text(v)}" for k, v in kwargs.items()]
+        label = f"{_function_name(function)}({', '.join(text)})"
+        if len(label) > _LABEL_CHARS:
+            label = label[: _LABEL_CHARS - 2] + "…)"
+        self._items.append(Signature(function, tuple(args), dict(kwargs), label))
+        return self
+
+    def buckets(
+        self,
+        function: Any,
+        make_args: Callable[[int, int], Any],
+        *,
+        batch: Sequence[int] = (1, 2, 4, 8),
+        seq: Sequence[int] = (128, 256),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Manifest:
+        """Adds one call of ``function`` per serving bucket: for each batch size
+        ``b`` in ``batch`` and sequence length ``s`` in ``seq``, the call
+        ``function(*make_args(b, s), **kwargs)`` (``make_args`` returns the
+        positional arguments as a tuple; anything else is the one argument).
+        Returns the manifest.
+
+        Raises:
+          TypeError: ``function`` is neither a component nor a ``jaxaot.jit``
+            function, or ``batch``/``seq`` hold anything but positive integers.
+        """
+        _check_function(function, "buckets")
+        for what, sizes in (("batch", batch), ("seq", seq)):
+            bad = [s for s in sizes if not isinstance(s, int) or isinstance(s, bool) or s < 1]
+            if bad or not len(sizes):
+                raise TypeError(
+                    f"jaxaot.Manifest.buckets({_function_name(function)}): {what} must be "
+                    f"positive integers, got {list(sizes)!r}"
+                )
+        for b in batch:
+            for s in seq:
+                args = make_args(b, s)
+                self.add(
+                    function, *(args if isinstance(args, tuple) else (args,)), **(kwargs or {})
+                )
+        return self
+
+    def digest(self, index: int, run: str = "") -> str:
+        """The name of signature ``index``'s claim in the precompile ``run``: the
+        same in every process of that run that builds this manifest (its name, its
+        size, the signature's place, function and arguments), a valid cache key."""
+        item = self._items[index]
+        leaves, tree = jax.tree_util.tree_flatten((item.args, item.kwargs))
+        text = "\n".join(
+            [
+                "jaxaot precompile claim",
+                run,
+                self.name,
+                str(len(self._items)),
+                str(index),
+                _function_name(item.function),
+                str(tree),
+                *map(_leaf_identity, leaves),
+            ]
+        )
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    # -- precompiling -----------------------------------------------------------
+
+    def precompile(
+        self,
+        *,
+        worker: int = 0,
+        workers: int = 1,
+        run: str | None = None,
+        on_item: Callable[[str, ItemResult], None] | None = None,
+        finished: Container[int] = (),
+    ) -> PrecompileReport:
+        """Loads or compiles every executable the signatures need into the active
+        cache, without running anything; returns when every entry is written.
+
+        Processes sharing one cache split the signatures between them (see the
+        module's docstring) when they share one ``run`` name: give each its
+        ``worker`` index of ``workers``. Without a ``run``, this call is a run of
+        its own: processes still make each entry once, through the entries' own
+        leases, but each of them visits every signature. A run's claims are its
+        own: a later run never skips a signature because an earlier one did it
+        (the code may have changed since).
+        ``on_item(event, result)`` is called with ``"start"`` before a signature
+        is precompiled here and ``"done"`` after (or ``"elsewhere"`` when another
+        process did it). Signatures whose index is in ``finished`` (which may grow
+        meanwhile: ``jaxaot precompile`` adds what the other workers report) are
+        skipped: a claim says "done" for a minute only, and this process would
+        otherwise load what another finished before that.
+
+        Raises:
+          ValueError: ``worker`` is not in ``range(workers)``.
+          Exception: what a function's ``precompile`` raises for its arguments
+            (a ``TypeError`` naming the argument's path).
+        """
+        if workers < 1 or not 0 <= worker < workers:
+            raise ValueError(
+                f"jaxaot.Manifest.precompile: worker must be in range(workers), got worker="
+                f"{worker}, workers={workers}"
+            )
+        started = time.perf_counter()
+        report = PrecompileReport(len(self._items))
+        n = len(self._items)
+        # Its own share first, then the others' (each worker's in turn).
+        order = sorted(range(n), key=lambda i: ((i % workers - worker) % workers, i))
+        run = secrets.token_hex(8) if run is None else run
+        cache = get_cache()
+        claims = isinstance(cache, Leasing) and lease_wait() > 0
+        ttl = lease_ttl()
+
+        def notify(event: str, result: ItemResult) -> None:
+            if on_item is not None:
+                on_item(event, result)
+
+        def build(index: int, lease: Lease | None) -> None:
+            item = self._items[index]
+            notify("start", ItemResult(index, item.label, "start"))
+            if lease is not None:
+                _HEARTBEAT.add(lease, ttl / 3)
+            try:
+                result = _precompile_one(index, item)
+            except BaseException:
+                # Not released: "done" would tell the others to skip it. The lease
+                # unlocks when this process ends (or expires), and is taken over.
+                if lease is not None:
+                    _HEARTBEAT.discard(lease)
+                raise
+            report.items.append(result)
+            notify("done", result)  # before the others can see it done
+            if lease is not None:
+                _HEARTBEAT.discard(lease)
+                try:
+                    lease.release()
+                except Exception as e:  # it expires, or unlocks, by itself
+                    logger.debug("jaxaot: releasing %r failed: %s", lease, e)
+
+        def elsewhere(index: int, holder: str) -> None:
+            result = ItemResult(index, self._items[index].label, "elsewhere", note=holder)
+            report.items.append(result)
+            notify("elsewhere", result)
+
+        waiting: list[int] = []
+        for index in order:
+            if index in finished:
+                continue
+            mine = index % workers == worker
+            if not claims:
+                if mine:
+                    build(index, None)
+                continue
+            assert isinstance(cache, Leasing)
+            got = _claim(cache, self.digest(index, run), ttl)
+            if isinstance(got, Held):
+                if got.done:
+                    elsewhere(index, got.holder)
+                else:
+                    waiting.append(index)
+            elif got is not None or mine:
+                build(index, got)
+        polls = iter(_POLLS)
+        pause = 0.0
+        since = time.monotonic()
+        bound = lease_wait()
+        while waiting:
+            time.sleep(pause)
+            pause = next(polls, _POLLS[-1])
+            assert isinstance(cache, Leasing)
+            still: list[int] = []
+            for index in waiting:
+                if index in finished:
+                    continue
+                got = _claim(cache, self.digest(index, run), ttl)
+                if isinstance(got, Held):
+                    if got.done:
+                        elsewhere(index, got.holder)
+                    elif time.monotonic() - since >= bound:
+                        _stats.warn_once(
+                            "precompile-wait",
+                            f"jaxaot precompile: waited {bound:g} s ($JAXAOT_LEASE_WAIT) for "
+                            f"{got.holder} to precompile {self._items[index].label}; "
+                            "precompiling it here",
+                        )
+                        build(index, None)
+                    else:
+                        still.append(index)
+                    continue
+                if got is not None:
+                    logger.debug(
+                        "jaxaot precompile: took over %s from a process that stopped",
+                        self._items[index].label,
+                    )
+                build(index, got)  # its holder stopped (or leases failed): done here
+                pause = 0.0
+            waiting = still
+        report.seconds = time.perf_counter() - started
+        return report
+
+
+def _claim(cache: Leasing, digest: str, ttl: float) -> Lease | Held | None:
+    try:
+        return cache.lease(digest, ttl)
+    except Exception as e:  # no claim: this process precompiles it
+        logger.debug("jaxaot precompile: no lease from %r (%s: %s)", cache, type(e).__name__, e)
+        return None
+
+
+def _precompile_one(index: int, item: Signature) -> ItemResult:
+    """Precompiles one signature and waits for everything it started (background
+    compiles and writes); what it did, from the process's fleet counters."""
+    before = _stats.stats()
+    start = time.perf_counter()
+    item.function.precompile(*item.args, **item.kwargs)
+    if isinstance(item.function, RegionalFunction):
+        _start_whole_forms(item.function)
+    wait_for_background()
+    wait_for_writes()
+    seconds = time.perf_counter() - start
+    after = _stats.stats()
+    made = int(after["made_here"] - before["made_here"])
+    loaded = int(after["loaded_after_wait"] - before["loaded_after_wait"])
+    note = ""
+    if isinstance(item.function, RegionalFunction):
+        said = item.function.explain(*item.args, **item.kwargs)
+        if said.startswith(f"jaxaot.jit {item.function.__name__}: jax.jit"):
+            note = "runs under plain jax.jit: nothing of it is cached"
+            _stats.warn_once(
+                f"precompile-plain:{item.function.__name__}",
+                f"jaxaot precompile: {item.label} {note} ({said.split(': ', 1)[1]})",
+            )
+    state = "made" if made else "loaded" if loaded else "plain" if note else "present"
+    return ItemResult(index, item.label, state, made, loaded, seconds, note)
+
+
+#: Plans whose whole-program form this process has started (by ``id``).
+_STARTED: set[int] = set()
+
+
+def _start_whole_forms(function: RegionalFunction) -> None:
+    """Starts making the whole-program form of each of ``function``'s plans that
+    has one (``wait_for_background`` waits for them). ``jaxaot.jit`` picks that
+    form by timing the split program's calls, which precompiling cannot do: it is
+    made wherever it may be picked, so that no call of the deployment compiles it
+    (unless ``$JAXAOT_WHOLE_PROGRAM_BELOW_MS`` is 0: then it never is picked)."""
+    if split_only_seconds() <= 0:
+        return
+    try:
+        plans = [p for p in list(function._plans.values()) if p is not None]
+        for plan in plans:
+            start = plan._start_whole
+            if start is None or plan.whole is not None or id(plan) in _STARTED:
+                continue
+            _STARTED.add(id(plan))
+            start()
+    except AttributeError as e:  # a plan of another shape: the deployment makes it
+        _stats.warn_once(
+            "precompile-whole",
+            f"jaxaot precompile: the whole-program forms of {function.__name__} are not "
+            f"precompiled ({e}); a deployment makes them in the background",
+        )
+
+
+def manifest(name: str = "manifest") -> Manifest:
+    """An empty :class:`Manifest` named ``name``."""
+    return Manifest(name)

@@ -1,0 +1,414 @@
+"""``jaxaot precompile``: build every executable a deployment's manifest names
+into a cache, in parallel worker processes, running nothing.
+
+``jaxaot precompile TARGET [--workers N] [--cache SPEC]``. ``TARGET`` is
+``module:attr`` (or ``path/to/file.py:attr``): a :class:`jaxaot.Manifest`, or a
+function of no arguments that returns one. Each of the ``N`` workers (default:
+the machine's cores) is a fresh Python process (``sys.executable``: never a
+fork of a process that has started JAX) that imports the target and precompiles
+its share (``Manifest.precompile``: signatures are claimed through the cache's
+leases, so the workers of every machine pointed at one shared cache split the
+work, and a worker that dies has its signatures taken over by the others).
+
+Workers talk to this process through lines on their stdout that start with
+:data:`MARK` and hold one JSON object (the manifest's size, a signature
+started, done, or done elsewhere; an error); anything else they print passes
+through (to stderr). This process tells every worker, on its stdin, the index
+of each signature done, so that none of them loads what another made. On a terminal the progress is a rich bar; piped, one plain line per
+signature. The last line says what was made, loaded and already present, and
+the time taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import queue
+import secrets
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import IO, Any
+
+from ._output import CLIError, Command, Output
+
+__all__ = ["MARK", "PRECOMPILE", "load_manifest", "worker_main"]
+
+#: What starts a worker's report lines on its stdout.
+MARK = "@jaxaot-precompile "
+
+_WORKER_CODE = (
+    "import sys; from jaxaot.cli.precompile import worker_main; sys.exit(worker_main(sys.argv[1:]))"
+)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target",
+        metavar="TARGET",
+        help="module:attr or path/to/file.py:attr: a jaxaot.Manifest, or a function of no "
+        "arguments returning one",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        help="worker processes (default: the machine's cores)",
+    )
+    parser.add_argument(
+        "--cache",
+        metavar="SPEC",
+        default=None,
+        help="the cache to fill: a cache directory, or any $JAXAOT_CACHE value (dir, "
+        "redis://host:port/db, gs://bucket/path, file:///shared/path...); default: "
+        "$JAXAOT_CACHE, else the default cache directory",
+    )
+    parser.add_argument(
+        "--run",
+        metavar="ID",
+        default=None,
+        help="a name for this run, the same on every machine that shares the cache "
+        "(a build id, a commit): machines with the same ID split the signatures between "
+        "them; without one, each run makes every entry once all the same (through the "
+        "entries' leases) but visits every signature",
+    )
+
+
+def _split_target(target: str) -> tuple[str, str]:
+    where, sep, attr = target.rpartition(":")
+    if not sep or not where or not attr.isidentifier():
+        raise CLIError(f"TARGET must be module:attr or path/to/file.py:attr, got {target!r}", 2)
+    return where, attr
+
+
+def load_manifest(target: str) -> Any:
+    """The :class:`jaxaot.Manifest` that ``target`` (``module:attr`` or
+    ``file.py:attr``) names; one left unnamed is named ``target`` (its claims'
+    name: machines that split one run must name it alike).
+
+    Raises:
+      CLIError: ``target`` is malformed, cannot be imported, or names no manifest.
+    """
+    import jaxaot
+
+    where, attr = _split_target(target)
+    try:
+        if where.endswith(".py") or os.sep in where:
+            # Named by its file's stem, as `import stem` names it in the deployment:
+            # functions are keyed by their module's name.
+            name = os.path.splitext(os.path.basename(where))[0]
+            spec = importlib.util.spec_from_file_location(name, where)
+            if spec is None or spec.loader is None:
+                raise CLIError(f"cannot load {where!r} (not a Python file)", 2)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path and os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())  # as `python -m` finds modules
+            module = importlib.import_module(where)
+    except CLIError:
+        raise
+    except FileNotFoundError as e:
+        raise CLIError(f"cannot load {where!r}: {e.strerror}", 2) from None
+    except ImportError as e:
+        raise CLIError(f"cannot import {where!r}: {e}", 2) from None
+    try:
+        value = getattr(module, attr)
+    except AttributeError:
+        raise CLIError(f"{where!r} has no attribute {attr!r}", 2) from None
+    if not isinstance(value, jaxaot.Manifest) and callable(value):
+        value = value()
+    if not isinstance(value, jaxaot.Manifest):
+        raise CLIError(
+            f"{target} is a {type(value).__name__}, not a jaxaot.Manifest (or a function of "
+            "no arguments returning one)",
+            2,
+        )
+    if value.name == "manifest":  # unnamed: named by where it was found
+        value.name = target
+    return value
+
+
+def _report(stream: IO[str], event: str, **fields: Any) -> None:
+    stream.write(MARK + json.dumps({"event": event, **fields}) + "\n")
+    stream.flush()
+
+
+def worker_main(argv: list[str]) -> int:
+    """A worker: ``TARGET WORKER WORKERS RUN``. Precompiles its share, reporting on stdout."""
+    target, worker, workers, run = argv[0], int(argv[1]), int(argv[2]), argv[3]
+    out = sys.stdout
+    finished: set[int] = set()
+
+    def listen() -> None:  # the signatures the other workers finished
+        for line in sys.stdin:
+            if line.strip().isdigit():
+                finished.add(int(line))
+
+    threading.Thread(target=listen, name="jaxaot-precompile-finished", daemon=True).start()
+    try:
+        manifest = load_manifest(target)
+        _report(out, "manifest", count=len(manifest))
+        manifest.precompile(
+            worker=worker,
+            workers=workers,
+            run=run,
+            on_item=lambda event, result: _report(out, event, **result.as_dict()),
+            finished=finished,
+        )
+    except CLIError as e:
+        _report(out, "error", message=str(e))
+        return 2
+    except Exception as e:
+        traceback.print_exc()
+        _report(out, "error", message=f"{type(e).__name__}: {e}")
+        return 1
+    _report(out, "end")
+    return 0
+
+
+def _cache_env(spec: str | None) -> dict[str, str]:
+    """The environment that points a worker at the cache ``spec`` names."""
+    env = dict(os.environ)
+    if spec is None:
+        setting = env.get("JAXAOT_CACHE", "dir")
+    else:
+        setting = spec
+    from .._store._active import cache_setting
+
+    try:
+        parsed = cache_setting(setting)
+    except ValueError:
+        if spec is None:
+            raise CLIError(f"$JAXAOT_CACHE: {setting!r} is not a cache setting", 2) from None
+        parsed = None  # a directory path
+    if parsed is None:
+        env["JAXAOT_CACHE"] = "dir"
+        env["JAXAOT_CACHE_DIR"] = os.path.abspath(os.path.expanduser(setting))
+    elif parsed.kind in ("memory", "off"):
+        raise CLIError(
+            f"--cache {setting}: precompiling into a cache that no later process can read; "
+            "give a directory or a shared store",
+            2,
+        )
+    else:
+        env["JAXAOT_CACHE"] = setting
+    return env
+
+
+class _Worker:
+    def __init__(self, index: int, proc: subprocess.Popen[str]) -> None:
+        self.index = index
+        self.proc = proc
+        self.error: str | None = None
+        self.thread: threading.Thread | None = None
+
+
+def _read(worker: _Worker, events: queue.Queue[tuple[int, dict[str, Any] | None]]) -> None:
+    assert worker.proc.stdout is not None
+    for line in worker.proc.stdout:
+        if line.startswith(MARK):
+            try:
+                events.put((worker.index, json.loads(line[len(MARK) :])))
+            except ValueError:
+                pass
+        else:
+            sys.stderr.write(line)  # what the target prints, out of the progress' way
+    events.put((worker.index, None))
+
+
+class _Progress:
+    """A rich bar on a terminal, one plain line per signature otherwise."""
+
+    def __init__(self, out: Output) -> None:
+        self.out = out
+        self.total: int | None = None
+        self.done = 0
+        self.current: dict[int, str] = {}
+        self._bar: Any = None
+        self._task: Any = None
+        if out.rich:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(
+                TextColumn("[bold]precompiling[/]"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[now]}"),
+                console=out._console,
+                transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task("precompile", total=None, now="")
+
+    def count(self, total: int) -> None:
+        if self.total is None:
+            self.total = total
+            if self._bar is not None:
+                self._bar.update(self._task, total=total)
+
+    def _refresh(self) -> None:
+        if self._bar is not None:
+            now = "; ".join(f"w{w}: {label}" for w, label in sorted(self.current.items()))
+            self._bar.update(self._task, completed=self.done, now=now[:80])
+
+    def start(self, worker: int, label: str) -> None:
+        self.current[worker] = label
+        self._refresh()
+
+    def finish(self, worker: int, result: dict[str, Any]) -> None:
+        self.current.pop(worker, None)
+        self.done += 1
+        what = {
+            "made": f"{result['made']} made",
+            "loaded": f"{result['loaded']} loaded",
+            "present": "already present",
+            "plain": "not cached (" + str(result.get("note", "")) + ")",
+            "elsewhere": f"done by another process ({result.get('note', '?')})",
+        }.get(result["state"], result["state"])
+        took = "" if result["state"] == "elsewhere" else f", {result['seconds']:.2f} s"
+        text = (
+            f"[{self.done}/{self.total or '?'}] {result['label']}: {what}{took} (worker {worker})"
+        )
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+            self._refresh()
+        else:
+            self.out.line(text)
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _tell(procs: list[_Worker], index: int) -> None:
+    """Tells every worker that signature ``index`` is done (they skip it)."""
+    for worker in procs:
+        stdin = worker.proc.stdin
+        if stdin is None or worker.proc.poll() is not None:
+            continue
+        try:
+            stdin.write(f"{index}\n")
+            stdin.flush()
+        except (OSError, ValueError):  # it has ended
+            pass
+
+
+def _close(worker: _Worker) -> None:
+    if worker.proc.stdin is not None:
+        try:
+            worker.proc.stdin.close()
+        except OSError:
+            pass
+
+
+def _run(args: argparse.Namespace, out: Output) -> int:
+    _split_target(args.target)
+    env = _cache_env(args.cache)
+    workers = args.workers or os.cpu_count() or 1
+    run = args.run or secrets.token_hex(8)
+    started = time.perf_counter()
+    events: queue.Queue[tuple[int, dict[str, Any] | None]] = queue.Queue()
+    procs: list[_Worker] = []
+    for w in range(workers):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_CODE, args.target, str(w), str(workers), run],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        worker = _Worker(w, proc)
+        worker.thread = threading.Thread(target=_read, args=(worker, events), daemon=True)
+        worker.thread.start()
+        procs.append(worker)
+    from .._regional._manifest import ItemResult, PrecompileReport  # JAX, while workers start
+
+    progress = _Progress(out)
+    total: int | None = None
+    results: list[ItemResult] = []
+    finished: set[int] = set()
+    open_streams = workers
+    try:
+        while open_streams:
+            w, event = events.get()
+            if event is None:
+                open_streams -= 1
+                continue
+            kind = event.get("event")
+            if kind == "manifest":
+                total = int(event["count"])
+                progress.count(total)
+            elif kind == "start":
+                progress.start(w, str(event["label"]))
+            elif kind in ("done", "elsewhere"):
+                result = ItemResult.from_dict(event)
+                results.append(result)
+                if result.index not in finished:
+                    finished.add(result.index)
+                    progress.finish(w, event)
+                    _tell(procs, result.index)
+                else:
+                    progress.current.pop(w, None)
+            elif kind == "error":
+                procs[w].error = str(event.get("message", ""))
+    except KeyboardInterrupt:
+        for worker in procs:
+            worker.proc.kill()
+        raise
+    finally:
+        progress.stop()
+        for worker in procs:
+            _close(worker)
+            worker.proc.wait()
+    report = PrecompileReport(total or 0, results, time.perf_counter() - started)
+    failed = [w for w in procs if w.proc.returncode != 0]
+    for worker in failed if total is not None else []:
+        code = worker.proc.returncode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        out.line(
+            f"worker {worker.index} (pid {worker.proc.pid}) {how}"
+            + (f": {worker.error}" if worker.error else "")
+        )
+    if total is None:
+        errors = [w.error for w in failed if w.error]
+        raise CLIError(errors[0] if errors else "no worker read the manifest", 2 if errors else 1)
+    missing = sorted(set(range(total)) - finished)
+    out.line(report.line())
+    if missing:
+        raise CLIError(f"precompile incomplete: {len(missing)} of {total} signatures not done", 1)
+    if any(w.error for w in failed):
+        return 1
+    return 0
+
+
+PRECOMPILE = Command(
+    "precompile",
+    "build every executable a deployment's manifest names into the cache",
+    _configure,
+    _run,
+    description="Load or compile every executable the signatures of a jaxaot.Manifest need, "
+    "without running anything, into the cache a deployment will read. Workers split the "
+    "signatures through the cache's leases; several machines pointed at one shared cache "
+    "split them the same way, and a worker that dies has its signatures taken over.",
+    epilog="Exit status: 0 when every signature was precompiled (here or by another "
+    "process on the cache); 1 when one failed or was left undone; 2 for a bad TARGET.",
+    uses_cache=False,
+)

@@ -1,0 +1,139 @@
+"""Manifests for test_manifest: precompiled by ``jaxaot precompile`` in worker
+processes, then deployed by ``_precompile_deploy`` in a fresh process.
+
+``PRECOMPILE_KILL_MARKER``: a path; the first process to trace ``fragile``
+creates it and kills itself (SIGKILL) while it holds that signature's claim.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import jaxaot
+
+WIDTH = 16
+
+
+def _sds(*shape: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+def _params(n: int, width: int = WIDTH, sharding: Any = None) -> list[dict[str, Any]]:
+    return [
+        {
+            "w": jax.ShapeDtypeStruct((width, width), jnp.float32, sharding=sharding),
+            "b": jax.ShapeDtypeStruct((width,), jnp.float32, sharding=sharding),
+        }
+        for _ in range(n)
+    ]
+
+
+# -- components, a static argument included ------------------------------------
+
+
+@jaxaot.component
+def layer(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    return jnp.tanh(x @ p["w"] + p["b"])
+
+
+@jaxaot.component(static_argnames=("mode",))
+def head(x: jax.Array, *, mode: str) -> jax.Array:
+    return jnp.sum(x, axis=-1) if mode == "sum" else jnp.max(x, axis=-1)
+
+
+components = (
+    jaxaot.manifest()
+    .add(layer, _params(1)[0], _sds(4, WIDTH))
+    .add(layer, _params(1)[0], _sds(8, WIDTH))
+    .add(head, _sds(4, WIDTH), mode="sum")
+    .add(head, _sds(4, WIDTH), mode="max")
+)
+
+
+# -- jaxaot.jit of a train step ----------------------------------------------------
+
+
+def _loss(params: list[dict[str, jax.Array]], x: jax.Array, y: jax.Array) -> jax.Array:
+    for p in params:
+        x = layer(p, x)
+    return jnp.mean((x - y) ** 2)
+
+
+@jaxaot.jit
+def train_step(
+    params: list[dict[str, jax.Array]], x: jax.Array, y: jax.Array
+) -> tuple[list[dict[str, jax.Array]], jax.Array]:
+    loss, grads = jax.value_and_grad(_loss)(params, x, y)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+train = jaxaot.manifest().add(train_step, _params(3), _sds(8, WIDTH), _sds(8, WIDTH))
+
+
+# -- serving buckets --------------------------------------------------------------
+
+
+@jaxaot.jit
+def serve(params: list[dict[str, jax.Array]], tokens: jax.Array) -> jax.Array:
+    x = jnp.tanh(tokens[..., None] * jnp.ones(WIDTH))
+    for p in params:
+        x = layer(p, x)
+    return x.mean(axis=1)
+
+
+def buckets() -> jaxaot.Manifest:
+    """A zero-argument function that returns a manifest: 2 batch sizes × 2 lengths."""
+    return jaxaot.manifest().buckets(
+        serve, lambda b, s: (_params(2), _sds(b, s)), batch=(1, 2), seq=(4, 8)
+    )
+
+
+# -- sharded signatures (8 devices) ---------------------------------------------------
+
+
+def _mesh() -> tuple[NamedSharding, NamedSharding]:
+    mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+    return NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
+
+
+def sharded_components() -> jaxaot.Manifest:
+    """A component over data sharded on 8 devices, parameters replicated."""
+    data, replicated = _mesh()
+    x = jax.ShapeDtypeStruct((16, WIDTH), jnp.float32, sharding=data)
+    return jaxaot.manifest().add(layer, _params(1, sharding=replicated)[0], x)
+
+
+def sharded_train() -> jaxaot.Manifest:
+    """The train step over data sharded on 8 devices, parameters replicated."""
+    data, replicated = _mesh()
+    x = jax.ShapeDtypeStruct((16, WIDTH), jnp.float32, sharding=data)
+    return jaxaot.manifest().add(train_step, _params(2, sharding=replicated), x, x)
+
+
+# -- a worker killed while it holds a signature -----------------------------------------
+
+
+@jaxaot.component
+def fragile(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    marker = os.environ.get("PRECOMPILE_KILL_MARKER")
+    if marker:
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            pass
+        else:
+            os.close(fd)
+            os.kill(os.getpid(), signal.SIGKILL)
+    return jnp.sin(x @ p["w"]) + p["b"]
+
+
+killed = jaxaot.manifest()
+for _n in (2, 3, 4, 5, 6, 7):
+    killed.add(layer if _n % 2 else fragile, _params(1)[0], _sds(_n, WIDTH))

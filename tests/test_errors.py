@@ -1,0 +1,127 @@
+"""Errors for bad arguments of ``jaxaot.jit``: as good as ``jax.jit``'s (the
+argument's path, what it is, what to do), in the words components use."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+
+
+class Model(eqx.Module):
+    w: jax.Array
+    activation: Any
+
+
+def loss(params: Any, x: jax.Array) -> jax.Array:
+    return jnp.sum(params["scale"] * x)
+
+
+def apply(m: Model, x: jax.Array) -> jax.Array:
+    return m.activation(m.w * x)  # type: ignore[no-any-return]
+
+
+def _message(fun: Any, *args: Any) -> str:
+    with pytest.raises(TypeError) as e:
+        fun(*args)
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("fun", "args", "path"),
+    [
+        (loss, ({"scale": "a"}, jnp.ones(3)), "params['scale']"),
+        (apply, (Model(jnp.ones(3), jax.nn.gelu), jnp.ones(3)), "m.activation"),
+    ],
+    ids=["string-leaf", "equinox-function-leaf"],
+)
+def test_a_leaf_that_is_not_an_array_is_named_by_its_path(
+    fun: Any, args: tuple[Any, ...], path: str
+) -> None:
+    assert f"at path {path}." in _message(jax.jit(fun), *args)  # what jax.jit says
+    text = _message(jaxaot.jit(fun), *args)
+    assert text.startswith(f"jaxaot.jit '{fun.__name__}': the argument at path {path} is a ")
+    assert "not an array" in text and "static_argnums/static_argnames" in text
+    # The same words as a component's, but for the name of the function.
+    comp = _message(jaxaot.component(fun), *args)
+    assert comp.replace(f"jaxaot.component '{fun.__name__}'", "") == text.replace(
+        f"jaxaot.jit '{fun.__name__}'", ""
+    )
+
+
+def test_a_function_leaf_says_to_mark_the_field_static() -> None:
+    text = _message(jaxaot.jit(apply), Model(jnp.ones(3), jax.nn.gelu), jnp.ones(3))
+    assert "eqx.field(static=True)" in text
+
+
+def test_a_function_leaf_is_named_by_its_name_not_its_address() -> None:
+    text = _message(jaxaot.jit(apply), Model(jnp.ones(3), jax.nn.relu), jnp.ones(3))
+    assert "relu" in text and " at 0x" not in text, text
+    assert "eqx.partition" in text
+
+
+def test_a_component_returning_a_function_field_names_itself() -> None:
+    @jaxaot.component
+    def make(key: jax.Array) -> Any:
+        return eqx.nn.MLP(2, 3, 4, 1, key=key)
+
+    text = _message(make, jax.random.key(0))
+    assert text.startswith("jaxaot.component 'make' returns a value that is not an array")
+    assert ".activation" in text and "eqx.filter(model, eqx.is_array)" in text
+
+
+def test_a_leaf_inside_a_keyword_and_after_statics_is_named() -> None:
+    def f(n: int, x: jax.Array, *, extra: Any) -> jax.Array:
+        return x * n
+
+    jitted = jaxaot.jit(f, static_argnums=0)
+    text = _message(lambda: jitted(2, jnp.ones(2), extra={"a": ["s"]}))
+    assert "at path extra['a'][0] is a str 's'" in text
+    text = _message(lambda: jitted(2, {"b": "s"}, extra=jnp.ones(1)))
+    assert "at path x['b'] is a str 's'" in text
+
+
+class _Unhashable:
+    __hash__ = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("value", [{"a": 1}, [1], _Unhashable()], ids=["dict", "list", "object"])
+def test_an_unhashable_static_gets_jax_jits_error(value: Any) -> None:
+    def f(x: jax.Array, d: Any) -> jax.Array:
+        return x
+
+    with pytest.raises(ValueError) as ref:
+        jax.jit(f, static_argnums=1)(jnp.ones(2), value)
+    for fun in (jaxaot.jit(f, static_argnums=1), jaxaot.jit(f, static_argnames="d")):
+        with pytest.raises(ValueError) as e:
+            fun(jnp.ones(2), value)
+        text = str(e.value)
+        assert text.startswith("jaxaot.jit 'f': static argument 'd' is not hashable. ")
+        assert str(ref.value).split(" An error")[0] in text  # jax.jit's sentence
+        assert f"TypeError: unhashable type: '{type(value).__name__}'" in text
+        with pytest.raises(ValueError, match="static argument 'd'"):
+            fun(jnp.ones(2), d=value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    n: int = 2
+
+
+def test_static_argnames_passed_by_position_is_static() -> None:
+    def f(x: jax.Array, cfg: Cfg) -> jax.Array:
+        return x * cfg.n
+
+    x = jnp.ones(3)
+    jitted = jaxaot.jit(f, static_argnames="cfg")
+    for cfg in (Cfg(), Cfg(3)):
+        expected = jax.jit(f, static_argnames="cfg")(x, cfg)
+        np.testing.assert_allclose(jitted(x, cfg), expected)
+        np.testing.assert_allclose(jitted(x, cfg=cfg), expected)

@@ -1,0 +1,293 @@
+"""jaxaot.Manifest and ``jaxaot precompile``, with real processes: a manifest
+precompiled by worker processes leaves a later process on the same cache with
+nothing to trace to MLIR or compile (JAX's own events) and values equal to
+``jax.jit``'s; for components with static arguments, ``jaxaot.jit`` of a train
+step, buckets and sharded signatures on 8 simulated devices. Workers and
+machines on one cache (a directory, Redis) make each entry once, and a worker
+killed while it holds a signature has it finished by the others.
+
+The manifests are in ``_precompile_targets``; the deploying process is
+``_precompile_deploy``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxaot
+from jaxaot._caches._directory import DirectoryCache
+from jaxaot.cli import main
+
+TESTS = Path(__file__).resolve().parent
+LINE = re.compile(
+    r"^precompiled (\d+) signatures?: (\d+) entr(?:y|ies) made, (\d+) loaded, "
+    r"(\d+) already present(?:, (\d+) by other processes)?, in [\d.]+ s$",
+    re.MULTILINE,
+)
+EIGHT = "--xla_force_host_platform_device_count=8"
+
+
+def _precompile(
+    env: dict[str, str], target: str, *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxaot", "precompile", target, *args],
+        cwd=TESTS,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _counts(stdout: str) -> dict[str, int]:
+    (m,) = LINE.findall(stdout)
+    names = ("signatures", "made", "loaded", "present", "elsewhere")
+    return {k: int(v or 0) for k, v in zip(names, m, strict=True)}
+
+
+def _deploy(env: dict[str, str], target: str) -> dict[str, Any]:
+    """What a fresh process compiles over 12 calls of each signature: enough for
+    ``jaxaot.jit`` to switch to its whole-program form (made in the background),
+    which ``$JAXAOT_WHOLE_PROGRAM_BELOW_MS=inf`` (conftest) makes it pick."""
+    assert env["JAXAOT_WHOLE_PROGRAM_BELOW_MS"] == "inf"
+    proc = subprocess.run(
+        [sys.executable, str(TESTS / "_precompile_deploy.py"), target],
+        cwd=TESTS,
+        env={**env, "DEPLOY_CALLS": "12"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _assert_warm(result: dict[str, Any], n: int) -> None:
+    assert result["compiles"] == [] and result["lowerings"] == [], result
+    assert result["jaxaot"] == {"lowerings": 0, "compiles": 0}
+    assert result["equal"] == [True] * n
+
+
+def _env(subprocess_env: dict[str, str], cache: Path, **more: str) -> dict[str, str]:
+    env = dict(subprocess_env, JAXAOT_CACHE="dir", JAXAOT_CACHE_DIR=str(cache))
+    env.pop("XLA_FLAGS", None)
+    env.update(more)
+    return env
+
+
+# -- the Python API ------------------------------------------------------------------
+
+
+def test_manifest_refuses_what_it_cannot_precompile() -> None:
+    m = jaxaot.manifest()
+    plain = jax.jit(lambda x: x + 1)
+    with pytest.raises(TypeError, match=r"Manifest.add: .* not a jaxaot component or jaxaot.jit"):
+        m.add(plain, jax.ShapeDtypeStruct((2,), jnp.float32))
+    f = jaxaot.jit(lambda x: x * 2)
+    with pytest.raises(TypeError, match=r"buckets\(<lambda>\): seq must be positive integers"):
+        m.buckets(f, lambda b, s: jnp.zeros((b, s)), batch=(1,), seq=(0,))
+    with pytest.raises(ValueError, match="worker must be in range"):
+        m.precompile(worker=2, workers=2)
+    assert len(m) == 0
+
+
+def test_buckets_and_claims() -> None:
+    f = jaxaot.jit(lambda x: x * 2)
+    m = jaxaot.manifest("serving").buckets(
+        f, lambda b, s: jax.ShapeDtypeStruct((b, s), jnp.int32), batch=(1, 2), seq=(8, 16, 32)
+    )
+    assert len(m) == 6
+    assert [item.args[0].shape for item in m] == [(b, s) for b in (1, 2) for s in (8, 16, 32)]
+    assert m[5].label == "<lambda>(i32[2,32])"
+    digests = {m.digest(i, "run") for i in range(6)}
+    assert len(digests) == 6  # one claim per signature
+    assert m.digest(3, "run") == m.digest(3, "run") != m.digest(3, "other run")
+
+
+def test_precompile_in_process_fills_the_cache(fresh_cache: jaxaot.MemoryCache) -> None:
+    import _precompile_targets as targets
+
+    report = targets.components.precompile()
+    assert [r.state for r in report.items] == ["made"] * 4
+    assert report.made == len(fresh_cache.keys()) > 0
+    again = targets.components.precompile()  # in-process tables and the cache
+    assert again.made == 0 and again.present == 4
+    assert again.line().startswith("precompiled 4 signatures: 0 entries made, 0 loaded, 4 already")
+
+
+# -- precompiled by workers, deployed by a fresh process ---------------------------------
+
+
+@pytest.mark.parametrize("target", ["components", "train", "buckets"])
+def test_precompiled_deployment_compiles_nothing(
+    target: str, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    env = _env(subprocess_env, tmp_path / "cache")
+    done = _precompile(env, f"_precompile_targets:{target}", "--workers", "2")
+    counts = _counts(done.stdout)
+    n = counts["signatures"]
+    assert n == {"components": 4, "train": 1, "buckets": 4}[target]
+    assert counts["made"] == len(DirectoryCache(tmp_path / "cache").keys()) > 0
+    _assert_warm(_deploy(env, f"_precompile_targets:{target}"), n)
+    if target == "components":
+        # Without the precompile, the same process compiles (so the test can fail).
+        cold = _deploy(_env(subprocess_env, tmp_path / "cold"), f"_precompile_targets:{target}")
+        assert len(cold["compiles"]) >= 4 and cold["equal"] == [True] * n
+        # A second run finds everything present and makes nothing.
+        again = _counts(_precompile(env, f"_precompile_targets:{target}", "--workers", "1").stdout)
+        assert again == {"signatures": 4, "made": 0, "loaded": 0, "present": 4, "elsewhere": 0}
+
+
+def test_sharded_components_on_eight_devices(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    env = _env(subprocess_env, tmp_path / "cache", XLA_FLAGS=EIGHT)
+    _precompile(env, "_precompile_targets:sharded_components", "--workers", "1")
+    result = _deploy(env, "_precompile_targets:sharded_components")
+    assert result["devices"] == 8
+    _assert_warm(result, 1)
+
+
+def test_sharded_train_step_on_eight_devices(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    env = _env(subprocess_env, tmp_path / "cache", XLA_FLAGS=EIGHT)
+    _precompile(env, "_precompile_targets:sharded_train", "--workers", "1")
+    result = _deploy(env, "_precompile_targets:sharded_train")
+    assert result["devices"] == 8 and result["equal"] == [True]
+    _assert_warm(result, 1)
+
+
+def test_killed_worker_is_taken_over(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    marker = tmp_path / "killed"
+    env = _env(subprocess_env, tmp_path / "cache", PRECOMPILE_KILL_MARKER=str(marker))
+    done = _precompile(env, "_precompile_targets:killed", "--workers", "2")
+    assert marker.exists()  # one worker died holding a signature
+    assert re.search(r"worker \d \(pid \d+\) was killed by signal 9", done.stdout), done.stdout
+    counts = _counts(done.stdout)
+    assert counts["signatures"] == 6
+    # Every entry made once: what the survivors made is what the cache holds.
+    assert counts["made"] == len(DirectoryCache(tmp_path / "cache").keys()) > 0
+    _assert_warm(_deploy(env, "_precompile_targets:killed"), 6)
+
+
+def test_two_machines_on_one_redis_make_each_entry_once(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    from test_redis import RedisServer
+
+    from jaxaot._caches._redis import RedisCache
+
+    server = RedisServer()
+    server.start()
+    try:
+        machines = [
+            _env(subprocess_env, tmp_path / f"local{i}", JAXAOT_CACHE=server.url) for i in (0, 1)
+        ]
+        cmd = [sys.executable, "-m", "jaxaot", "precompile", "_precompile_targets:buckets"]
+        procs = [
+            subprocess.Popen(
+                [*cmd, "--workers", "2", "--run", "build-1"],
+                cwd=TESTS,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for env in machines
+        ]
+        outs = [p.communicate(timeout=600) for p in procs]
+        for p, (out, err) in zip(procs, outs, strict=True):
+            assert p.returncode == 0, out[-2000:] + err[-2000:]
+        counts = [_counts(out) for out, _ in outs]
+        entries = len(RedisCache(server.url).keys())
+        assert entries > 0
+        assert sum(c["made"] for c in counts) == entries  # each entry made once
+        # A third machine, its local directory empty, loads everything from Redis.
+        third = _env(subprocess_env, tmp_path / "local2", JAXAOT_CACHE=server.url)
+        _assert_warm(_deploy(third, "_precompile_targets:buckets"), 4)
+    finally:
+        server.close()
+
+
+# -- the command line -----------------------------------------------------------------
+
+
+def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["precompile", "no_colon_here"]) == 2
+    assert "TARGET must be module:attr" in capsys.readouterr().err
+    assert main(["precompile", "_precompile_targets:components", "--cache", "memory"]) == 2
+    assert "no later process can read" in capsys.readouterr().err
+    assert main(["precompile", "--help"]) == 0
+    assert "--workers" in capsys.readouterr().out
+
+
+def test_cli_bad_target_in_workers(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    env = _env(subprocess_env, tmp_path / "cache")
+    proc = _precompile(env, "_precompile_targets:WIDTH", "--workers", "1", check=False)
+    assert proc.returncode == 2
+    assert "is a int, not a jaxaot.Manifest" in proc.stderr
+
+
+def test_progress_rich_on_a_terminal_plain_when_piped() -> None:
+    import io
+
+    from rich.console import Console
+
+    from jaxaot.cli._output import Output
+    from jaxaot.cli.precompile import _Progress
+
+    result = {"label": "f(f32[2])", "state": "made", "made": 3, "loaded": 0, "seconds": 0.5}
+    piped = io.StringIO()
+    progress = _Progress(Output(piped))
+    progress.count(2)
+    progress.start(0, "f(f32[2])")
+    progress.finish(0, result)
+    progress.finish(1, {**result, "state": "elsewhere", "note": "host pid 7"})
+    progress.stop()
+    assert piped.getvalue().splitlines() == [
+        "[1/2] f(f32[2]): 3 made, 0.50 s (worker 0)",
+        "[2/2] f(f32[2]): done by another process (host pid 7) (worker 1)",
+    ]
+    terminal = io.StringIO()
+    out = Output(terminal)
+    out._console = Console(file=terminal, force_terminal=True, width=100)
+    progress = _Progress(out)
+    progress.count(1)
+    progress.finish(0, result)
+    progress.stop()
+    assert "\x1b[" in terminal.getvalue() and "[1/1] f(f32[2]): 3 made" in terminal.getvalue()
+
+
+def test_serving_example(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    examples = TESTS.parent / "examples"
+    env = _env(subprocess_env, tmp_path / "unused")
+    cache = str(tmp_path / "cache")
+    target = f"{examples / 'precompile_serving.py'}:manifest"
+    done = _precompile(env, target, "--workers", "2", "--cache", cache)
+    assert "\x1b" not in done.stdout  # piped: plain lines
+    assert re.search(r"^\[6/6\] forward\(<9 leaves>, i32\[\d,\d+\]\): \d+ made", done.stdout, re.M)
+    assert _counts(done.stdout)["signatures"] == 6
+    served = subprocess.run(
+        [sys.executable, str(examples / "precompile_serving.py"), "--cache", cache],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert served.returncode == 0, served.stderr[-3000:]
+    assert re.search(r"^served 6 buckets in [\d.]+ s, 0 compiles$", served.stdout, re.M)
+    assert "same values as jax.jit: True" in served.stdout
