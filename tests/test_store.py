@@ -107,7 +107,13 @@ def test_explain_without_a_listing_cache_says_so(
 ) -> None:
     monkeypatch.setenv("JAXAOT_EXPLAIN_MISSES", "1")
     caplog.set_level(logging.WARNING, logger="jaxaot")
-    comp = jaxaot.component(lambda x: x * 2)
+
+    # A name no other test's component has: candidates are found by name, and
+    # this process may hold other entries of a '<lambda>'.
+    def doubled_without_a_listing(x: jax.Array) -> jax.Array:
+        return x * 2
+
+    comp = jaxaot.component(doubled_without_a_listing)
     comp(jnp.ones(2))
     messages = [r.getMessage() for r in caplog.records if "missed the cache" in r.getMessage()]
     assert messages and "no other entry" in messages[0]
