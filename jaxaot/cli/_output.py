@@ -162,6 +162,26 @@ _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)\s*$", re.IGNO
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def confirm(question: str) -> bool:
+    """Asks ``question [y/N]`` on the terminal; only ``y``/``yes`` is a yes."""
+    try:
+        answer = input(f"{question} [y/N] ")
+    except EOFError:
+        answer = ""
+    return answer.strip().lower() in ("y", "yes")
+
+
 def parse_size(text: str) -> int:
     """Bytes from ``123``, ``500M``, ``2G``, ``1.5GiB``...; K/M/G/T/P are powers of 1024
     (``jaxaot._store._active.parse_size``, the syntax of ``JAXAOT_CACHE_MAX_BYTES`` too)."""

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._output import CLIError, Command, Output
+from ._output import CLIError, Command, Output, positive_int
 
 VOCAB = 64
 
@@ -50,17 +50,6 @@ class DemoResult:
     persistent: dict[str, Any] | None
     stats: dict[str, float] = field(default_factory=dict)
     step_info: dict[str, int] = field(default_factory=dict)
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

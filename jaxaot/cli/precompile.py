@@ -35,7 +35,7 @@ import time
 import traceback
 from typing import IO, Any
 
-from ._output import CLIError, Command, Output
+from ._output import CLIError, Command, Output, positive_int
 
 __all__ = ["MARK", "PRECOMPILE", "load_manifest", "worker_main"]
 
@@ -47,16 +47,6 @@ _WORKER_CODE = (
 )
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "target",
@@ -66,7 +56,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="worker processes (default: the machine's cores)",
     )

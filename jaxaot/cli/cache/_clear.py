@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .._output import CLIError, Output, entries_text, human_bytes, is_terminal
+from .._output import CLIError, Output, confirm, entries_text, human_bytes, is_terminal
 from ._view import open_cache
 
 
@@ -28,11 +28,7 @@ def _cmd_clear(args: argparse.Namespace, out: Output) -> int:
                 f"not clearing {what} from {view.location}: stdin is not a terminal to "
                 "confirm on; pass --yes"
             )
-        try:
-            answer = input(f"Remove {what} from {view.location}? [y/N] ")
-        except EOFError:
-            answer = ""
-        if answer.strip().lower() not in ("y", "yes"):
+        if not confirm(f"Remove {what} from {view.location}?"):
             out.line("nothing removed")
             return 1
     view.cache.clear()

@@ -16,6 +16,7 @@ import time
 from .._output import (
     CLIError,
     Output,
+    confirm,
     entries_text,
     human_bytes,
     is_terminal,
@@ -81,11 +82,7 @@ def _cmd_prune(args: argparse.Namespace, out: Output) -> int:
             for r in victims:
                 out.line(f"would remove {r.key[:12]}  {human_bytes(r.size)}  {r.name}")
         what = f"{entries_text(len(victims))} ({human_bytes(sum(r.size for r in victims))})"
-        try:
-            answer = input(f"Remove {what} of {len(records)} from {view.location}? [y/N] ")
-        except EOFError:
-            answer = ""
-        if answer.strip().lower() not in ("y", "yes"):
+        if not confirm(f"Remove {what} of {len(records)} from {view.location}?"):
             out.line("nothing removed")
             return 1
     removed: list[Record] = []
