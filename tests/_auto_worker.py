@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 import jaxaot
+from jaxaot import _regional
 from jaxaot._component import _blocks
 from jaxaot._regional import _programs
 
@@ -336,6 +337,10 @@ def run(kind: str, layers: int) -> dict[str, Any]:
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
         assert g.dtype == w.dtype
+    # Everything the first step started in the background (the whole-program
+    # form, cache writes) is done and stored before the next kind or process.
+    _regional.wait_for_background()
+    jaxaot.wait_for_writes()
     split = all(plan is not None for plan in regional._plans.values())
     return {"compiles": compiles, "split": split, "explain": regional.explain(*args)}
 

@@ -306,3 +306,30 @@ def test_leaf_errors_name_the_path(args: tuple[Any, ...], path: str, what: str) 
         comp(*args)
     with pytest.raises(TypeError, match=path):  # jax.jit names the same path
         jax.jit(f)(*args)
+
+
+@dataclasses.dataclass(frozen=True)
+class Activation:
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x)
+
+
+FIRST_ACT = Activation()
+
+
+@dataclasses.dataclass(frozen=True)  # type: ignore[no-redef]
+class Activation:  # noqa: F811  (redefined, as a notebook cell run again would)
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jax.nn.relu(x)
+
+
+SECOND_ACT = Activation()
+
+
+def test_two_static_values_with_one_text_are_two_calls_in_a_process() -> None:
+    # The redefined class reads the same by its import path, but is another
+    # value: traced again, as jax.jit would.
+    comp = jaxaot.component(lambda x, act: act(x), static_argnames="act")
+    x = -jnp.ones(2)
+    np.testing.assert_array_equal(comp(x, act=FIRST_ACT), jnp.tanh(x))
+    np.testing.assert_array_equal(comp(x, act=SECOND_ACT), jax.nn.relu(x))

@@ -368,3 +368,57 @@ def test_a_jaxaot_jit_program_with_callbacks_warm_starts_with_them_bound(
     # its own callback bound, never the stored process's.
     other = run("2.0")
     assert other["compiles"] == 0 and other["seen"] == [6.0, 6.0] and other["raised"]
+
+
+def test_an_ordered_callback_program_is_not_stored_and_runs_in_a_new_process(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    # An ordered callback takes and gives a token: it is never rebound, so the
+    # program compiles again in each process, and runs there.
+    script = tmp_path / "ordered.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json
+            import jax, jax.numpy as jnp, jaxaot
+            from jax.experimental import io_callback
+            log = []
+            def f(x):
+                io_callback(lambda v: log.append(float(v)), None, x.sum(), ordered=True)
+                return x * 2
+            out = jaxaot.jit(f)(jnp.ones(3))
+            jaxaot.wait_for_writes()
+            print(json.dumps({"out": out.tolist(), "log": log}))
+            """
+        )
+    )
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, str(script)],
+            env=subprocess_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+            "out": [2.0, 2.0, 2.0],
+            "log": [3.0],
+        }
+
+
+def test_values_a_partial_binds_are_part_of_the_callback_key() -> None:
+    import functools
+
+    from jaxaot._keys._callbacks import callback_text
+
+    def text(scale: float) -> str:
+        def f(x: jax.Array) -> jax.Array:
+            out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+            return jax.pure_callback(functools.partial(np.multiply, scale), out, x)  # type: ignore[no-any-return]
+
+        eqn = next(e for e in jax.make_jaxpr(f)(jnp.ones(2)).jaxpr.eqns if "callback" in str(e))
+        return callback_text(eqn)
+
+    assert text(2.0) != text(3.0)
+    assert text(2.0) == text(2.0)

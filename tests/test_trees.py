@@ -286,3 +286,28 @@ def test_updated_models_and_states_warm_start_in_a_new_process(
         assert cold[name]["same"] and warm[name]["same"], name
         assert cold[name]["compiles"] == 1, (name, cold[name])
         assert warm[name] == {"same": True, "lowerings": 0, "compiles": 0}, name
+
+
+class Mode(enum.IntEnum):
+    A = 1
+    B = 2
+
+
+def test_int_enum_node_data_comes_back_as_the_enum() -> None:
+    treedef = jax.tree_util.tree_structure(Tagged(1.0, (Mode.A, 3)))
+    back = tree_from_json(json.loads(json.dumps(tree_to_json(treedef))))
+    tag = back.unflatten([0.0]).tag
+    assert tag[0] is Mode.A and type(tag[1]) is int
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    n: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "twice", self.n * 2)
+
+
+def test_a_dataclass_holding_more_than_its_fields_is_not_stored() -> None:
+    with pytest.raises(NotPersistable):
+        tree_to_json(jax.tree_util.tree_structure(Tagged(1.0, Derived(2))))

@@ -207,6 +207,15 @@ class Arguments:
                 dyn_kwargs[k] = kwargs[k]
         return tuple(dyn_args), dyn_kwargs, tuple(statics)
 
+    def static_values(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The static arguments themselves (hashable), positional then by name: with
+        their key text, what tells calls apart in a process, as ``jax.jit`` compares
+        static values (two values with one text, a class redefined in a notebook,
+        are still two calls)."""
+        positional = tuple(args[i] for i in sorted(self.static_positions(len(args))))
+        named = tuple((k, kwargs[k]) for k in sorted(kwargs) if k in self.static_argnames)
+        return positional + named
+
     def check_statics(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Raises :class:`NonHashableStaticError` for a static argument that cannot
         be hashed (``jax.jit``'s error, naming the argument)."""

@@ -181,7 +181,13 @@ class Component(Generic[P, R]):
     ) -> tuple[Any, ...]:
         """What tells calls apart in this process: what ``jax.jit``'s own caches key
         on (the tree, the types, static values and the trace context)."""
-        sig: tuple[Any, ...] = (in_tree, tuple(avals), statics, trace_context())
+        sig: tuple[Any, ...] = (
+            in_tree,
+            tuple(avals),
+            statics,
+            self._args.static_values(args, kwargs),
+            trace_context(),
+        )
         if callable(self._key):
             sig = (*sig, self._identity(args, kwargs))
         return sig

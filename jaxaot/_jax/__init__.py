@@ -40,6 +40,7 @@ between those versions are all handled here, keyed on the installed version
 
 from ._callbacks import (
     CallbacksNotRebindable,
+    callback_arguments,
     callback_functions,
     called_callbacks,
     is_callback_equation,
@@ -140,6 +141,7 @@ __all__ = [
     "batch_jaxpr",
     "batching",
     "bind_equation",
+    "callback_arguments",
     "callback_functions",
     "called_callbacks",
     "CallbacksNotRebindable",

@@ -38,10 +38,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._jaxpr import component_callback_jaxpr, walk_jaxprs
+from ._jaxpr import component_callback_jaxpr, is_ordered_effect, walk_jaxprs
 
 __all__ = [
     "CallbacksNotRebindable",
+    "callback_arguments",
     "callback_functions",
     "called_callbacks",
     "is_callback_equation",
@@ -89,7 +90,18 @@ def callback_functions(eqn: Any) -> list[Any]:
     """The Python functions a callback equation runs: the callables in its
     parameters and, through partials, JAX's flattening wrappers and closure
     cells, the functions they call (the user's function among them)."""
+    return _walk(eqn)[0]
+
+
+def callback_arguments(eqn: Any) -> list[Any]:
+    """The values partials in a callback equation bind (``partial(np.multiply,
+    2.0)``'s ``2.0``): what the callback computes with besides its inputs."""
+    return _walk(eqn)[1]
+
+
+def _walk(eqn: Any) -> tuple[list[Any], list[Any]]:
     found: list[Any] = []
+    bound: list[Any] = []
     seen: set[int] = set()
     stack: list[tuple[Any, int]] = [(v, 0) for v in eqn.params.values()]
     while stack:
@@ -110,11 +122,12 @@ def callback_functions(eqn: Any) -> list[Any]:
             stack.append((obj.func, depth + 1))
             stack.extend((a, depth + 1) for a in obj.args)
             stack.extend((v, depth + 1) for v in obj.keywords.values())
+            bound.extend(a for a in (*obj.args, *obj.keywords.values()) if not callable(a))
         elif hasattr(obj, "callback_func"):  # jax's _FlatCallback
             stack.append((obj.callback_func, depth + 1))
         elif callable(obj) and not isinstance(obj, type):
             found.append(obj)
-    return found
+    return found, bound
 
 
 def rebind_unsupported() -> str | None:
@@ -312,8 +325,13 @@ def serialize_with_callbacks(compiled: Any, component: str, program: str) -> byt
         raise CallbacksNotRebindable("the executable closes over a mutable array")
     if getattr(unloaded, "keepalive", None):
         raise CallbacksNotRebindable("the executable keeps Python objects alive")
+    registered = _registered(component, program)
+    if any(is_ordered_effect(e) for eqn in registered for e in eqn.effects):
+        # An ordered callback is lowered with a token in and out, which the
+        # function rebuilt from its equation does not take or give back.
+        raise CallbacksNotRebindable("the program has an ordered callback")
     hosts = list(unloaded.host_callbacks)
-    indices = _match(hosts, _registered(component, program))
+    indices = _match(hosts, registered)
     by_id = {id(h): i for h, i in zip(hosts, indices, strict=True)}
     if compiled._params.const_args:
         raise CallbacksNotRebindable("the executable has constant arguments")

@@ -182,7 +182,8 @@ def is_jax_helper(call: BoundCall) -> bool:
 
 def is_plain_jit(call: BoundCall) -> bool:
     """Whether ``call`` is an inner ``jit`` that asks for nothing its body does not
-    say: no input or output shardings, no donated inputs, no layouts. Inlining it
+    say: no input or output shardings, no donated inputs, no layouts, no compiler
+    options. Inlining it
     then computes and places exactly what binding it would."""
     if call.kind != "jit":
         return False
@@ -193,6 +194,7 @@ def is_plain_jit(call: BoundCall) -> bool:
         all(s is UNSPECIFIED for s in shardings)
         and all(layout is None for layout in layouts)
         and not any(params.get("donated_invars", ()))
+        and not params.get("compiler_options_kvs")
     )
 
 

@@ -13,8 +13,9 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-from .._jax import callback_functions, register_program
+from .._jax import callback_arguments, callback_functions, register_program
 from ._closure import _is_project_code, code_digest
+from ._text import stable_text
 
 __all__ = ["callback_text", "register_callbacks"]
 
@@ -47,7 +48,10 @@ def callback_text(eqn: Any) -> str:
     for fun in callback_functions(eqn):
         atoms = ",".join(_closure_atoms(fun))
         items.append(f"{_name(fun)}:{code_digest(fun)}[{atoms}]")
-    return "callbacks(" + ";".join(sorted(items)) + ")"
+    # What partials bind (``partial(np.multiply, 2.0)``): another value computes
+    # something else.
+    bound = ",".join(stable_text(v)[:200] for v in callback_arguments(eqn))
+    return "callbacks(" + ";".join(sorted(items)) + f")[{bound}]"
 
 
 def _witness(eqns: Sequence[Any]) -> tuple[int, ...]:
@@ -56,7 +60,13 @@ def _witness(eqns: Sequence[Any]) -> tuple[int, ...]:
     are in the key, or made again by each trace)."""
     ids: list[int] = []
     for eqn in eqns:
+        # Objects a partial binds, and callable objects (not functions): their
+        # identity is what the callback sees.
+        ids.extend(id(v) for v in callback_arguments(eqn) if not isinstance(v, _ATOMS))
         for fun in callback_functions(eqn):
+            if not isinstance(fun, types.FunctionType | types.MethodType):
+                ids.append(id(fun))
+                continue
             if isinstance(fun, types.MethodType):
                 ids.append(id(fun.__self__))
                 continue

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import json
 import sys
 from typing import Any
 
@@ -112,10 +113,10 @@ def _name_of(value: Any) -> str | None:
 def _aux_to_json(aux: Any, depth: int = 0) -> Any:
     if depth > _MAX_AUX_DEPTH:
         raise NotPersistable("tree node data nested too deeply")
-    if aux is None or isinstance(aux, bool | int | float | str):
-        return aux
-    if isinstance(aux, enum.Enum):
+    if isinstance(aux, enum.Enum):  # before numbers: an IntEnum member is an int
         return {"enum": _import_path(type(aux)), "name": aux.name}
+    if aux is None or type(aux) in (bool, int, float, str):  # exactly: np.float64 is a float
+        return aux
     if isinstance(aux, np.dtype) and aux.names is None:
         return {"dtype": aux.name}
     if type(aux) is tuple:
@@ -130,7 +131,14 @@ def _aux_to_json(aux: Any, depth: int = 0) -> Any:
             "items": [_aux_to_json(a, depth + 1) for a in aux],
         }
     params = getattr(type(aux), "__dataclass_params__", None)
-    if params is not None and params.frozen and not isinstance(aux, type):
+    fields = (
+        {f.name for f in dataclasses.fields(aux)}
+        if params is not None and not isinstance(aux, type)
+        else set()
+    )
+    # Rebuilt from its fields alone: one that holds more (set in __post_init__)
+    # would come back without it.
+    if params is not None and params.frozen and set(getattr(aux, "__dict__", {})) <= fields:
         return {
             "dataclass": _import_path(type(aux)),
             "fields": [
@@ -204,7 +212,8 @@ def tree_to_json(treedef: Any) -> Any:
     """
     data = _node_to_json(treedef)
     try:
-        same = tree_from_json(data) == treedef
+        # Read back as another process would: through JSON text.
+        same = tree_from_json(json.loads(json.dumps(data))) == treedef
     except Exception as e:  # a node type or name this process cannot find again
         raise NotPersistable(f"tree structure cannot be rebuilt ({type(e).__name__}: {e})") from e
     if not same:
