@@ -273,6 +273,71 @@ def haiku_remat(layers: int) -> tuple[Any, tuple[Any, ...]]:
     return jax.value_and_grad(loss), (params, _x())
 
 
+class LPlainBlock(nn.Module):
+    """A linen layer with no boundary, in a plain loop: a block because its class
+    is called several times with the same types (a static flag included)."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        h = _layer(self.param("w", lambda k: jnp.eye(WIDTH) * 0.1), nn.LayerNorm()(x))
+        return h * 0.5 if train else h
+
+
+class LPlainModel(nn.Module):
+    layers: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for _ in range(self.layers):
+            x = LPlainBlock()(x, True)
+        return nn.Dense(2)(x)
+
+
+def linen_loop(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    model = LPlainModel(layers)
+    params = model.init(jax.random.key(0), _x())
+
+    def loss(params: Any, x: jax.Array) -> jax.Array:
+        return (model.apply(params, x) ** 2).mean()
+
+    return jax.value_and_grad(loss), (params, _x())
+
+
+def linen_jit_loop(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    """A plain loop of linen layers in a model wrapped in ``nn.jit`` (gemma's form)."""
+    model = nn.jit(LPlainModel)(layers)
+    params = model.init(jax.random.key(0), _x())
+
+    def loss(params: Any, x: jax.Array) -> jax.Array:
+        return (model.apply(params, x) ** 2).mean()
+
+    return jax.value_and_grad(loss), (params, _x())
+
+
+def haiku_loop(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    """A plain loop of Haiku modules (a transformer-like block: norm, two linears)."""
+    import haiku as hk
+
+    class HBlock(hk.Module):
+        def __call__(self, x: jax.Array) -> jax.Array:
+            h = hk.LayerNorm(-1, create_scale=True, create_offset=True)(x)
+            h = jax.nn.gelu(hk.Linear(2 * WIDTH)(h))
+            return x + hk.Linear(WIDTH)(h) * 0.5
+
+    def net(x: jax.Array) -> jax.Array:
+        for _ in range(layers):
+            x = HBlock()(x)
+        return hk.Linear(2)(x)
+
+    model = hk.without_apply_rng(hk.transform(net))
+    params = model.init(jax.random.key(0), _x())
+
+    def loss(params: Any, x: jax.Array) -> jax.Array:
+        return (model.apply(params, x) ** 2).mean()
+
+    return jax.value_and_grad(loss), (params, _x())
+
+
 class Field(eqx.Module):
     w: jax.Array
 
@@ -318,6 +383,9 @@ KINDS: dict[str, Callable[[int], tuple[Any, tuple[Any, ...]]]] = {
     "outer_jit": outer_jit,
     "linen_jit": linen_jit,
     "haiku_remat": haiku_remat,
+    "linen_loop": linen_loop,
+    "linen_jit_loop": linen_jit_loop,
+    "haiku_loop": haiku_loop,
     "diffrax_chain": diffrax_chain,
 }
 #: Blocks named by the user, per kind (``jaxaot.jit(..., blocks=...)``).

@@ -30,6 +30,9 @@ KINDS = [
     "outer_jit",
     "linen_jit",
     "haiku_remat",
+    "linen_loop",
+    "linen_jit_loop",
+    "haiku_loop",
     "diffrax_chain",
 ]
 

@@ -166,18 +166,20 @@ class RegionalFunction:
             program_entered()  # the trace that finds blocks starts here
             return fun(*args, **kwargs)
 
-        # A jax.jit of its own to trace plans with (its trace cache apart from the
-        # fallback's, which traces without finding blocks).
-        tracer = jax.jit(
-            entered,
-            static_argnums=self._static_argnums,
-            static_argnames=self._static_argnames,
-            donate_argnums=self._donate_argnums,
-            **placement,
-        )
+        def tracer() -> Any:
+            # A jax.jit of its own to trace plans with (its trace cache apart from
+            # the fallback's, which traces without finding blocks).
+            return jax.jit(
+                functools.wraps(fun)(lambda *args, **kwargs: entered(*args, **kwargs)),
+                static_argnums=self._static_argnums,
+                static_argnames=self._static_argnames,
+                donate_argnums=self._donate_argnums,
+                **placement,
+            )
         self._spec = PlanSpec(
             name=getattr(fun, "__name__", "function"),
-            jitted=tracer,
+            jitted=tracer(),
+            retracer=tracer,
             whole_program=self._whole_program,
             out_shardings=out_shardings,
             auto_regions=bool(auto_regions),

@@ -6,11 +6,11 @@ traces the program: each of their calls becomes an inner ``jit`` call (its
 arrays passed as arguments, everything else fixed by the call), which the
 block finder (``_auto``) turns into a block like any other.
 
-* A module class: its ``__call__`` for the trace. Flax linen modules go
-  through ``nn.jit`` (their variables lifted as linen lifts them), Flax NNX
-  modules through ``nnx.jit`` (state they update is written back), other
-  classes (Equinox modules, any pytree) through a jit of the call with the
-  module's arrays as arguments.
+* A module class: its ``__call__`` for the trace. Flax NNX modules go through
+  ``nnx.jit`` (state they update is written back), other classes (Equinox
+  modules, any pytree) through a jit of the call with the module's arrays as
+  arguments. Flax linen and Haiku classes, whose variables live in a scope or a
+  frame, go through ``_scoped`` instead.
 * A function: found where the program names it: a global of the function's
   own module or of the program's, or a free variable of the program.
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from .._jax import Tracer
 
-__all__ = ["check_blocks", "named_blocks", "repeated_modules"]
+__all__ = ["check_blocks", "jitted_call", "named_blocks", "repeated_modules"]
 
 # The module frameworks whose instances are pytrees the program receives (or
 # closes over), by the module that defines their base class.
@@ -116,7 +116,7 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray | Tracer)
 
 
-def _jitted(fn: Callable[..., Any]) -> Callable[..., Any]:
+def jitted_call(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` called through ``jax.jit``: its array leaves are the jit's arguments,
     every other leaf is fixed by the call (part of the program)."""
 
@@ -139,24 +139,10 @@ def _jitted(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _framework(cls: type) -> str:
-    modules = {getattr(c, "__module__", "") for c in cls.__mro__}
-    if any(m.startswith("flax.linen") for m in modules):
-        return "linen"
-    if any(m.startswith("flax.nnx") for m in modules):
-        return "nnx"
-    return "pytree"
-
-
 def _class_call(cls: type) -> Callable[..., Any]:
     """The ``__call__`` ``cls`` has during the trace (see the module docstring)."""
     original = cls.__call__  # type: ignore[operator]
-    kind = _framework(cls)
-    if kind == "linen":
-        import flax.linen as nn
-
-        return nn.jit(cls).__call__  # type: ignore[no-any-return]
-    if kind == "nnx":
+    if any(getattr(c, "__module__", "").startswith("flax.nnx") for c in cls.__mro__):
         from flax import nnx
 
         @functools.wraps(original)
@@ -172,7 +158,7 @@ def _class_call(cls: type) -> Callable[..., Any]:
             return jitted(self, *args, **kwargs)
 
         return nnx_call
-    return _jitted(original)
+    return jitted_call(original)
 
 
 @contextlib.contextmanager
@@ -187,7 +173,7 @@ def named_blocks(blocks: Sequence[Any], program: Callable[..., Any]) -> Iterator
                 setattr(block, "__call__", _class_call(block))  # noqa: B010
                 undo.append(functools.partial(_restore_attr, block, "__call__", previous))
             else:
-                undo.extend(_rebind(block, _jitted(block), program))
+                undo.extend(_rebind(block, jitted_call(block), program))
         yield
     finally:
         for step in reversed(undo):

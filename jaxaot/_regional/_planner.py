@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, has_host_callbacks, joi
 from . import _choice, _whole
 from ._auto import BlockFinder, finding
 from ._named import named_blocks, repeated_modules
+from ._scoped import Calls, counting, is_scoped, scoped_blocks
 from ._placement import (
     UNSET,
     MeshContext,
@@ -63,6 +65,8 @@ class PlanSpec:
     auto_regions: bool = True  # find the blocks an unmodified program repeats
     blocks: tuple[Any, ...] = ()  # functions and classes the user names as blocks
     program: Any = None  # the user's function (where named functions are found)
+    # A fresh ``jitted`` (a trace cache of its own), to trace a program again.
+    retracer: Callable[[], Any] | None = None
     # Why programs of this function were served whole, once said (at INFO).
     said: set[str] = field(default_factory=set, compare=False, hash=False)
 
@@ -133,19 +137,41 @@ def _trace(
         if call.key not in early:
             early.update(submit_jobs({call.key: functools.partial(region_executable, call)}))
 
-    blocks = spec.blocks
+    named = spec.blocks
     if spec.auto_regions:  # module classes of a plain loop of layers name themselves
         found = repeated_modules(args, kwargs, spec.program)
-        blocks = (*blocks, *(cls for cls in found if cls not in blocks))
-    finder = BlockFinder() if spec.auto_regions or blocks else None
+        named = (*named, *(cls for cls in found if cls not in named))
+
+    def run(jitted: Any, named: tuple[Any, ...]) -> tuple[Any, BlockFinder | None, Calls | None]:
+        finder = BlockFinder() if spec.auto_regions or named else None
+        plain = tuple(b for b in named if not (isinstance(b, type) and is_scoped(b)))
+        scoped = tuple(b for b in named if isinstance(b, type) and is_scoped(b))
+        with contextlib.ExitStack() as stack:
+            calls = stack.enter_context(counting()) if spec.auto_regions else None
+            stack.enter_context(finding(finder))
+            stack.enter_context(named_blocks(plain, spec.program))
+            stack.enter_context(scoped_blocks(scoped))
+            return jitted.trace(*args, **kwargs), finder, calls
+
     token = PREFETCH.set(prefetch) if prefetch_entries else None
     try:
-        with finding(finder), named_blocks(blocks, spec.program):
-            traced = spec.jitted.trace(*args, **kwargs)
+        traced, finder, calls = run(spec.jitted, named)
+        more = () if calls is None else tuple(c for c in calls.repeated() if c not in named)
+        if more and spec.retracer is not None and not _repeats_blocks(traced.jaxpr):
+            # Linen or Haiku layers repeat, and no boundary marked them: traced
+            # again with them as blocks (by a jit of its own: JAX would return
+            # the first trace from its cache).
+            logger.debug("jaxaot.jit %s: module classes that repeat: %s", spec.name,
+                         ", ".join(c.__qualname__ for c in more))
+            traced, finder, _ = run(spec.retracer(), (*named, *more))
     finally:
         if token is not None:
             PREFETCH.reset(token)
     return traced, early, finder
+
+
+def _repeats_blocks(closed: Any) -> bool:
+    return any(n >= 2 for n in BlockFinder.counts(closed.jaxpr).values())
 
 
 def _glue_for(

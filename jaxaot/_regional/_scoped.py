@@ -1,0 +1,256 @@
+"""Blocks of Flax linen and Haiku models, whose parameters live in a scope or a
+frame rather than in the module objects the program receives.
+
+A plain loop of linen or Haiku layers marks no block, and its modules are not
+in the program's arguments, so :func:`._named.repeated_modules` cannot count
+them. Both frameworks let a caller see every module method call
+(``nn.intercept_methods``, ``hk.intercept_methods``), so:
+
+* :func:`counting` watches a trace of the program and records each module
+  ``__call__`` (its class, the types of its arguments, the classes of the calls
+  around it); :meth:`Calls.repeated` names the classes called two or more times
+  with the same types, outermost only (a ``Dense`` inside a repeated ``Block``
+  is part of the block).
+* :func:`scoped_blocks` then makes each call of those classes an inner ``jit``
+  call, as ``blocks=`` does for other module classes, with the module's
+  variables passed in as arrays:
+
+  - linen: the module unbound from its scope and applied to its own variables.
+    Only where that computes what the scope would: not while initializing, not
+    with mutable collections or random streams in the scope (a module's random
+    draws depend on its place in the scope; such a call is left inline, with a
+    DEBUG reason).
+  - Haiku: the call with the transform's state (parameters, state, random
+    sequence) threaded in and out, as ``hk.remat`` threads it; the inputs a
+    block does not use are pruned before it is keyed (``_component._blocks``).
+
+The counting trace is a trace of its own: a program is traced a second time
+only when its first trace found no repeated block and a linen or Haiku class
+repeats (``_planner._trace``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import functools
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+
+from ._named import jitted_call
+
+__all__ = ["Calls", "counting", "is_scoped", "scoped_blocks"]
+
+logger = logging.getLogger("jaxaot")
+
+#: While set, module calls run as they are (inside a block's own trace).
+_INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxaot_scoped_inside", default=False)
+
+
+def _framework(cls: type) -> str | None:
+    for c in cls.__mro__:
+        module = getattr(c, "__module__", "") or ""
+        if module.startswith("flax.linen"):
+            return "linen"
+        if module.startswith("haiku"):
+            return "haiku"
+    return None
+
+
+def is_scoped(cls: type) -> bool:
+    """Whether ``cls`` is a Flax linen or Haiku module class."""
+    return _framework(cls) is not None
+
+
+def _intercepts() -> list[Callable[[Any], Any]]:
+    """The ``intercept_methods`` of the frameworks this process imported (none is
+    imported here: a program that uses one has imported it)."""
+    found = []
+    linen = sys.modules.get("flax.linen")
+    if linen is not None and hasattr(linen, "intercept_methods"):
+        found.append(linen.intercept_methods)
+    haiku = sys.modules.get("haiku")
+    if haiku is not None and hasattr(haiku, "intercept_methods"):
+        found.append(haiku.intercept_methods)
+    return found
+
+
+def _types(args: Any, kwargs: Any) -> tuple[Any, ...]:
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    return (
+        str(treedef),
+        tuple(
+            (tuple(leaf.shape), str(leaf.dtype)) if hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+            else (type(leaf).__qualname__, repr(leaf)[:80])
+            for leaf in leaves
+        ),
+    )
+
+
+class Calls:
+    """The module calls of one counting trace."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[type, tuple[Any, ...], frozenset[type]]] = []
+        self._around: list[type] = []
+
+    def see(self, next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
+        if context.method_name != "__call__" or _framework(type(context.module)) is None:
+            return next_fun(*args, **kwargs)
+        cls = type(context.module)
+        self.calls.append((cls, _types(args, kwargs), frozenset(self._around)))
+        self._around.append(cls)
+        try:
+            return next_fun(*args, **kwargs)
+        finally:
+            self._around.pop()
+
+    def repeated(self) -> tuple[type, ...]:
+        """The classes called two or more times with the same argument types,
+        with a call that no other such class's call encloses."""
+        counts = collections.Counter((cls, types) for cls, types, _ in self.calls)
+        repeats = {cls for (cls, _), n in counts.items() if n >= 2}
+        outer: list[type] = []
+        for cls, _, around in self.calls:
+            if cls in repeats and not (around & repeats) and cls not in outer:
+                outer.append(cls)
+        return tuple(outer)
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[Calls]:
+    """Records the linen and Haiku module calls made during the block."""
+    calls = Calls()
+    with contextlib.ExitStack() as stack:
+        for intercept in _intercepts():
+            stack.enter_context(intercept(calls.see))
+        yield calls
+
+
+def _named(fn: Callable[..., Any], cls: type) -> Callable[..., Any]:
+    # Named as the user knows it (``Block.__call__``): the block is named after it.
+    fn.__name__ = "__call__"
+    fn.__qualname__ = f"{cls.__qualname__}.__call__"
+    return fn
+
+
+def _inside(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        token = _INSIDE.set(True)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _INSIDE.reset(token)
+
+    return run
+
+
+def _linen_refusal(module: Any) -> str | None:
+    scope = getattr(module, "scope", None)
+    if scope is None:
+        return "the module is not bound to a scope"
+    if module.is_initializing():
+        return "its variables are being initialized"
+    if scope.rngs:
+        return "its scope has random streams (its draws depend on its place in the scope)"
+    if scope.mutable:
+        return "its scope has mutable collections"
+    return None
+
+
+def _linen_call(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
+    module = context.module
+    cls = type(module)
+    refusal = _linen_refusal(module)
+    if refusal is not None:
+        logger.debug("jaxaot.jit: a call of %s is not a block (%s)", cls.__qualname__, refusal)
+        return next_fun(*args, **kwargs)
+    unbound, variables = module.unbind()
+
+    def body(variables: Any, *args: Any, **kwargs: Any) -> Any:
+        return unbound.apply(variables, *args, **kwargs)
+
+    return jitted_call(_inside(_named(body, cls)))(variables, *args, **kwargs)
+
+
+def _haiku_call(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
+    cls = type(context.module)
+    try:
+        from haiku._src import stateful  # Haiku's own state threading, as hk.remat uses it
+    except ImportError:  # pragma: no cover - a Haiku without it
+        logger.debug("jaxaot.jit: %s is not a block (this Haiku cannot thread its state)", cls.__qualname__)
+        return next_fun(*args, **kwargs)
+
+    def body(*args: Any, **kwargs: Any) -> Any:
+        return next_fun(*args, **kwargs)
+
+    threaded = stateful.thread_hk_state_in_kwargs(jitted_call)
+    return threaded(_inside(_named(body, cls)))(*args, **kwargs)
+
+
+class _Wrapper:
+    def __init__(self, classes: frozenset[type]) -> None:
+        self.classes = classes
+
+    def call(self, next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
+        cls = type(context.module)
+        if _INSIDE.get() or context.method_name != "__call__" or cls not in self.classes:
+            return next_fun(*args, **kwargs)
+        if _framework(cls) == "linen":
+            return _linen_call(next_fun, args, kwargs, context)
+        return _haiku_call(next_fun, args, kwargs, context)
+
+
+#: While set, linen's ``nn.jit`` keys its traces apart (see :func:`_fresh_linen_jits`).
+_LINEN_MARK: contextvars.ContextVar[int | None] = contextvars.ContextVar("jaxaot_linen_mark", default=None)
+_LINEN_PATCH = threading.Lock()
+
+
+def _fresh_linen_jits() -> bool:
+    """Makes linen's ``nn.jit`` trace its function again while ``_LINEN_MARK`` is
+    set: ``nn.jit`` caches its trace by the module's hash (``_HashableProxy``), so
+    a model under ``nn.jit`` (gemma's) traced once without its layers as blocks
+    would give that trace back. The hash is mixed with the mark, only while one
+    is set (in this context); otherwise ``nn.jit`` works as it did."""
+    transforms = sys.modules.get("flax.linen.transforms")
+    proxy = getattr(transforms, "_HashableProxy", None)
+    with _LINEN_PATCH:
+        if proxy is None or getattr(proxy, "_jaxaot_marked", False):
+            return proxy is not None
+        original = proxy.__dict__.get("from_module")
+        if not isinstance(original, classmethod):
+            return False
+
+        def from_module(cls: Any, module: Any) -> Any:
+            made = original.__func__(cls, module)
+            mark = _LINEN_MARK.get()
+            return made if mark is None else cls(made.module_ref, hash((made.hash_key, mark)))
+
+        proxy.from_module = classmethod(from_module)
+        proxy._jaxaot_marked = True
+        return True
+
+
+@contextlib.contextmanager
+def scoped_blocks(classes: tuple[type, ...]) -> Iterator[None]:
+    """During the block, calls of the linen and Haiku module ``classes`` are inner
+    jit calls (see the module docstring)."""
+    if not classes:
+        yield
+        return
+    wrapper = _Wrapper(frozenset(classes))
+    with contextlib.ExitStack() as stack:
+        if any(_framework(c) == "linen" for c in classes) and _fresh_linen_jits():
+            mark = hash(tuple(sorted(f"{c.__module__}.{c.__qualname__}" for c in classes)))
+            token = _LINEN_MARK.set(mark)
+            stack.callback(_LINEN_MARK.reset, token)
+        for intercept in _intercepts():
+            stack.enter_context(intercept(wrapper.call))
+        yield
