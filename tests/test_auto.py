@@ -87,6 +87,34 @@ def test_unannotated_blocks_compile_once_whatever_the_depth(
     assert "block " in eight["explain"] and calls in eight["explain"], eight["explain"]
     # JAX's own helpers (jnp.var's inner jit) are never blocks, whatever their flag.
     assert "_var" not in eight["explain"], eight["explain"]
+    # Blocks carry the user's names, and every call that is not a block says why.
+    for says in SAYS.get(kind, ()):
+        assert says in eight["explain"], (says, eight["explain"])
+
+
+#: What ``explain`` says of each kind's blocks and non-blocks, in the user's names.
+SAYS: dict[str, tuple[str, ...]] = {
+    "flax_linen": ("block checkpoint(LLayer.__call__)",),
+    "linen_jit": (
+        "block checkpoint(LLayer.__call__)",
+        "jit(LJitModel.__call__): looked through (it wraps repeated layers)",
+    ),
+    "linen_loop": ("block jit(LPlainBlock.__call__)",),
+    "linen_jit_loop": (
+        "block jit(LPlainBlock.__call__)",
+        "jit(LPlainModel.__call__): looked through",
+    ),
+    "haiku_loop": ("HBlock.__call__): 8 forward", "in glue (called once): jit(Linear.__call__)"),
+    "equinox_loop": ("block jit(LoopLayer.__call__)",),
+    "nnx_loop": ("block jit(NLoopLayer.__call__)",),
+    "outer_jit": ("jit(loss): looked through",),
+    "jnp_var": (
+        "functions of JAX's own helpers (jax.numpy, lax, jax.nn, jax.random): never blocks",
+    ),
+    "diffrax_chain": (
+        "jit(diffeqsolve): a custom_vjp rule under a transformation (kept in its glue)",
+    ),
+}
 
 
 @pytest.mark.parametrize("kind", KINDS)

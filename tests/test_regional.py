@@ -315,7 +315,7 @@ def test_explain_compiles_nothing(compiles: list[str]) -> None:
         _regional.wait_for_background()
         assert compiles == [], (explained, compiles)
         assert says in explained, explained
-        assert "glue: 1 programs" not in explained or "split into" in explained, explained
+        assert "glue: 1 program" not in explained or "split into" in explained, explained
         close(regional(*args), jax.jit(fn)(*args))
         assert regional.explain(*args) == explained  # the plan made by the call says the same
         _regional.wait_for_background()

@@ -100,9 +100,10 @@ def _memo_key(call: BoundCall, avals: tuple[Any, ...]) -> tuple[Any, ...] | None
     return key
 
 
-def block_call(call: BoundCall) -> tuple[Call, tuple[Any, ...]]:
-    """The component call standing for ``call``, and the operands to bind it with
-    (an inner ``jit``'s constants first; inputs the body never uses left out)."""
+def block_call(call: BoundCall, name: str | None = None) -> tuple[Call, tuple[Any, ...]]:
+    """The component call standing for ``call`` (named ``name``, else after its
+    function), and the operands to bind it with (an inner ``jit``'s constants
+    first; inputs the body never uses left out)."""
     # Keyed by what it uses: inputs its body never reads are dropped, so layers
     # handed more than they read (``hk.remat``'s whole state) key alike.
     call, _ = pruned(hoisted(call))
@@ -111,7 +112,7 @@ def block_call(call: BoundCall) -> tuple[Call, tuple[Any, ...]]:
     made = _MADE.get(memo) if memo is not None else None
     if made is not None and made[0] is call.params["jaxpr"]:
         return made[1], call.args
-    made_call = _made(call, avals)
+    made_call = _made(call, avals, name or block_name(call))
     if memo is not None:
         with _LOCK:
             if len(_MADE) >= _MADE_MAX:
@@ -120,8 +121,7 @@ def block_call(call: BoundCall) -> tuple[Call, tuple[Any, ...]]:
     return made_call, call.args
 
 
-def _made(call: BoundCall, avals: tuple[Any, ...]) -> Call:
-    name = block_name(call)
+def _made(call: BoundCall, avals: tuple[Any, ...], name: str) -> Call:
 
     def trace() -> Any:
         def body(*args: Any) -> list[Any]:

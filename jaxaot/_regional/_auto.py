@@ -45,7 +45,15 @@ from .._jax import (
     within,
 )
 
-__all__ = ["MIN_EQUATIONS", "BlockFinder", "finding", "program_entered"]
+__all__ = [
+    "HELPER",
+    "MIN_EQUATIONS",
+    "BlockFinder",
+    "finding",
+    "module_ended",
+    "note",
+    "program_entered",
+]
 
 logger = logging.getLogger("jaxaot")
 
@@ -53,6 +61,8 @@ logger = logging.getLogger("jaxaot")
 #: many equations (nested ones included) on.
 MIN_EQUATIONS = 16
 _HEAVY = frozenset(["dot_general", "conv_general_dilated", "ragged_dot", "ragged_dot_general"])
+#: The name linen's lifted transforms (``nn.remat``, ``nn.jit``) give the function they transform.
+_LINEN_LIFTED = "core_fn"
 _CUSTOM_VJP = ("custom_vjp_call", "custom_vjp_call_jaxpr")
 
 _FINDER: contextvars.ContextVar[BlockFinder | None] = contextvars.ContextVar(
@@ -60,17 +70,31 @@ _FINDER: contextvars.ContextVar[BlockFinder | None] = contextvars.ContextVar(
 )
 
 
-def _worth_a_block(call: BoundCall) -> bool:
+#: Why a call is not a block, by kind (``explain`` gives these).
+HELPER = "JAX's own helpers (jax.numpy, lax, jax.nn, jax.random): never blocks"
+HOLDS_COMPONENTS = "holds components (inlined: its components are regions)"
+CUSTOM_VJP = "a custom_vjp rule under a transformation (kept in its glue)"
+LOOKED_THROUGH = "looked through (it wraps repeated layers)"
+
+
+def _why_not(call: BoundCall) -> str | None:
+    """Why ``call`` is not worth a block, or ``None`` where it is."""
     if is_inline(call):
-        return False
+        return HELPER
     count, heavy = 0, False
     for jaxpr in walk_jaxprs(call_jaxpr(call)):
         for eqn in jaxpr.eqns:
             if eqn.primitive is component_p:
-                return False  # its components are regions already: it is inlined
+                return HOLDS_COMPONENTS
             heavy = heavy or eqn.primitive.name in _HEAVY
             count += 1
-    return heavy or count >= MIN_EQUATIONS
+    if heavy or count >= MIN_EQUATIONS:
+        return None
+    return f"small: {count} equations, no matrix product or convolution"
+
+
+def _worth_a_block(call: BoundCall) -> bool:
+    return _why_not(call) is None
 
 
 def _repeats_inside(call: BoundCall) -> bool:
@@ -98,6 +122,18 @@ class BlockFinder:
 
     def __init__(self) -> None:
         self.root: Any = None  # the program's own trace, once it runs
+        # Why the calls of the program's own trace that are not blocks are not,
+        # by the call's name (as ``explain`` tells it).
+        self.notes: dict[str, str] = {}
+        # The linen module whose call ended last (a lifted transform's block is
+        # named after it, not after linen's ``core_fn``).
+        self.last_module: str | None = None
+        # The module each linen-lifted body was traced for, by the body's jaxpr
+        # (an outer jit looked through binds them again after the model ended).
+        self._modules: dict[int, tuple[Any, str]] = {}
+
+    def note(self, name: str, why: str) -> None:
+        self.notes.setdefault(name, why)
 
     def entered(self) -> None:
         """The program's function starts running: its trace is the root."""
@@ -105,28 +141,42 @@ class BlockFinder:
             self.root = current_trace()
 
     def hook(self, call: BoundCall) -> Sequence[Any] | None:
+        if self.last_module and block_name(call) == f"{call.kind}({_LINEN_LIFTED})":
+            body = call_jaxpr(call)
+            self._modules.setdefault(id(body), (body, self.last_module))
         if self.root is None or not within(current_trace(), self.root):
             return None  # inside another inner function's own trace
         if is_plain_jit(call) and _repeats_inside(call):
             # An outer jit around the model (gemma's and linen's ``nn.jit``, a
             # ``jax.jit`` of the loss): looked through, as if it were not there,
             # so that the layers it repeats are found as blocks.
+            self.note(self._name(call) or block_name(call), LOOKED_THROUGH)
             closed = call_jaxpr(call)
             return evaluate(closed.jaxpr, closed.consts, call.args)
-        if not _worth_a_block(call):
-            return None
-        if current_trace() is not self.root and uses_primitive(call_jaxpr(call), _CUSTOM_VJP):
+        why = _why_not(call)
+        if (
+            why is None
+            and current_trace() is not self.root
+            and uses_primitive(call_jaxpr(call), _CUSTOM_VJP)
+        ):
             # Under a transformation (grad), a custom_vjp rule traced by the
             # program (diffrax's adjoints, optimistix, lineax) cannot be
             # transposed again outside the trace that made it: kept in its glue.
-            logger.debug(
-                "jaxaot.jit: %s is not a block (a custom_vjp rule under a transformation)",
-                block_name(call),
-            )
+            why = CUSTOM_VJP
+        if why is not None:
+            self.note(self._name(call) or block_name(call), why)
+            if why == CUSTOM_VJP:
+                logger.debug("jaxaot.jit: %s is not a block (%s)", block_name(call), why)
             return None
         with not_intercepting():  # jaxaot's own tracing below binds calls too
-            block, operands = block_call(call)
+            block, operands = block_call(call, self._name(call))
             return bind(block, operands)
+
+    def _name(self, call: BoundCall) -> str | None:
+        # A linen-lifted call (``nn.remat``, ``nn.jit``) is named after the module
+        # whose call ended just before it was first bound: the module it lifts.
+        known = self._modules.get(id(call_jaxpr(call)))
+        return None if known is None else f"{call.kind}({known[1]})"
 
     @staticmethod
     def counts(jaxpr: Any) -> collections.Counter[Any]:
@@ -168,6 +218,21 @@ def finding(finder: BlockFinder | None) -> Iterator[None]:
             yield
     finally:
         _FINDER.reset(token)
+
+
+def note(name: str, why: str) -> None:
+    """Tells the block finder of this trace (if any) why ``name`` is not a block."""
+    finder = _FINDER.get()
+    if finder is not None:
+        finder.note(name, why)
+
+
+def module_ended(name: str) -> None:
+    """Tells the block finder of this trace (if any) that a call of the linen
+    module method ``name`` ended."""
+    finder = _FINDER.get()
+    if finder is not None:
+        finder.last_module = name
 
 
 def program_entered() -> None:

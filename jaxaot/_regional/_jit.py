@@ -176,6 +176,7 @@ class RegionalFunction:
                 donate_argnums=self._donate_argnums,
                 **placement,
             )
+
         self._spec = PlanSpec(
             name=getattr(fun, "__name__", "function"),
             jitted=tracer(),

@@ -26,9 +26,8 @@ from .._component._blocks import Block
 from .._component._rules import PREFETCH, component_p
 from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, has_host_callbacks, join_effects
 from . import _choice, _whole
-from ._auto import BlockFinder, finding
+from ._auto import HELPER, BlockFinder, finding
 from ._named import named_blocks, repeated_modules
-from ._scoped import Calls, counting, is_scoped, scoped_blocks
 from ._placement import (
     UNSET,
     MeshContext,
@@ -42,6 +41,7 @@ from ._plan import WHOLE as WHOLE_FORM
 from ._plan import Plan, Step
 from ._pool import submit_background, submit_jobs
 from ._programs import GLUE, WHOLE, region_executable
+from ._scoped import Calls, counting, is_scoped, scoped_blocks
 from ._split import Region, contains_components, inline_calls, nested_components, split
 
 __all__ = ["MAX_WHOLE_CALLS", "PlanSpec", "build_plan", "describe"]
@@ -161,8 +161,11 @@ def _trace(
             # Linen or Haiku layers repeat, and no boundary marked them: traced
             # again with them as blocks (by a jit of its own: JAX would return
             # the first trace from its cache).
-            logger.debug("jaxaot.jit %s: module classes that repeat: %s", spec.name,
-                         ", ".join(c.__qualname__ for c in more))
+            logger.debug(
+                "jaxaot.jit %s: module classes that repeat: %s",
+                spec.name,
+                ", ".join(c.__qualname__ for c in more),
+            )
             traced, finder, _ = run(spec.retracer(), (*named, *more))
     finally:
         if token is not None:
@@ -275,6 +278,7 @@ class _Cut(NamedTuple):
     placements: list[Any]
     sharded: bool
     early: dict[Any, concurrent.futures.Future[Any]]
+    notes: dict[str, str]  # why the calls that are not blocks are not, by name
 
 
 def _cut(
@@ -343,6 +347,7 @@ def _cut(
         placements,
         sharded,
         early,
+        {} if finder is None else dict(finder.notes),
     )
 
 
@@ -365,8 +370,16 @@ def describe(
 
 def _described(cut: _Cut) -> str:
     if cut.why is not None:
-        return f"  {cut.why}"
-    return _summary(cut.regions, cut.counts, cut.nested)
+        return "\n".join([f"  {cut.why}", *_not_blocks(cut.notes)])
+    return "\n".join([_summary(cut.regions, cut.counts, cut.nested), *_not_blocks(cut.notes)])
+
+
+def _not_blocks(notes: dict[str, str]) -> list[str]:
+    """Per call of the program that is not a block, why not. JAX's own helpers
+    are left out: they are never blocks, and whether JAX binds them or inlines
+    them from its own trace caches differs from trace to trace."""
+    lines = [f"    {name}: {why}" for name, why in sorted(notes.items()) if why != HELPER]
+    return ["  not blocks:", *lines] if lines else []
 
 
 def build_plan(
@@ -540,7 +553,8 @@ def _summary(regions: Sequence[Region], counts: collections.Counter[Any], nested
         f"  {name}: " + ", ".join(f"{n} {entry}" for entry, n in sorted(entries.items()))
         for name, entries in sorted(calls.items())
     ]
-    lines.append(f"  glue: {sum(r.kind == 'glue' for r in regions)} programs")
+    glue = sum(r.kind == "glue" for r in regions)
+    lines.append(f"  glue: {glue} {'program' if glue == 1 else 'programs'}")
     inlined = sorted({call.component.name for call, n in counts.items() if n < 2})
     if inlined:
         lines.append("  in glue (called once): " + ", ".join(inlined))

@@ -43,6 +43,7 @@ from typing import Any
 
 import jax
 
+from ._auto import module_ended, note
 from ._named import jitted_call
 
 __all__ = ["Calls", "counting", "is_scoped", "scoped_blocks"]
@@ -50,7 +51,9 @@ __all__ = ["Calls", "counting", "is_scoped", "scoped_blocks"]
 logger = logging.getLogger("jaxaot")
 
 #: While set, module calls run as they are (inside a block's own trace).
-_INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxaot_scoped_inside", default=False)
+_INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "jaxaot_scoped_inside", default=False
+)
 
 
 def _framework(cls: type) -> str | None:
@@ -86,7 +89,8 @@ def _types(args: Any, kwargs: Any) -> tuple[Any, ...]:
     return (
         str(treedef),
         tuple(
-            (tuple(leaf.shape), str(leaf.dtype)) if hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+            (tuple(leaf.shape), str(leaf.dtype))
+            if hasattr(leaf, "shape") and hasattr(leaf, "dtype")
             else (type(leaf).__qualname__, repr(leaf)[:80])
             for leaf in leaves
         ),
@@ -110,6 +114,8 @@ class Calls:
             return next_fun(*args, **kwargs)
         finally:
             self._around.pop()
+            if _framework(cls) == "linen":
+                module_ended(f"{cls.__qualname__}.__call__")
 
     def repeated(self) -> tuple[type, ...]:
         """The classes called two or more times with the same argument types,
@@ -171,6 +177,7 @@ def _linen_call(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: A
     refusal = _linen_refusal(module)
     if refusal is not None:
         logger.debug("jaxaot.jit: a call of %s is not a block (%s)", cls.__qualname__, refusal)
+        note(f"{cls.__qualname__}.__call__", f"left inline: {refusal}")
         return next_fun(*args, **kwargs)
     unbound, variables = module.unbind()
 
@@ -185,7 +192,10 @@ def _haiku_call(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: A
     try:
         from haiku._src import stateful  # Haiku's own state threading, as hk.remat uses it
     except ImportError:  # pragma: no cover - a Haiku without it
-        logger.debug("jaxaot.jit: %s is not a block (this Haiku cannot thread its state)", cls.__qualname__)
+        logger.debug(
+            "jaxaot.jit: %s is not a block (this Haiku cannot thread its state)", cls.__qualname__
+        )
+        note(f"{cls.__qualname__}.__call__", "left inline: this Haiku cannot thread its state")
         return next_fun(*args, **kwargs)
 
     def body(*args: Any, **kwargs: Any) -> Any:
@@ -209,7 +219,9 @@ class _Wrapper:
 
 
 #: While set, linen's ``nn.jit`` keys its traces apart (see :func:`_fresh_linen_jits`).
-_LINEN_MARK: contextvars.ContextVar[int | None] = contextvars.ContextVar("jaxaot_linen_mark", default=None)
+_LINEN_MARK: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "jaxaot_linen_mark", default=None
+)
 _LINEN_PATCH = threading.Lock()
 
 
