@@ -528,7 +528,7 @@ class RegionalFunction:
             return f"{head}: jax.jit (not split; DEBUG logs say why)"
         if isinstance(plan, Plan):
             summary, why = plan.summary, plan.served_whole
-            if plan.mode is WHOLE_MODE:
+            if plan.mode is WHOLE_MODE and why is None:
                 summary += "\n  runs its whole-program form (one executable; measured faster)"
         else:
             try:
@@ -539,7 +539,11 @@ class RegionalFunction:
                 return f"{head}: jax.jit (nothing to compile)"
             summary, why = described
         if why is not None:
-            return f"{head}: one program, cached whole ({why})"
+            # The summary of a program served whole is its reason, then why the
+            # calls in it are not blocks.
+            return "\n".join(
+                [f"{head}: one program, cached whole ({why})", *summary.splitlines()[1:]]
+            )
         return f"{head}: split into\n{summary}"
 
     def _plan(

@@ -1,0 +1,148 @@
+"""Linen and Haiku layers of a plain loop as blocks (``jaxaot._regional._scoped``):
+found by a counting trace, split where it is sound, left inline (and said so)
+where it is not; values always those of ``jax.jit``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from jaxaot._regional._scoped import Calls, counting
+
+WIDTH = 16
+
+
+def _same(got: Any, want: Any) -> None:
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert g.dtype == w.dtype
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+
+
+class Dropped(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = nn.Dropout(0.5, deterministic=False)(nn.Dense(WIDTH)(x))
+        return x + jnp.tanh(h)
+
+
+class Normed(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x + jnp.tanh(nn.BatchNorm(use_running_average=False)(nn.Dense(WIDTH)(x)))
+
+
+class Pure(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x + jnp.tanh(nn.Dense(WIDTH)(nn.LayerNorm()(x)))
+
+
+def _linen(block: type[nn.Module], **apply: Any) -> tuple[Any, tuple[Any, ...]]:
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for _ in range(3):
+                x = block()(x)
+            return x
+
+    model, x = Model(), jnp.ones((2, WIDTH))
+    variables = model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x)
+
+    def loss(variables: Any, x: jax.Array) -> jax.Array:
+        out = model.apply(variables, x, **apply)
+        out = out[0] if isinstance(out, tuple) else out
+        return (out**2).mean()
+
+    return jax.value_and_grad(loss), (variables, x)
+
+
+@pytest.mark.parametrize(
+    ("block", "apply", "says"),
+    [
+        (
+            Dropped,
+            {"rngs": {"dropout": jax.random.key(2)}},
+            "Dropped.__call__: left inline: its scope has random streams",
+        ),
+        (
+            Normed,
+            {"mutable": ["batch_stats"]},
+            "Normed.__call__: left inline: its scope has mutable collections",
+        ),
+    ],
+)
+def test_linen_layers_with_random_streams_or_mutable_state_stay_inline_and_say_why(
+    block: type[nn.Module], apply: dict[str, Any], says: str
+) -> None:
+    step, args = _linen(block, **apply)
+    regional = jaxaot.jit(step)
+    _same(regional(*args), jax.jit(step)(*args))
+    explained = regional.explain(*args)
+    assert "not blocks:" in explained and says in explained, explained
+
+
+def test_pure_linen_layers_of_a_plain_loop_are_blocks() -> None:
+    step, args = _linen(Pure)
+    regional = jaxaot.jit(step, whole_program=False)
+    _same(regional(*args), jax.jit(step)(*args))
+    assert "block jit(Pure.__call__): 3 forward, 3 linear/transpose" in regional.explain(*args)
+
+
+class Stateful(hk.Module):
+    """Draws a key and counts its calls in Haiku state: both threaded through the block."""
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        count = hk.get_state("count", [], init=jnp.zeros)
+        hk.set_state("count", count + 1)
+        h = hk.dropout(hk.next_rng_key(), 0.5, hk.Linear(WIDTH)(x))
+        return x + jnp.tanh(h) * (count + 1)
+
+
+def test_haiku_layers_with_random_keys_and_state_are_blocks_with_jax_jit_values() -> None:
+    def net(x: jax.Array) -> jax.Array:
+        for _ in range(3):
+            x = Stateful()(x)
+        return (x**2).mean()
+
+    model = hk.transform_with_state(net)
+    x = jnp.ones((2, WIDTH))
+    params, state = model.init(jax.random.key(0), x)
+    step = jax.value_and_grad(lambda p, s, k, x: model.apply(p, s, k, x), has_aux=True)
+    args = (params, state, jax.random.key(1), x)
+    regional = jaxaot.jit(step, whole_program=False)
+    got, want = regional(*args), jax.jit(step)(*args)
+    _same(got, want)
+    (_, new_state), _ = got
+    assert all(float(v["count"]) == 1.0 for v in new_state.values())
+    assert "block jit(Stateful.__call__): 3 forward, 3 linear/transpose" in regional.explain(*args)
+
+
+def test_only_the_outermost_repeated_class_counts() -> None:
+    class Inner(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return nn.Dense(WIDTH)(x)
+
+    class Outer(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return Inner()(Inner()(x))
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return Outer()(Outer()(x))
+
+    x = jnp.ones((2, WIDTH))
+    variables = Model().init(jax.random.key(0), x)
+    with counting() as calls:
+        assert isinstance(calls, Calls)
+        jax.make_jaxpr(lambda v, x: Model().apply(v, x))(variables, x)
+    assert calls.repeated() == (Outer,)
