@@ -26,3 +26,18 @@ def test_import_is_light(subprocess_env: dict[str, str]) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env, check=True
     ).stdout.strip()
     assert out == ""
+
+
+def test_importing_every_public_name_compiles_nothing(subprocess_env: dict[str, str]) -> None:
+    """No XLA compile at import (an array made at module level is one, in every
+    process: a warm start would never reach zero compiles)."""
+    code = (
+        "import jax, jax.monitoring as m; c = []; "
+        "m.register_event_duration_secs_listener("
+        "lambda e, d, **k: c.append(e) if e == '/jax/core/compile/backend_compile_duration' else None); "
+        "import jaxaot, jaxaot.cli; [getattr(jaxaot, n) for n in jaxaot.__all__]; print(len(c))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env, check=True
+    ).stdout.strip()
+    assert out == "0"

@@ -11,6 +11,7 @@ from .._versions import SUPPORTED_JAX, check_supported
 
 JAX_VERSION = check_supported(jax.__version__)
 
+from jax._src import array as _array  # noqa: E402
 from jax._src import core as _core  # noqa: E402
 from jax._src import dispatch as _dispatch  # noqa: E402
 from jax._src import effects as _effects  # noqa: E402
@@ -29,6 +30,7 @@ __all__ = [
     "Literal",
     "Primitive",
     "ShapedArray",
+    "ArrayImpl",
     "Tracer",
     "Zero",
     "apply_primitive",
@@ -48,6 +50,9 @@ __all__ = [
 Primitive = _core.Primitive
 ShapedArray = _core.ShapedArray
 Tracer = _core.Tracer
+#: The type of a concrete ``jax.Array`` (named without computing one: an array
+#: made at import time would be an XLA compile in every process).
+ArrayImpl = _array.ArrayImpl
 # 0.10: ClosedJaxpr(jaxpr, consts) wraps a Jaxpr; 0.11+: a Jaxpr carries its
 # consts and Jaxpr(jaxpr, consts) builds the closed one (0.12 drops the name).
 ClosedJaxpr: Any = getattr(_core, "ClosedJaxpr", _core.Jaxpr)

@@ -73,7 +73,14 @@ import numpy as np
 
 from .._component._arguments import Arguments
 from .._component._types import ARRAY_SCALARS
-from .._jax import Tracer, cpp_dispatcher, fastpath_miss, trace_context, trace_state_clean
+from .._jax import (
+    ArrayImpl,
+    Tracer,
+    cpp_dispatcher,
+    fastpath_miss,
+    trace_context,
+    trace_state_clean,
+)
 from .._store import _job
 from ._auto import program_entered
 from ._named import check_blocks
@@ -97,7 +104,7 @@ logger = logging.getLogger("jaxaot")
 
 _AVAL = operator.attrgetter("aval")
 _SHARDING = operator.attrgetter("sharding")
-_ARRAY_TYPES = {type(jax.numpy.zeros(()))}
+_ARRAY_TYPES = {ArrayImpl}
 _NOT_LOOKED_UP = object()
 # Inputs that are arrays without asking jax.typeof.
 _LEAF_TYPES = (jax.Array, np.ndarray, Tracer, *ARRAY_SCALARS)
