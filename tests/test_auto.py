@@ -108,9 +108,6 @@ SAYS: dict[str, tuple[str, ...]] = {
     "equinox_loop": ("block jit(LoopLayer.__call__)",),
     "nnx_loop": ("block jit(NLoopLayer.__call__)",),
     "outer_jit": ("jit(loss): looked through",),
-    "jnp_var": (
-        "functions of JAX's own helpers (jax.numpy, lax, jax.nn, jax.random): never blocks",
-    ),
     "diffrax_chain": (
         "jit(diffeqsolve): a custom_vjp rule under a transformation (kept in its glue)",
     ),
