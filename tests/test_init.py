@@ -22,10 +22,7 @@ def test_import_is_light(subprocess_env: dict[str, str]) -> None:
         "heavy = [m for m in ('redis', 'fsspec', 'rich', 'optax', 'matplotlib', 'equinox') if m in sys.modules]; "
         "print(','.join(heavy))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env, check=True
-    ).stdout.strip()
-    assert out == ""
+    assert _printed(code, subprocess_env) == ""
 
 
 def test_importing_every_public_name_compiles_nothing(subprocess_env: dict[str, str]) -> None:
@@ -37,7 +34,11 @@ def test_importing_every_public_name_compiles_nothing(subprocess_env: dict[str, 
         "lambda e, d, **k: c.append(e) if e == '/jax/core/compile/backend_compile_duration' else None); "
         "import jaxaot, jaxaot.cli; [getattr(jaxaot, n) for n in jaxaot.__all__]; print(len(c))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env, check=True
+    assert _printed(code, subprocess_env) == "0"
+
+
+def _printed(code: str, env: dict[str, str]) -> str:
+    """What ``code`` prints, run by a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     ).stdout.strip()
-    assert out == "0"

@@ -46,7 +46,6 @@ from .._jax import (
 )
 
 __all__ = [
-    "HELPER",
     "MIN_EQUATIONS",
     "BlockFinder",
     "finding",
@@ -132,8 +131,16 @@ class BlockFinder:
         # (an outer jit looked through binds them again after the model ended).
         self._modules: dict[int, tuple[Any, str]] = {}
 
-    def note(self, name: str, why: str) -> None:
-        self.notes.setdefault(name, why)
+    def note(self, call: BoundCall | str, why: str) -> None:
+        """Records why ``call`` (or the call named so) is not a block. JAX's own
+        helpers are not recorded: they are never blocks, and whether JAX binds
+        them or inlines them from its trace caches differs from trace to trace."""
+        if why == HELPER:
+            return
+        name = call if isinstance(call, str) else self._name(call) or block_name(call)
+        if name not in self.notes:
+            self.notes[name] = why
+            logger.debug("jaxaot.jit: %s is not a block (%s)", name, why)
 
     def entered(self) -> None:
         """The program's function starts running: its trace is the root."""
@@ -150,7 +157,7 @@ class BlockFinder:
             # An outer jit around the model (gemma's and linen's ``nn.jit``, a
             # ``jax.jit`` of the loss): looked through, as if it were not there,
             # so that the layers it repeats are found as blocks.
-            self.note(self._name(call) or block_name(call), LOOKED_THROUGH)
+            self.note(call, LOOKED_THROUGH)
             closed = call_jaxpr(call)
             return evaluate(closed.jaxpr, closed.consts, call.args)
         why = _why_not(call)
@@ -164,9 +171,7 @@ class BlockFinder:
             # transposed again outside the trace that made it: kept in its glue.
             why = CUSTOM_VJP
         if why is not None:
-            self.note(self._name(call) or block_name(call), why)
-            if why == CUSTOM_VJP:
-                logger.debug("jaxaot.jit: %s is not a block (%s)", block_name(call), why)
+            self.note(call, why)
             return None
         with not_intercepting():  # jaxaot's own tracing below binds calls too
             block, operands = block_call(call, self._name(call))

@@ -546,11 +546,8 @@ class RegionalFunction:
                 return f"{head}: jax.jit (nothing to compile)"
             summary, why = described
         if why is not None:
-            # The summary of a program served whole is its reason, then why the
-            # calls in it are not blocks.
-            return "\n".join(
-                [f"{head}: one program, cached whole ({why})", *summary.splitlines()[1:]]
-            )
+            # A program served whole: its reason, then why its calls are not blocks.
+            return "\n".join([f"{head}: one program, cached whole ({why})", *summary.splitlines()])
         return f"{head}: split into\n{summary}"
 
     def _plan(

@@ -26,7 +26,7 @@ from .._component._blocks import Block
 from .._component._rules import PREFETCH, component_p
 from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, has_host_callbacks, join_effects
 from . import _choice, _whole
-from ._auto import HELPER, BlockFinder, finding
+from ._auto import BlockFinder, finding
 from ._named import named_blocks, repeated_modules
 from ._placement import (
     UNSET,
@@ -369,17 +369,13 @@ def describe(
 
 
 def _described(cut: _Cut) -> str:
+    """What the program runs, then why its calls that are not blocks are not (for
+    a program served whole, only the latter: its reason is ``cut.why``)."""
+    lines = [f"    {name}: {why}" for name, why in sorted(cut.notes.items())]
+    not_blocks = ["  not blocks:", *lines] if lines else []
     if cut.why is not None:
-        return "\n".join([f"  {cut.why}", *_not_blocks(cut.notes)])
-    return "\n".join([_summary(cut.regions, cut.counts, cut.nested), *_not_blocks(cut.notes)])
-
-
-def _not_blocks(notes: dict[str, str]) -> list[str]:
-    """Per call of the program that is not a block, why not. JAX's own helpers
-    are left out: they are never blocks, and whether JAX binds them or inlines
-    them from its own trace caches differs from trace to trace."""
-    lines = [f"    {name}: {why}" for name, why in sorted(notes.items()) if why != HELPER]
-    return ["  not blocks:", *lines] if lines else []
+        return "\n".join(not_blocks)
+    return "\n".join([_summary(cut.regions, cut.counts, cut.nested), *not_blocks])
 
 
 def build_plan(

@@ -35,7 +35,6 @@ import collections
 import contextlib
 import contextvars
 import functools
-import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -48,7 +47,6 @@ from ._named import jitted_call
 
 __all__ = ["Calls", "counting", "is_scoped", "scoped_blocks"]
 
-logger = logging.getLogger("jaxaot")
 
 #: While set, module calls run as they are (inside a block's own trace).
 _INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -176,7 +174,6 @@ def _linen_call(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: A
     cls = type(module)
     refusal = _linen_refusal(module)
     if refusal is not None:
-        logger.debug("jaxaot.jit: a call of %s is not a block (%s)", cls.__qualname__, refusal)
         note(f"{cls.__qualname__}.__call__", f"left inline: {refusal}")
         return next_fun(*args, **kwargs)
     unbound, variables = module.unbind()
@@ -192,9 +189,6 @@ def _haiku_call(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: A
     try:
         from haiku._src import stateful  # Haiku's own state threading, as hk.remat uses it
     except ImportError:  # pragma: no cover - a Haiku without it
-        logger.debug(
-            "jaxaot.jit: %s is not a block (this Haiku cannot thread its state)", cls.__qualname__
-        )
         note(f"{cls.__qualname__}.__call__", "left inline: this Haiku cannot thread its state")
         return next_fun(*args, **kwargs)
 
