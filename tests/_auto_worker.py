@@ -338,6 +338,32 @@ def haiku_loop(layers: int) -> tuple[Any, tuple[Any, ...]]:
     return jax.value_and_grad(loss), (params, _x())
 
 
+@jax.custom_vjp
+def _clipped(x: jax.Array) -> jax.Array:
+    """The identity, with its cotangent clipped (a user's own custom_vjp)."""
+    return x
+
+
+_clipped.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.01, 0.01),))
+
+
+def custom_vjp_layers(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    """Inner jit layers holding a user's custom_vjp, with an integer input and
+    output (a step counter) beside the arrays they differentiate."""
+
+    @jax.jit
+    def layer(w: jax.Array, x: jax.Array, i: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return _clipped(jnp.tanh(x @ w)) * (1.0 + 0.01 * i) + x, i + 1
+
+    def loss(ws: Any, x: jax.Array) -> jax.Array:
+        i = jnp.zeros((), jnp.int32)
+        for w in ws:
+            x, i = layer(w, x, i)
+        return (x**2).mean() + i
+
+    return jax.value_and_grad(loss), (_weights(layers), _x())
+
+
 class Field(eqx.Module):
     w: jax.Array
 
@@ -370,6 +396,49 @@ def diffrax_chain(layers: int) -> tuple[Any, tuple[Any, ...]]:
     return jax.value_and_grad(loss), (Field(jnp.eye(WIDTH) * 0.5), jnp.ones(WIDTH) / 4)
 
 
+def gemma_config(layers: int) -> Any:
+    """A tiny Gemma-3-like configuration (local sliding-window attention layers)."""
+    from gemma import gm
+    from gemma.gm.nn import _config, _modules
+
+    return _config.TransformerConfig(
+        num_embed=128,
+        embed_dim=32,
+        hidden_dim=64,
+        num_heads=2,
+        head_dim=16,
+        num_kv_heads=1,
+        final_logit_softcap=None,
+        use_post_attn_norm=True,
+        use_post_ffw_norm=True,
+        use_qk_norm=True,
+        attention_types=(_modules.AttentionType.LOCAL_SLIDING,) * layers,
+        query_pre_attn_norm=_config.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_HEAD_DIM,
+        attn_logits_soft_cap=None,
+        sliding_window_size=8,
+        transpose_gating_einsum=True,
+        local_base_frequency=10_000,
+        global_base_frequency=1_000_000,
+        vision_encoder=None,
+    ), gm
+
+
+def gemma(layers: int) -> tuple[Any, tuple[Any, ...]]:
+    """gemma's own ``gm.nn.Transformer`` (its ``__call__`` wrapped in ``nn.jit``),
+    random init, under ``value_and_grad`` of a cross-entropy."""
+    config, gm = gemma_config(layers)
+    model = gm.nn.Transformer(config=config, dtype=jnp.float32)
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 16), 1, 128)
+    params = jax.jit(model.init)(jax.random.PRNGKey(1), tokens)
+
+    def loss(params: Any, tokens: Any) -> jax.Array:
+        logits = model.apply(params, tokens).logits
+        logp = jax.nn.log_softmax(logits)
+        return -jnp.mean(jnp.take_along_axis(logp, tokens[..., None], -1))
+
+    return jax.value_and_grad(loss), (params, tokens)
+
+
 KINDS: dict[str, Callable[[int], tuple[Any, tuple[Any, ...]]]] = {
     "jit": lambda n: functions(n, jax.jit),
     "checkpoint": lambda n: functions(n, jax.checkpoint),
@@ -387,6 +456,8 @@ KINDS: dict[str, Callable[[int], tuple[Any, tuple[Any, ...]]]] = {
     "linen_jit_loop": linen_jit_loop,
     "haiku_loop": haiku_loop,
     "diffrax_chain": diffrax_chain,
+    "custom_vjp_layers": custom_vjp_layers,
+    "gemma": gemma,
 }
 #: Blocks named by the user, per kind (``jaxaot.jit(..., blocks=...)``).
 BLOCKS: dict[str, tuple[Any, ...]] = {"blocks": (PlainLayer,)}
@@ -415,5 +486,5 @@ def run(kind: str, layers: int) -> dict[str, Any]:
 
 if __name__ == "__main__":
     depth = int(sys.argv[1])
-    kinds = sys.argv[2:] or list(KINDS)
+    kinds = sys.argv[2:] or [k for k in KINDS if k != "gemma"]
     print(json.dumps({kind: run(kind, depth) for kind in kinds}))

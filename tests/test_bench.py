@@ -178,6 +178,21 @@ def test_every_contender_runs_on_this_jax(tmp_path: Path, subprocess_env: dict[s
     assert rows["regional_warm"]["mode"] in ("split", "whole")
 
 
+def test_bench_without_out_prints_the_tables_and_writes_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --out, a run prints its tables and writes nothing: run inside a
+    checkout, it leaves its files (docs included) as they were."""
+    calls: list[tuple[str, int, Path]] = []
+    monkeypatch.setattr(_runner, "run_worker", _fake_worker(calls))
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "all", "--layers", "2", "--repeats", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "- L=2: first result, jaxaot.jit / scan = 0.50" in text
+    assert "written to" not in text
+    assert calls and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "suite, blocked",
     [("warm-start", "flatbuffers"), ("regional", "equinox"), ("all", "matplotlib")],

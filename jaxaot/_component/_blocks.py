@@ -14,12 +14,23 @@ derived entries and executables included, across processes too.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from .. import _stats
-from .._jax import BoundCall, bind_plainly, default_platform, hoisted, pruned, trace_context
+from .._jax import (
+    BoundCall,
+    bind_plainly,
+    call_jaxpr,
+    default_platform,
+    hoisted,
+    pruned,
+    trace_context,
+)
 from .._keys._key import ComponentKey
 from .._keys._program import program_parts
 from .._keys._text import tree_text
@@ -29,9 +40,10 @@ from ._call import Call
 from ._entries import build_entry
 from ._parts import base_parts, types_text
 from ._plain import devices_of
+from ._rules import bind
 from ._types import aval_of, sds
 
-__all__ = ["Block", "block_call", "block_name", "forget_blocks"]
+__all__ = ["Block", "block_call", "block_name", "forget_blocks", "vjp_call"]
 
 
 class Block:
@@ -88,6 +100,7 @@ def forget_blocks() -> None:
     with _LOCK:
         _BLOCKS.clear()
         _MADE.clear()
+        _VJP_MADE.clear()
 
 
 def _memo_key(call: BoundCall, avals: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -122,16 +135,21 @@ def block_call(call: BoundCall, name: str | None = None) -> tuple[Call, tuple[An
 
 
 def _made(call: BoundCall, avals: tuple[Any, ...], name: str) -> Call:
+    def body(*args: Any) -> list[Any]:
+        return bind_plainly(BoundCall(call.kind, call.params, args))
+
+    return _made_of(body, avals, name, call.kind)
+
+
+def _made_of(body: Callable[..., list[Any]], avals: tuple[Any, ...], name: str, kind: str) -> Call:
+    """The block call of ``body`` (flat arrays to a flat list) at ``avals``."""
 
     def trace() -> Any:
-        def body(*args: Any) -> list[Any]:
-            return bind_plainly(BoundCall(call.kind, call.params, args))
-
         return jax.jit(body, keep_unused=True).trace(*[sds(a) for a in avals])
 
     traced = trace()
     parts = base_parts(default_platform())
-    parts["component"] = f"block:{call.kind}"
+    parts["component"] = f"block:{kind}"
     parts.update(program_parts(traced.jaxpr, name))
     parts.update(
         out_tree=tree_text(jax.tree_util.tree_structure(traced.out_info)),
@@ -146,3 +164,98 @@ def _made(call: BoundCall, avals: tuple[Any, ...], name: str) -> Call:
     if entry.jaxpr is None:  # loaded from a cache: this process has the same program
         entry.jaxpr = traced.jaxpr
     return Call(block, key, entry, trace, devices_of(traced.jaxpr))
+
+
+class _VjpBlocks(NamedTuple):
+    """A call's forward and backward passes as two block calls (see :func:`vjp_call`)."""
+
+    forward: Call  # the inputs to the outputs, then the residuals
+    backward: Call  # the residuals and the outputs' cotangents to the inputs' cotangents
+    n_out: int
+    wrt: tuple[bool, ...]  # the inputs differentiated (inexact ones)
+    out_wrt: tuple[bool, ...]  # the outputs that carry a cotangent
+
+
+def _inexact(aval: Any) -> bool:
+    return bool(jnp.issubdtype(aval.dtype, jnp.inexact))
+
+
+def _vjp_blocks(call: BoundCall, avals: tuple[Any, ...], name: str) -> _VjpBlocks:
+    kind, params = call.kind, call.params
+    wrt = tuple(_inexact(a) for a in avals)
+    out_avals = [v.aval for v in call_jaxpr(call).jaxpr.outvars]
+    out_wrt = tuple(_inexact(a) for a in out_avals)
+    # The residuals' structure: the vjp function's, as the forward trace made it.
+    made: dict[str, Any] = {}
+
+    def forward(*args: Any) -> list[Any]:
+        def differentiated(*inexact: Any) -> list[Any]:
+            it = iter(inexact)
+            full = [next(it) if d else a for a, d in zip(args, wrt, strict=True)]
+            return bind_plainly(BoundCall(kind, params, tuple(full)))
+
+        outs, vjp = jax.vjp(differentiated, *[a for a, d in zip(args, wrt, strict=True) if d])
+        residuals, made["tree"] = jax.tree_util.tree_flatten(vjp)
+        return [*outs, *residuals]
+
+    fwd = _made_of(forward, avals, f"{name} forward", kind)
+    tree = made["tree"]
+    n_res = tree.num_leaves
+    res_avals = tuple(v.aval for v in fwd.entry.jaxpr.jaxpr.outvars[len(out_avals) :])
+
+    def backward(*flat: Any) -> list[Any]:
+        vjp = jax.tree_util.tree_unflatten(tree, flat[:n_res])
+        it = iter(flat[n_res:])
+        cts = [
+            next(it) if d else np.zeros(a.shape, jax.dtypes.float0)
+            for a, d in zip(out_avals, out_wrt, strict=True)
+        ]
+        return list(vjp(cts))
+
+    ct_avals = tuple(a for a, d in zip(out_avals, out_wrt, strict=True) if d)
+    bwd = _made_of(backward, (*res_avals, *ct_avals), f"{name} backward", kind)
+    return _VjpBlocks(fwd, bwd, len(out_avals), wrt, out_wrt)
+
+
+_VJP_MADE: dict[tuple[Any, ...], tuple[Any, _VjpBlocks]] = {}
+
+
+def vjp_call(call: BoundCall, name: str | None = None) -> list[Any]:
+    """Binds ``call`` under ``grad`` as a custom VJP whose forward and backward
+    passes are two blocks, and returns its outputs.
+
+    A call holding ``custom_vjp`` rules (diffrax's adjoints, optimistix, lineax)
+    cannot be differentiated from its jaxpr outside the trace that made the
+    rules. So the whole call is differentiated here, once per body and types,
+    with ``jax.vjp``: the forward block returns the outputs and the residuals
+    (the leaves of the vjp function), the backward block takes them back with
+    the cotangents. Each is keyed by its own traced program, as any block is."""
+    avals = tuple(aval_of(a) for a in call.args)
+    memo = _memo_key(call, avals)
+    known = _VJP_MADE.get(memo) if memo is not None else None
+    if known is not None and known[0] is call.params["jaxpr"]:
+        blocks = known[1]
+    else:
+        blocks = _vjp_blocks(call, avals, name or block_name(call))
+        if memo is not None:
+            with _LOCK:
+                if len(_VJP_MADE) >= _MADE_MAX:
+                    _VJP_MADE.clear()
+                _VJP_MADE[memo] = (call.params["jaxpr"], blocks)
+    kind, params = call.kind, call.params
+
+    @jax.custom_vjp
+    def run(*args: Any) -> list[Any]:
+        return bind_plainly(BoundCall(kind, params, args))
+
+    def run_fwd(*args: Any) -> tuple[list[Any], list[Any]]:
+        outs = bind(blocks.forward, args)
+        return outs[: blocks.n_out], outs[blocks.n_out :]
+
+    def run_bwd(residuals: list[Any], cts: list[Any]) -> tuple[Any, ...]:
+        given = [c for c, d in zip(cts, blocks.out_wrt, strict=True) if d]
+        got = iter(bind(blocks.backward, (*residuals, *given)))
+        return tuple(next(got) if d else None for d in blocks.wrt)
+
+    run.defvjp(run_fwd, run_bwd)
+    return list(run(*call.args))

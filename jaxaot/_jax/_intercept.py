@@ -22,6 +22,7 @@ import jax
 from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import core as _core
 from jax._src import pjit as _pjit
+from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.sharding_impls import UNSPECIFIED
 
@@ -32,6 +33,7 @@ __all__ = [
     "bind_plainly",
     "call_jaxpr",
     "current_trace",
+    "differentiating",
     "hoisted",
     "intercepting",
     "is_inline",
@@ -212,6 +214,12 @@ def is_inline(call: BoundCall) -> bool:
 def current_trace() -> Any:
     """The trace values are bound into now."""
     return _core.trace_ctx.trace
+
+
+def differentiating(trace: Any) -> bool:
+    """Whether ``trace`` is a JVP or linearize trace (``grad`` and its kin are
+    tracing through it), not a ``vmap`` or a jaxpr being made."""
+    return isinstance(trace, (_ad.JVPTrace, _ad.LinearizeTrace))
 
 
 def within(trace: Any, root: Any) -> bool:

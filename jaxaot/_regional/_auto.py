@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .._component._blocks import Block, block_call, block_name
+from .._component._blocks import Block, block_call, block_name, vjp_call
 from .._component._rules import bind, component_p
 from .._jax import (
     CALL_PRIMITIVES,
@@ -35,6 +35,7 @@ from .._jax import (
     call_body,
     call_jaxpr,
     current_trace,
+    differentiating,
     evaluate,
     intercepting,
     is_inline,
@@ -72,7 +73,7 @@ _FINDER: contextvars.ContextVar[BlockFinder | None] = contextvars.ContextVar(
 #: Why a call is not a block, by kind (``explain`` gives these).
 HELPER = "JAX's own helpers (jax.numpy, lax, jax.nn, jax.random): never blocks"
 HOLDS_COMPONENTS = "holds components (inlined: its components are regions)"
-CUSTOM_VJP = "a custom_vjp rule under a transformation (kept in its glue)"
+CUSTOM_VJP = "a custom_vjp rule under vmap (kept in its glue)"
 LOOKED_THROUGH = "looked through (it wraps repeated layers)"
 
 
@@ -166,10 +167,16 @@ class BlockFinder:
             and current_trace() is not self.root
             and uses_primitive(call_jaxpr(call), _CUSTOM_VJP)
         ):
-            # Under a transformation (grad), a custom_vjp rule traced by the
-            # program (diffrax's adjoints, optimistix, lineax) cannot be
-            # transposed again outside the trace that made it: kept in its glue.
-            why = CUSTOM_VJP
+            # A custom_vjp rule traced by the program (diffrax's adjoints,
+            # optimistix, lineax) cannot be differentiated again outside the
+            # trace that made it: under grad, the call is differentiated whole,
+            # its forward and backward passes two blocks; under other
+            # transformations (vmap), kept in its glue.
+            if not differentiating(current_trace()):
+                self.note(call, CUSTOM_VJP)
+                return None
+            with not_intercepting():
+                return vjp_call(call, self._name(call))
         if why is not None:
             self.note(call, why)
             return None

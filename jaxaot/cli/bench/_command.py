@@ -96,8 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--out",
-        default=os.path.join("docs", "results"),
-        help="output folder (default ./docs/results, where a checkout's docs read them)",
+        default=None,
+        help="a folder for the tables, JSON and plots (default: none, the tables are printed)",
     )
 
 
@@ -154,7 +154,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         layouts=tuple(args.layouts) if args.layouts else None,
         axis_types=tuple(args.axis_types) if args.axis_types else None,
         processes=args.processes,
-        out=Path(args.out),
+        out=None if args.out is None else Path(args.out),
     )
 
 
@@ -175,7 +175,8 @@ def _cmd_bench(args: argparse.Namespace, out: Output) -> int:
     except ArgumentError as e:
         raise CLIError(f"jaxaot bench {args.suite}: {e}", 2) from e
     out.line(text)
-    out.line(f"tables, JSON and plots written to {os.path.abspath(config.out)}")
+    if config.out is not None:
+        out.line(f"tables, JSON and plots written to {os.path.abspath(config.out)}")
     return 0
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "saved",
+    "write",
     "AXIS_TYPES",
     "CONTENDERS",
     "LAYOUTS",
@@ -224,7 +226,7 @@ class BenchConfig:
     layouts: tuple[str, ...] | None = None
     axis_types: tuple[str, ...] | None = None
     processes: int = 4
-    out: Path = Path("docs/results")
+    out: Path | None = None  # where the files go; None: the terminal only
 
     def shape(self, suite: str) -> ModelShape:
         """The model ``suite`` runs: the warm-start suite's is the default; the
@@ -239,3 +241,21 @@ class BenchConfig:
             width=self.width or base.width,
             mode="inference" if self.inference else base.mode,
         )
+
+
+def saved(config: BenchConfig, name: str) -> Path | None:
+    """Where the run's file ``name`` goes (its folder made), or ``None`` when the
+    run names no ``--out`` folder: the tables go to the terminal only, and a run
+    inside a checkout writes nothing into it."""
+    if config.out is None:
+        return None
+    config.out.mkdir(parents=True, exist_ok=True)
+    return config.out / name
+
+
+def write(config: BenchConfig, name: str, rows: object, text: str) -> None:
+    """``name.json`` (the rows) and ``name.md`` (the table) in ``--out``, if named."""
+    if data := saved(config, f"{name}.json"):
+        data.write_text(json.dumps(rows, indent=1))
+    if table := saved(config, f"{name}.md"):
+        table.write_text(text)

@@ -38,7 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
-from ._config import ArgumentError, BenchConfig, Job
+from ._config import ArgumentError, BenchConfig, Job, write
 from ._report import header, model_sentence
 from ._runner import _WORKER_CODE, Log, Row, median_row, worker_env
 
@@ -220,9 +220,8 @@ def run_fleet(config: BenchConfig, log: Log) -> str:
                             _ratios(row, lone)
                             runs.setdefault((backend, depth, group), []).append(row)
     rows = [median_row(trial_rows) for trial_rows in runs.values()]
-    (config.out / "fleet.json").write_text(json.dumps(rows, indent=1))
     text = fleet_markdown(rows, config)
-    (config.out / "fleet.md").write_text(text)
+    write(config, "fleet", rows, text)
     return text
 
 

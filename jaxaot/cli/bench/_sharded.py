@@ -29,6 +29,7 @@ from ._config import (
     Job,
     MeshLayout,
     ModelShape,
+    saved,
 )
 from ._plots import depth_axes, save_figure
 from ._report import best_steady, header, model_sentence, ratio, stage_table, steady_state_line
@@ -92,10 +93,13 @@ def run_sharded(config: BenchConfig, log: Log) -> str:
             row.update(layout=mesh.layout, axis_types=mesh.axis_types, devices=mesh.devices)
             rows.append(row)
         # After each mesh, so that an interrupted run keeps what it measured.
-        (config.out / "sharded.json").write_text(json.dumps(rows, indent=1))
+        if data := saved(config, "sharded.json"):
+            data.write_text(json.dumps(rows, indent=1))
     text = markdown(rows, shape, config.devices)
-    (config.out / "sharded.md").write_text(text)
-    plot(rows, config.out / "sharded.png")
+    if markdown_file := saved(config, "sharded.md"):
+        markdown_file.write_text(text)
+    if png := saved(config, "sharded.png"):
+        plot(rows, png)
     return text
 
 

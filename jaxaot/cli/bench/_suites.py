@@ -1,13 +1,11 @@
 """The suites a ``jaxaot bench`` run is made of: what each runs (its contenders,
 depths and model, from the :class:`~._config.BenchConfig`) and the files each
-writes to ``config.out`` (``<suite>.md``, ``.json``, ``.png``)."""
+writes to ``config.out`` where one is named (``<suite>.md``, ``.json``, ``.png``)."""
 
 from __future__ import annotations
 
-import json
-
 from . import _config, _runner
-from ._config import BenchConfig, Job
+from ._config import BenchConfig, Job, saved, write
 from ._plots import regional_plot, warm_start_plot
 from ._report import regional_markdown, warm_start_markdown
 from ._runner import Log
@@ -17,7 +15,6 @@ __all__ = ["run"]
 
 def run(config: BenchConfig, log: Log) -> str:
     """Runs the suites ``config.suite`` names; returns their Markdown."""
-    config.out.mkdir(parents=True, exist_ok=True)
     texts = []
     if config.suite in ("warm-start", "all"):
         texts.append(_warm_start(config, log))
@@ -38,10 +35,10 @@ def _warm_start(config: BenchConfig, log: Log) -> str:
     layers = config.layers or ([4, 8, 16, 48] if config.full else [4, 16])
     job = Job("", 0, "", config.repeats, config.shape("warm-start"))
     rows = _runner.run_contenders(_config.CONTENDERS, job, layers, log)
-    (config.out / "warm_start.json").write_text(json.dumps(rows, indent=1))
     text = warm_start_markdown(rows)
-    (config.out / "warm_start.md").write_text(text)
-    warm_start_plot(rows, config.out / "warm_start.png")
+    write(config, "warm_start", rows, text)
+    if png := saved(config, "warm_start.png"):
+        warm_start_plot(rows, png)
     return text
 
 
@@ -74,8 +71,8 @@ def _regional(config: BenchConfig, log: Log) -> str:
         raise _config.ArgumentError(f"unknown contenders {unknown}; choose from {sorted(table)}")
     job = Job("", 0, "", config.repeats, shape)
     rows = _runner.run_contenders(table, job, layers, log, skip, trials=config.trials)
-    (config.out / "regional.json").write_text(json.dumps(rows, indent=1))
     text = regional_markdown(rows, shape)
-    (config.out / "regional.md").write_text(text)
-    regional_plot(rows, config.out / "regional.png", table=table)
+    write(config, "regional", rows, text)
+    if png := saved(config, "regional.png"):
+        regional_plot(rows, png, table=table)
     return text
