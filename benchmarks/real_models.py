@@ -118,8 +118,9 @@ def linen_model(layers: int) -> tuple[Any, tuple[Any, ...]]:
 def gemma_model(layers: int) -> tuple[Any, tuple[Any, ...]]:
     import jax
     from gemma import gm
+    from gemma.gm.nn import _config, _modules
 
-    config = gm.nn.config.TransformerConfig(
+    config = _config.TransformerConfig(
         num_embed=VOCAB,
         embed_dim=WIDTH,
         hidden_dim=4 * WIDTH,
@@ -127,17 +128,21 @@ def gemma_model(layers: int) -> tuple[Any, tuple[Any, ...]]:
         head_dim=WIDTH // 4,
         num_kv_heads=1,
         final_logit_softcap=None,
-        attention_types=(gm.nn.config.AttentionType.GLOBAL,) * layers,
         use_post_attn_norm=True,
         use_post_ffw_norm=True,
-        max_cache_length=SEQ,
-        query_pre_attn_norm=gm.nn.config.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_HEAD_DIM,
+        use_qk_norm=True,
+        attention_types=(_modules.AttentionType.LOCAL_SLIDING,) * layers,
+        query_pre_attn_norm=_config.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_HEAD_DIM,
         attn_logits_soft_cap=None,
-        sliding_window_size=None,
+        sliding_window_size=SEQ // 2,
+        transpose_gating_einsum=True,
+        local_base_frequency=10_000,
+        global_base_frequency=1_000_000,
+        vision_encoder=None,
     )
-    model = gm.nn.Transformer(config=config)
+    model = gm.nn.Transformer(config=config, dtype=jax.numpy.float32)
     tokens = _tokens()
-    params = model.init(jax.random.PRNGKey(1), tokens)
+    params = jax.jit(model.init)(jax.random.PRNGKey(1), tokens)
 
     def loss(params: Any, tokens: Any) -> Any:
         return _xent(model.apply(params, tokens).logits, tokens)

@@ -146,3 +146,32 @@ def test_only_the_outermost_repeated_class_counts() -> None:
         assert isinstance(calls, Calls)
         jax.make_jaxpr(lambda v, x: Model().apply(v, x))(variables, x)
     assert calls.repeated() == (Outer,)
+
+
+class JitModel(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for _ in range(3):
+            x = Pure()(x)
+        return x
+
+
+def test_a_model_under_nn_jit_splits_in_every_program_of_the_process() -> None:
+    """``nn.jit`` caches its trace: a model it wraps, already run by ``jax.jit``
+    (an eval step, a check against plain JAX) and then by a train step under
+    ``jaxaot.jit``, still has its layers counted, found and named in the next
+    program (the train step, then the loss alone), with jax.jit's values."""
+    model, x = nn.jit(JitModel)(), jnp.ones((2, WIDTH))
+    variables = model.init(jax.random.key(0), x)
+
+    def loss(variables: Any, x: jax.Array) -> jax.Array:
+        return (model.apply(variables, x) ** 2).mean()
+
+    step = jax.value_and_grad(loss)
+    want_loss, want_step = jax.jit(loss)(variables, x), jax.jit(step)(variables, x)
+    for fn, want, calls in ((step, want_step, "3 forward"), (loss, want_loss, "3 call")):
+        regional = jaxaot.jit(fn, whole_program=False)
+        _same(regional(variables, x), want)
+        said = regional.explain(variables, x)
+        assert f"block jit(Pure.__call__): {calls}" in said, said
+        assert "jit(JitModel.__call__): looked through" in said, said

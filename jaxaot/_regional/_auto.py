@@ -70,6 +70,14 @@ _FINDER: contextvars.ContextVar[BlockFinder | None] = contextvars.ContextVar(
 )
 
 
+#: The linen module each lifted body was traced for, by the body's jaxpr (kept
+#: alive here, so that its id is not reused): an outer jit looked through binds
+#: them again after the model ended, and ``nn.jit`` gives a body it traced for
+#: one program back to the next, without running the module's call again.
+_LIFTED: dict[int, tuple[Any, str]] = {}
+_LIFTED_MAX = 1024
+
+
 #: Why a call is not a block, by kind (``explain`` gives these).
 HELPER = "JAX's own helpers (jax.numpy, lax, jax.nn, jax.random): never blocks"
 HOLDS_COMPONENTS = "holds components (inlined: its components are regions)"
@@ -128,9 +136,6 @@ class BlockFinder:
         # The linen module whose call ended last (a lifted transform's block is
         # named after it, not after linen's ``core_fn``).
         self.last_module: str | None = None
-        # The module each linen-lifted body was traced for, by the body's jaxpr
-        # (an outer jit looked through binds them again after the model ended).
-        self._modules: dict[int, tuple[Any, str]] = {}
 
     def note(self, call: BoundCall | str, why: str) -> None:
         """Records why ``call`` (or the call named so) is not a block. JAX's own
@@ -151,7 +156,9 @@ class BlockFinder:
     def hook(self, call: BoundCall) -> Sequence[Any] | None:
         if self.last_module and block_name(call) == f"{call.kind}({_LINEN_LIFTED})":
             body = call_jaxpr(call)
-            self._modules.setdefault(id(body), (body, self.last_module))
+            if len(_LIFTED) >= _LIFTED_MAX:
+                _LIFTED.clear()
+            _LIFTED.setdefault(id(body), (body, self.last_module))
         if self.root is None or not within(current_trace(), self.root):
             return None  # inside another inner function's own trace
         if is_plain_jit(call) and _repeats_inside(call):
@@ -187,7 +194,7 @@ class BlockFinder:
     def _name(self, call: BoundCall) -> str | None:
         # A linen-lifted call (``nn.remat``, ``nn.jit``) is named after the module
         # whose call ended just before it was first bound: the module it lifts.
-        known = self._modules.get(id(call_jaxpr(call)))
+        known = _LIFTED.get(id(call_jaxpr(call)))
         return None if known is None else f"{call.kind}({known[1]})"
 
     @staticmethod

@@ -35,6 +35,7 @@ import collections
 import contextlib
 import contextvars
 import functools
+import itertools
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -127,11 +128,21 @@ class Calls:
         return tuple(outer)
 
 
+#: Marks of counting traces: each one its own (see :func:`counting`).
+_COUNTING_MARKS = itertools.count()
+
+
 @contextlib.contextmanager
 def counting() -> Iterator[Calls]:
     """Records the linen and Haiku module calls made during the block."""
     calls = Calls()
     with contextlib.ExitStack() as stack:
+        if "flax.linen" in sys.modules and _fresh_linen_jits():
+            # ``nn.jit`` gives back a trace it cached (another program's, or one
+            # made before jaxaot.jit saw the model) without running the module
+            # calls in it: they would go uncounted. Traced afresh.
+            token = _LINEN_MARK.set(-1 - next(_COUNTING_MARKS))
+            stack.callback(_LINEN_MARK.reset, token)
         for intercept in _intercepts():
             stack.enter_context(intercept(calls.see))
         yield calls
