@@ -19,14 +19,6 @@ os.environ["XDG_CACHE_HOME"] = os.path.join(_SESSION_TMP, "xdg")
 os.environ.pop("JAXAOT_CACHE", None)
 os.environ.pop("JAXAOT_CACHE_HMAC_KEY", None)
 os.environ.pop("JAXAOT_EXPLAIN_MISSES", None)
-# Every split program gets its whole-program form, however slow a busy machine
-# makes its calls (tests of the choice between them rely on it; the test of
-# the threshold sets its own).
-os.environ["JAXAOT_WHOLE_PROGRAM_BELOW_MS"] = "inf"
-# Whole programs compile in this process: a helper process at the lowest
-# priority waits behind the other test worker on a 2-core machine, which slowed
-# the suite by minutes. test_helper turns the helper on for its own tests.
-os.environ["JAXAOT_COMPILE_HELPER"] = "0"
 
 import jaxaot  # noqa: E402
 from jaxaot import _regional, _stats  # noqa: E402

@@ -58,8 +58,7 @@ def _fake_worker(calls: list[tuple[str, int, Path]]) -> Any:
         # Steady steps: jit with components 1.1x plain jit's; jaxaot.jit's 0.8x scan's.
         row["steady"] = {"jit_components_cold": 0.011, "regional_cold": 0.008}.get(contender, 0.010)
         if contender == "regional_cold":
-            row.update(mode="whole", steps=3, whole_calls=1, settle=0.5)
-            row.update(steady_split=0.009, steady_whole=0.008)
+            row.update(mode="whole", steps=0)
         return row
 
     return run
@@ -85,7 +84,7 @@ def test_bench_all_writes_tables_ratios_json_and_plots(
             "/ jax.jit = 1.00; warm jaxaot.jit / warm jit+JAX cache = 0.21; "
             "steady step / best of jit and scan = 0.80, / jax.jit = 0.80"
         ) in text
-    assert "jaxaot.jit's steady state: the whole program" in text
+    assert "jaxaot.jit runs the whole program: one executable, its layers as loops" in text
     for name in ("warm_start", "regional"):
         assert (out / f"{name}.md").read_text().startswith(("Warm-start", "Regional"))
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -323,10 +322,10 @@ def test_bench_regional_inference_with_a_model_shape(
     assert "Model width 8, batch 1, sequence 4; forward pass (inference)" in text
     rows = json.loads((out / "regional.json").read_text())
     regional = next(r for r in rows if r["contender"] == "regional_cold")
-    # The worker ran the forward pass of that model: a plan of 2 block calls and the loss,
-    # whose steady state was chosen before its steady step was measured.
-    assert regional["mode"] in ("split", "whole") and regional["steps"] == 3
-    assert "jaxaot.jit's steady state" in text
+    # The worker ran the forward pass of that model: its 2 small block calls make it
+    # one program, its layers a loop.
+    assert regional["mode"] == "whole" and regional["steps"] == 0
+    assert "jaxaot.jit runs the whole program" in text
     # Nothing of the run stays in this process: the default model is the same.
     assert (ModelShape().width, ModelShape().mode) == defaults == (256, "train")
 
@@ -548,14 +547,10 @@ def test_median_row_keeps_what_every_trial_agrees_on() -> None:
     assert row["mode"] == "split" and row["compile"] is None
     assert [t["steady"] for t in row["trials"]] == [0.4, 0.6]
     assert _runner.median_row([a]) == a
-    # The form each trial chose is kept, and said when the trials differ.
-    assert [t["mode"] for t in row["trials"]] == ["split", "whole"]
-    a.update(steady_split=0.4, steady_whole=0.7, whole_calls=2, settle=3.0)
-    b.update(steady_split=0.5, steady_whole=0.6, whole_calls=2, settle=3.0)
-    (line,) = _report.steady_state_line(_runner.median_row([a, b]))
-    assert "steady state: per trial, the split, whole program" in line
     (line,) = _report.steady_state_line(_runner.median_row([a, dict(a)]))
-    assert "steady state: the split program (" in line
+    assert line == "  - jaxaot.jit runs the split program: 97 executables"
+    (line,) = _report.steady_state_line(b)
+    assert "runs the whole program" in line
 
 
 # -- the fleet suite -------------------------------------------------------------------

@@ -59,10 +59,8 @@ def _counts(stdout: str) -> dict[str, int]:
 
 
 def _deploy(env: dict[str, str], target: str) -> dict[str, Any]:
-    """What a fresh process compiles over 12 calls of each signature: enough for
-    ``jaxaot.jit`` to switch to its whole-program form (made in the background),
-    which ``$JAXAOT_WHOLE_PROGRAM_BELOW_MS=inf`` (conftest) makes it pick."""
-    assert env["JAXAOT_WHOLE_PROGRAM_BELOW_MS"] == "inf"
+    """What a fresh process compiles over 12 calls of each signature (each runs
+    the form its program decides: for these small layers, one program)."""
     proc = subprocess.run(
         [sys.executable, str(TESTS / "_precompile_deploy.py"), target],
         cwd=TESTS,

@@ -47,7 +47,7 @@ def test_gradients_match() -> None:
     close(grad(blocks, x), want)
 
 
-def _compiles_for(layers: int, compiles: list[str]) -> int:
+def _compiles_for(layers: int, compiles: list[str], whole: bool) -> int:
     step, optimizer = train_step_factory(block)
     blocks, x = setup(layers)
     state = optimizer.init(blocks)
@@ -56,14 +56,17 @@ def _compiles_for(layers: int, compiles: list[str]) -> int:
         _programs.GLUE._exes.clear()
         _regional.wait_for_background()
         before = len(compiles)
-        jax.block_until_ready(jaxaot.jit(step)(blocks, state, x))
+        jax.block_until_ready(jaxaot.jit(step, whole_program=whole)(blocks, state, x))
         return len(compiles) - before
 
 
-def test_compile_count_does_not_grow_with_depth(compiles: list[str]) -> None:
-    counts = {layers: _compiles_for(layers, compiles) for layers in (4, 12, 48)}
+@pytest.mark.parametrize("whole", [True, False], ids=["one-program", "split"])
+def test_compile_count_does_not_grow_with_depth(whole: bool, compiles: list[str]) -> None:
+    """Split, each component compiles once (its forward and backward entries) and
+    the glue; as one program, its layers are loops: one compile."""
+    counts = {layers: _compiles_for(layers, compiles, whole) for layers in (4, 12, 48)}
     assert counts[4] == counts[12] == counts[48], counts
-    assert counts[4] > 0
+    assert counts[4] == 1 if whole else counts[4] > 2, counts
 
 
 def test_plain_jit_compiles_more_as_depth_grows(compiles: list[str]) -> None:
@@ -114,7 +117,8 @@ def test_heterogeneous_model_compiles_each_kind_once(repeats: int, compiles: lis
     comp_b = jaxaot.component(_hetero_block_b)
     params, x, kinds = _hetero(repeats)
     regional = jaxaot.jit(
-        jax.value_and_grad(lambda p, x: _hetero_loss(p, x, kinds, comp_a, comp_b))
+        jax.value_and_grad(lambda p, x: _hetero_loss(p, x, kinds, comp_a, comp_b)),
+        whole_program=False,
     )
     want = jax.jit(
         jax.value_and_grad(lambda p, x: _hetero_loss(p, x, kinds, _hetero_block_a, _hetero_block_b))
@@ -168,22 +172,17 @@ def test_a_donated_input_is_reused_in_place_on_every_call(form: str) -> None:
     x, y = jnp.arange(32.0).reshape(4, 8) / 32, jnp.arange(32.0).reshape(4, 8) / 32
     regional = jaxaot.jit(f, donate_argnums=0, whole_program=form == "whole")
     plain = jax.jit(f, donate_argnums=0)
-    if form == "whole":
-        x = regional(x, ws)  # the first two calls make the whole-program form
-        x = regional(x, ws)
-        y = plain(plain(y, ws), ws)
-        (plan,) = regional._plans.values()
-        assert plan.whole is not None
-        plan.whole.result()
-        plan.mode = "whole"
     for _ in range(4):
         before, before_plain = x.unsafe_buffer_pointer(), y.unsafe_buffer_pointer()
         x, y = regional(x, ws), plain(y, ws)
         assert y.unsafe_buffer_pointer() == before_plain  # what jax.jit does
         assert x.unsafe_buffer_pointer() == before
         close(x, y)
-    # All three layers donate: one executable of the entry, whatever the depth.
-    assert comp.cache_info().compiles == 1
+    (plan,) = regional._plans.values()
+    assert plan is not None and plan.mode == form
+    # All three layers donate: one executable of the entry, whatever the depth
+    # (none in the whole-program form, which binds the entry's program).
+    assert comp.cache_info().compiles == (1 if form == "split" else 0)
 
 
 def test_a_program_served_whole_reuses_a_donated_input() -> None:
@@ -366,10 +365,7 @@ def test_calls_whose_plan_runs_the_whole_program_dispatch_in_cpp() -> None:
     """Once a signature's plan runs its whole-program form, calls of that
     signature go from JAX's C++ dispatcher straight to the executable. Calls of
     any other signature (a weak or strong scalar, a dtype, a structure), calls
-    inside a trace, and calls after the plan has left the whole program come back
-    to Python, and each gets what jax.jit gives."""
-    from _steps import settle
-
+    and calls inside a trace come back to Python, and each gets what jax.jit gives."""
     from jaxaot._regional import _plan
 
     layer = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
@@ -388,8 +384,9 @@ def test_calls_whose_plan_runs_the_whole_program_dispatch_in_cpp() -> None:
     strong = jnp.asarray(0.9, jnp.float32)
     regional, plain = jaxaot.jit(step), jax.jit(step)
     with jaxaot.using_cache(jaxaot.MemoryCache()):
-        plan = settle(regional, lambda: (ws, v, strong))
-        plan.mode = _plan.WHOLE  # whichever measured faster here: this is about dispatch
+        regional(ws, v, strong)
+        (plan,) = regional._plans.values()
+        assert plan is not None and plan.mode == _plan.WHOLE  # small layers: one program
         misses: list[Any] = []  # the calls that came back to Python
         slow = regional._call_slow
 
@@ -430,10 +427,6 @@ def test_calls_whose_plan_runs_the_whole_program_dispatch_in_cpp() -> None:
         assert len(misses) == len(others)  # its fast path stayed
         close(jax.jit(regional)(ws, v, strong), plain(ws, v, strong))  # inside a trace
         assert len(misses) == len(others) + 1
-        plan.mode = _plan.SPLIT  # leaves the whole program: the split program answers
-        check(ws, v, strong)
-        check(ws, v, strong)
-        assert len(misses) == len(others) + 3  # in Python, every call
 
 
 def test_calls_of_a_split_program_skip_the_cpp_dispatcher() -> None:
@@ -500,11 +493,7 @@ def test_a_whole_program_calling_back_keeps_its_calls_in_python() -> None:
     regional = jaxaot.jit(f)
     regional(ws, v)
     (plan,) = regional._plans.values()
-    while plan.pending():
-        if plan.whole is not None:
-            plan.whole.exception()
-        regional(ws, v)
-    plan.mode = _plan.WHOLE
+    assert plan.mode == _plan.WHOLE
     for _ in range(3):
         close(regional(ws, v), jax.jit(f)(ws, v))
         _regional.wait_for_background()
@@ -532,11 +521,7 @@ def test_a_call_under_another_configuration_is_traced_under_it() -> None:
     for fast in (False, True):
         if fast:  # the whole program, then its calls in C++
             (plan,) = [p for p in regional._plans.values() if p is not None]
-            while plan.pending():
-                if plan.whole is not None:
-                    plan.whole.exception()  # waits for it
-                regional(ws, v, h)
-            plan.mode = _plan.WHOLE
+            assert plan.mode == _plan.WHOLE
             for _ in range(2):
                 regional(ws, v, h)
                 _regional.wait_for_background()
@@ -575,14 +560,11 @@ WARM_MODULE = textwrap.dedent(
     def run():
         ps = [jnp.eye(4) * (0.1 * (i + 1)) for i in range(5)]
         x = jnp.ones((2, 4))
-        f = jaxaot.jit(jax.value_and_grad(loss))
+        f = jaxaot.jit(jax.value_and_grad(loss), whole_program=False)
         value, grads = f(ps, x)
         info = block.cache_info()
-        (plan,) = f._plans.values()
-        f(ps, x)  # the program has run: its whole-program form is made in the background
-        plan.whole.result()
-        plan.mode = "whole"
-        whole_value, _ = f(ps, x)
+        # The same program as one program (what its small layers decide).
+        whole_value, _ = jaxaot.jit(jax.value_and_grad(loss))(ps, x)
         whole = _programs.WHOLE.counters.info()
         # A step loop feeds each step's outputs (made by executables loaded from
         # the cache, in the warm process) back in: still the first call's plan.
@@ -783,7 +765,7 @@ def test_a_failed_executable_falls_back_to_jax_jit_with_inputs_intact(
     v = jnp.arange(6.0).reshape(2, 3) / 6
     want = jax.jit(step)(ws, v)
     caplog.set_level("DEBUG", logger="jaxaot")
-    regional = jaxaot.jit(step, donate_argnums=0)
+    regional = jaxaot.jit(step, donate_argnums=0, whole_program=False)
     got = regional(ws, v)
     close(got, want)
     assert calls["n"] >= 1
@@ -835,7 +817,7 @@ def test_autodiff_executables_start_compiling_during_the_trace(
     ws = [jnp.eye(3) * 0.5] * 3
     v = jnp.ones((2, 3))
     with jaxaot.using_cache(jaxaot.MemoryCache()):
-        got = jaxaot.jit(jax.grad(loss))(ws, v)
+        got = jaxaot.jit(jax.grad(loss), whole_program=False)(ws, v)
     close(got, jax.grad(loss)(ws, v))
     assert events.index("submit linearize") < events.index("traced layer 2")
     assert events.count("submit linearize") == 1 and events.count("submit transpose") == 1

@@ -28,7 +28,14 @@ from .._env import number
 from .._jax import ClosedJaxpr, jaxprs_in_params, uses_primitive
 from .._store._entry import Entry
 
-__all__ = ["RECOMPUTE_BELOW", "recompute_below", "recomputes", "work", "work_facts"]
+__all__ = [
+    "RECOMPUTE_BELOW",
+    "entry_work",
+    "recompute_below",
+    "recomputes",
+    "work",
+    "work_facts",
+]
 
 # A linearized entry whose ``work`` is below this, on CPU, recomputes its forward
 # pass in the backward entry. ``benchmarks/recompute.py`` (jaxaot.jit's split
@@ -51,11 +58,19 @@ def recompute_below() -> float:
 def recomputes(entry: Entry) -> bool:
     """Whether ``entry``'s linearization recomputes its forward pass (see above):
     on CPU, for an entry of known work below :func:`recompute_below`, with no
-    side effects (a callback would run twice)."""
+    side effects (a callback would run twice) and no checkpoint region."""
     if entry.platforms != ("cpu",) or entry.host_callbacks or entry.effects:
         return False
+    if entry.extra.get("checkpoints"):
+        return False
+    cost = entry_work(entry)
+    return cost is not None and cost < recompute_below()
+
+
+def entry_work(entry: Entry) -> float | None:
+    """The work ``entry`` was made with (see :func:`work_facts`), or ``None``."""
     cost = entry.extra.get("work")
-    return isinstance(cost, (int, float)) and cost < recompute_below()
+    return float(cost) if isinstance(cost, (int, float)) else None
 
 
 # A computation with a checkpoint region in it has its residuals chosen by the
@@ -64,13 +79,17 @@ def recomputes(entry: Entry) -> bool:
 _CHECKPOINTS = ("checkpoint", "remat2")
 
 
-def work_facts(closed: Any) -> dict[str, float]:
-    """What an entry of ``closed`` keeps for :func:`recomputes`: ``{"work": ...}``
-    where its linearization may recompute, else nothing."""
+def work_facts(closed: Any) -> dict[str, float | bool]:
+    """What an entry of ``closed`` keeps of its cost: its ``work`` where known, and
+    whether it holds a checkpoint region (then it never recomputes more). Kept in
+    the entry, so that a process that loads it decides as the one that made it."""
+    facts: dict[str, float | bool] = {}
     if uses_primitive(closed, _CHECKPOINTS):
-        return {}
+        facts["checkpoints"] = True
     cost = work(closed)
-    return {} if cost is None else {"work": cost}
+    if cost is not None:
+        facts["work"] = cost
+    return facts
 
 
 def work(closed: Any) -> float | None:

@@ -64,7 +64,6 @@ import functools
 import logging
 import operator
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -334,7 +333,6 @@ class RegionalFunction:
             if plan is not None and plan.mode is WHOLE_MODE and not plan.donated:
                 exe = plan.structured(treedef, submit_background, WHOLE.payload)
                 if exe is not None:
-                    plan.on_leave_whole = self._reset_dispatch
                     return fastpath_miss(exe, args, kwargs)  # type: ignore[no-any-return]
         # No fast path for this signature yet: the dispatcher forgets it (True),
         # so that a later call can give it one.
@@ -352,7 +350,6 @@ class RegionalFunction:
     ) -> Any:
         """A call on the Python path; ``plan``: its plan, where the dispatcher's
         miss has looked it up already (the same leaves, plain arrays)."""
-        start = time.perf_counter()
         if plan is _NOT_LOOKED_UP:
             arrays = set(map(type, leaves)) <= _ARRAY_TYPES  # so no tracer among them
             if not trace_state_clean() or (
@@ -386,22 +383,14 @@ class RegionalFunction:
             # try it first; the executable it will call starts loading.
             self._hot = True
             plan.structured(treedef, submit_background, WHOLE.payload)
-        pending = plan.pending()
-        before = time.perf_counter() - start
         try:
             out = plan(leaves)
         except PlanFailed as e:  # nothing donated yet: jax.jit gives the result
             self._give_up(self._signature(leaves, treedef, statics, arrays), e)
             return self._jitted(*args, **kwargs)
-        after = time.perf_counter()
         if plan.out_shardings is not None:
             out = reshard(out, plan.out_shardings)
-        result = jax.tree_util.tree_unflatten(plan.out_tree, out)
-        if pending and self._dispatch is not None and not plan.consts:
-            # While it chooses, the plan learns what a split call costs here beyond
-            # its executables (a whole-program call goes through the dispatcher).
-            plan.note_overhead(before + time.perf_counter() - after)
-        return result
+        return jax.tree_util.tree_unflatten(plan.out_tree, out)
 
     def _lookup(
         self,
@@ -535,8 +524,6 @@ class RegionalFunction:
             return f"{head}: jax.jit (not split; DEBUG logs say why)"
         if isinstance(plan, Plan):
             summary, why = plan.summary, plan.served_whole
-            if plan.mode is WHOLE_MODE and why is None:
-                summary += "\n  runs its whole-program form (one executable; measured faster)"
         else:
             try:
                 described = describe(self._spec, args, kwargs, donated, leaves)

@@ -44,7 +44,6 @@ from .._store._active import get_cache
 from .._store._executables import wait_for_writes
 from .._store._once import _HEARTBEAT, lease_ttl, lease_wait
 from ._jit import RegionalFunction
-from ._plan import split_only_seconds
 from ._pool import wait_for_background
 
 __all__ = ["ItemResult", "Manifest", "PrecompileReport", "Signature", "manifest"]
@@ -444,9 +443,9 @@ def _precompile_one(index: int, item: Signature) -> ItemResult:
     compiles and writes); what it did, from the process's fleet counters."""
     before = _stats.stats()
     start = time.perf_counter()
+    # A jaxaot.jit plan's form is decided by its program: precompile makes
+    # what the deployment's calls will run, the whole-program form included.
     item.function.precompile(*item.args, **item.kwargs)
-    if isinstance(item.function, RegionalFunction):
-        _start_whole_forms(item.function)
     wait_for_background()
     wait_for_writes()
     seconds = time.perf_counter() - start
@@ -464,34 +463,6 @@ def _precompile_one(index: int, item: Signature) -> ItemResult:
             )
     state = "made" if made else "loaded" if loaded else "plain" if note else "present"
     return ItemResult(index, item.label, state, made, loaded, seconds, note)
-
-
-#: Plans whose whole-program form this process has started (by ``id``).
-_STARTED: set[int] = set()
-
-
-def _start_whole_forms(function: RegionalFunction) -> None:
-    """Starts making the whole-program form of each of ``function``'s plans that
-    has one (``wait_for_background`` waits for them). ``jaxaot.jit`` picks that
-    form by timing the split program's calls, which precompiling cannot do: it is
-    made wherever it may be picked, so that no call of the deployment compiles it
-    (unless ``$JAXAOT_WHOLE_PROGRAM_BELOW_MS`` is 0: then it never is picked)."""
-    if split_only_seconds() <= 0:
-        return
-    try:
-        plans = [p for p in list(function._plans.values()) if p is not None]
-        for plan in plans:
-            start = plan._start_whole
-            if start is None or plan.whole is not None or id(plan) in _STARTED:
-                continue
-            _STARTED.add(id(plan))
-            start()
-    except AttributeError as e:  # a plan of another shape: the deployment makes it
-        _stats.warn_once(
-            "precompile-whole",
-            f"jaxaot precompile: the whole-program forms of {function.__name__} are not "
-            f"precompiled ({e}); a deployment makes them in the background",
-        )
 
 
 def manifest(name: str = "manifest") -> Manifest:

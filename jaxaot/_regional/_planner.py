@@ -25,7 +25,7 @@ import jax
 from .._component._blocks import Block
 from .._component._rules import PREFETCH, component_p
 from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, has_host_callbacks, join_effects
-from . import _choice, _whole
+from . import _whole
 from ._auto import BlockFinder, finding
 from ._named import named_blocks, repeated_modules
 from ._placement import (
@@ -37,21 +37,15 @@ from ._placement import (
     region_placement,
     region_sharding,
 )
-from ._plan import WHOLE as WHOLE_FORM
 from ._plan import Plan, Step
-from ._pool import submit_background, submit_jobs
+from ._pool import submit_jobs
 from ._programs import GLUE, WHOLE, region_executable
 from ._scoped import Calls, counting, is_scoped, scoped_blocks
 from ._split import Region, contains_components, inline_calls, nested_components, split
 
-__all__ = ["MAX_WHOLE_CALLS", "PlanSpec", "build_plan", "describe"]
+__all__ = ["PlanSpec", "build_plan", "describe"]
 
 logger = logging.getLogger("jaxaot")
-
-# A whole program that still binds more component calls than this once its
-# repeated layers are loops is not made: unrolled, it would compile for as long
-# as jax.jit does (what the split program is there to avoid).
-MAX_WHOLE_CALLS = 16
 
 
 @dataclass(frozen=True)
@@ -130,6 +124,8 @@ def _trace(
     seen: collections.Counter[Any] = collections.Counter()
 
     def prefetch(call: Any) -> None:
+        if spec.whole_program and _whole.small(call):
+            return  # a program of small calls runs as one program: none is needed
         if isinstance(call.component, Block):  # a block called once stays in its glue
             seen[call.key] += 1
             if seen[call.key] < 2:
@@ -365,17 +361,35 @@ def describe(
     cut = _cut(spec, args, kwargs, donated, leaves, prefetch=False)
     if cut is None:
         return None
-    return _described(cut), cut.why
+    return _described(spec, cut), cut.why
 
 
-def _described(cut: _Cut) -> str:
-    """What the program runs, then why its calls that are not blocks are not (for
-    a program served whole, only the latter: its reason is ``cut.why``)."""
+def _sharded(cut: _Cut) -> bool:
+    """Whether the program's regions are compiled for the shardings they receive:
+    a sharded program, or one calling a component that names devices (it places
+    its outputs there)."""
+    return cut.sharded or any(
+        region.kind == "component" and region.eqns[0].params["call"].devices
+        for region in cut.regions
+    )
+
+
+def _described(spec: PlanSpec, cut: _Cut) -> str:
+    """What the program runs (its regions, and its form), then why its calls that
+    are not blocks are not (for a program served whole, only the latter: its
+    reason is ``cut.why``)."""
     lines = [f"    {name}: {why}" for name, why in sorted(cut.notes.items())]
     not_blocks = ["  not blocks:", *lines] if lines else []
     if cut.why is not None:
         return "\n".join(not_blocks)
-    return "\n".join([_summary(cut.regions, cut.counts, cut.nested), *not_blocks])
+    whole, why = _whole_form(spec, cut)
+    if why is None:
+        form = []
+    elif whole:
+        form = [f"  runs as one program, its repeated layers as loops ({why})"]
+    else:
+        form = [f"  runs split, each component compiled once ({why})"]
+    return "\n".join([_summary(cut.regions, cut.counts, cut.nested), *form, *not_blocks])
 
 
 def build_plan(
@@ -396,12 +410,12 @@ def build_plan(
         spec.said.add(why)
         logger.info("jaxaot.jit %s: served whole, as one cached program (%s)", spec.name, why)
     if why is not None and not sharded:
-        return _served_whole(spec, cut, tuple(donated))
-    # A component that names devices places its outputs there: the regions after
-    # it are compiled for the shardings they receive, as in a sharded program.
-    sharded = sharded or any(
-        region.kind == "component" and region.eqns[0].params["call"].devices for region in regions
-    )
+        return _one_program(spec, cut, tuple(donated), _served(cut, tuple(donated)))
+    sharded = _sharded(cut)
+    if _whole_form(spec, cut)[0]:
+        for f in early.values():
+            f.cancel()  # (its component executables are not needed)
+        return _one_program(spec, cut, tuple(donated), _whole_job(jaxpr, tuple(donated)))
     slots = _Slots(jaxpr, consts, regions)
     makers = [_maker(region, jaxpr.debug_info) for region in regions]
     step_ins = [tuple(slots(v) for v in region.invars) for region in regions]
@@ -430,17 +444,8 @@ def build_plan(
             regions, step_futures, step_ins, step_outs, makers, strict=True
         )
     ]
-    summary = _described(cut)
+    summary = _described(spec, cut)
     logger.debug("jaxaot.jit %s:%s\n%s", spec.name, " (sharded)" if sharded else "", summary)
-    start_whole = recalled = remember = None
-    # Sharded programs have no whole-program form: the choice between the two
-    # forms is by local timing, which differs from process to process (their
-    # collectives would diverge), and its executable is compiled unsharded.
-    if spec.whole_program and not jaxpr.effects and not sharded and why is None:
-        # The whole program's digest (its text and entry keys), made once when first needed.
-        digest = functools.lru_cache(maxsize=1)(functools.partial(_whole.digest, jaxpr))
-        start_whole = functools.partial(_start_whole, spec.name, jaxpr, tuple(donated), digest)
-        recalled, remember = _recorded_choice(jaxpr, tuple(donated), digest)
     out_shardings = None
     if spec.out_shardings is not UNSET:
         outs = jax.tree_util.tree_unflatten(traced.out_tree, list(jaxpr.outvars))
@@ -456,20 +461,31 @@ def build_plan(
         out_tree=traced.out_tree,
         delete_after=[i for i, v in enumerate(jaxpr.invars) if v in leftover],
         donated=donated,
-        start_whole=start_whole,
         out_shardings=out_shardings,
         in_flight=in_flight_limit() if sharded else None,
         summary=summary,
         served_whole=why,
-        recalled=recalled,
-        remember=remember,
     )
 
 
-def _served_whole(spec: PlanSpec, cut: _Cut, donated: tuple[int, ...]) -> Plan:
-    """The plan of an unsharded program served whole: one executable of the whole
-    program (its inputs, then its constants), cached like a glue program, run as
-    the whole-program form is (so that calls go through JAX's C++ dispatcher)."""
+def _whole_form(spec: PlanSpec, cut: _Cut) -> tuple[bool, str | None]:
+    """Whether the split program ``cut`` runs as one program, its repeated layers
+    as loops (see ``_whole.form``), and why (``None``: no such form is made)."""
+    if not spec.whole_program:
+        return False, None  # whole_program=False
+    if _sharded(cut):
+        # Its regions are compiled for the shardings each receives; one program
+        # of them would be compiled unsharded.
+        return False, None
+    if cut.jaxpr.effects or cut.why is not None:
+        return False, None
+    return _whole.form(cut.jaxpr)
+
+
+def _served(cut: _Cut, donated: tuple[int, ...]) -> tuple[Any, bool]:
+    """The job of a program served whole (one executable of the whole program, its
+    inputs then its constants, cached like a glue program), and whether it calls
+    back into Python."""
     jaxpr = cut.jaxpr
     program = ClosedJaxpr(
         Jaxpr(
@@ -484,50 +500,58 @@ def _served_whole(spec: PlanSpec, cut: _Cut, donated: tuple[int, ...]) -> Plan:
     )
     text = str(program)
     job = submit_jobs({"whole": lambda: GLUE.get(program, donated, None, text)})["whole"]
+    return job, has_host_callbacks(program)
+
+
+def _whole_job(jaxpr: Any, donated: tuple[int, ...]) -> tuple[Any, bool]:
+    """The job of the whole-program form of ``jaxpr`` (its inputs, then its
+    constants: repeated layers as loops), and whether it calls back into Python."""
+    fn, _ = _whole.program(jaxpr)
+    calls_back = any(
+        eqn.params["call"].entry.host_callbacks
+        for eqn in jaxpr.eqns
+        if eqn.primitive is component_p
+    ) or has_host_callbacks(ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars)))
+    avals = tuple(v.aval for v in [*jaxpr.invars, *jaxpr.constvars])
+    out_avals = tuple(v.aval for v in jaxpr.outvars)
+
+    def job() -> Any:
+        return WHOLE.program(
+            _whole.digest(jaxpr), avals, out_avals, donated, fn, lambda: calls_back
+        )
+
+    return submit_jobs({"whole": job})["whole"], calls_back
+
+
+def _one_program(
+    spec: PlanSpec, cut: _Cut, donated: tuple[int, ...], made: tuple[Any, bool]
+) -> Plan:
+    """The plan of an unsharded program run as one executable (``made``: its job,
+    and whether it calls back into Python), from its first call; its calls go
+    through JAX's C++ dispatcher."""
+    job, calls_back = made
     out_shardings = None
     if spec.out_shardings is not UNSET:
-        outs = jax.tree_util.tree_unflatten(cut.traced.out_tree, list(jaxpr.outvars))
+        outs = jax.tree_util.tree_unflatten(cut.traced.out_tree, list(cut.jaxpr.outvars))
         out_shardings = list(flat_targets(spec.out_shardings, outs, "out_shardings"))
+    summary = _described(spec, cut)
+    logger.debug("jaxaot.jit %s:\n%s", spec.name, summary)
     return Plan(
         name=spec.name,
-        n_inputs=len(jaxpr.invars),
+        n_inputs=len(cut.jaxpr.invars),
         fixed=cut.consts,
         n_consts=len(cut.consts),
-        n_slots=len(jaxpr.invars) + len(cut.consts) + 1,
+        n_slots=len(cut.jaxpr.invars) + len(cut.consts) + 1,
         steps=[],
         out_slots=[],
         out_tree=cut.traced.out_tree,
         delete_after=[],
         donated=list(donated),
-        start_whole=None,
         out_shardings=out_shardings,
-        summary=_described(cut),
+        summary=summary,
         served_whole=cut.why,
-        program=(job, has_host_callbacks(program), GLUE.payload),
+        program=(job, calls_back, WHOLE.payload if cut.why is None else GLUE.payload),
     )
-
-
-def _recorded_choice(
-    jaxpr: Any, donated: tuple[int, ...], digest: Callable[[], str]
-) -> tuple[concurrent.futures.Future[str | None], Callable[[str, dict[str, float]], None]]:
-    """The form an earlier process settled on for this program, being read from
-    the cache on the loading threads (not behind the background thread's
-    compiles: the plan's second call waits for it; where it is the whole
-    program, that starts loading then, if the cache has it, so that the plan's
-    job finds it made), and how to record the form this process settles
-    on (on the background thread); see ``_choice``."""
-    avals = tuple(v.aval for v in [*jaxpr.invars, *jaxpr.constvars])
-
-    def remember(form: str, measured: dict[str, float]) -> None:
-        submit_background(lambda: _choice.remember(digest(), avals, donated, form, measured))
-
-    def recall() -> str | None:
-        form = _choice.recall(digest(), avals, donated)
-        if form == WHOLE_FORM:
-            submit_jobs({"load": lambda: WHOLE.cached(digest(), avals, donated)})
-        return form
-
-    return submit_jobs({"recall": recall})["recall"], remember
 
 
 def _summary(regions: Sequence[Region], counts: collections.Counter[Any], nested: str) -> str:
@@ -557,37 +581,3 @@ def _summary(regions: Sequence[Region], counts: collections.Counter[Any], nested
     if nested:
         lines.append(f"  kept whole: components under {nested} are compiled with their glue")
     return "\n".join(lines)
-
-
-def _start_whole(
-    name: str, jaxpr: Any, donated: tuple[int, ...], digest: Callable[[], str]
-) -> tuple[concurrent.futures.Future[Any], int, bool] | None:
-    """Starts loading or compiling the whole-program form of ``jaxpr`` (its
-    inputs, then its constants) on the background threads; the job, how many
-    component calls the whole program binds, and whether it calls back into
-    Python. None when it would bind more than ``MAX_WHOLE_CALLS``."""
-    fn, calls = _whole.program(jaxpr)
-    if calls > MAX_WHOLE_CALLS:
-        logger.debug(
-            "jaxaot.jit %s: no whole program (%d component calls after loops, over %d)",
-            name,
-            calls,
-            MAX_WHOLE_CALLS,
-        )
-        return None
-    calls_back = any(
-        eqn.params["call"].entry.host_callbacks
-        for eqn in jaxpr.eqns
-        if eqn.primitive is component_p
-    )
-    avals = tuple(v.aval for v in [*jaxpr.invars, *jaxpr.constvars])
-    out_avals = tuple(v.aval for v in jaxpr.outvars)
-    logger.debug(
-        "jaxaot.jit %s: whole program with %d component calls in the background", name, calls
-    )
-    calls_back = calls_back or has_host_callbacks(ClosedJaxpr(jaxpr, [None] * len(jaxpr.constvars)))
-
-    def job() -> Any:
-        return WHOLE.program(digest(), avals, out_avals, donated, fn, lambda: calls_back)
-
-    return submit_background(job), calls, calls_back

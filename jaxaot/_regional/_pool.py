@@ -1,5 +1,5 @@
-"""The threads that load and compile a split program's executables, and the
-background jobs (whole-program forms) that outlive a call."""
+"""The threads that load and compile a plan's executables, and the background
+jobs that outlive a call (loading an executable again for JAX's C++ dispatch)."""
 
 from __future__ import annotations
 
@@ -18,20 +18,6 @@ __all__ = ["submit_background", "submit_jobs", "wait_for_background"]
 _POOL: concurrent.futures.ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 _BACKGROUND: list[concurrent.futures.Future[Any]] = []
-# Background jobs (whole-program forms) run one at a time, on a thread of low
-# priority: the steps running beside them come first (on 2 cores, a compile
-# of the whole step at normal priority slowed them by half).
-_BACKGROUND_POOL: concurrent.futures.ThreadPoolExecutor | None = None
-BACKGROUND_NICENESS = 10
-
-
-def _lower_priority() -> None:
-    """Lowers the calling thread's scheduling priority (Linux: per thread; the
-    threads it starts inherit it). Elsewhere nothing is changed."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICENESS)
-    except (AttributeError, OSError):  # not Linux, or not permitted: normal priority
-        pass
 
 
 def submit_jobs(
@@ -60,27 +46,16 @@ def _with_mesh(mesh: MeshContext, job: Callable[[], Any]) -> Any:
 
 
 def submit_background(job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-    """Runs ``job`` on the background thread (low priority, one job at a time, in
-    the caller's context and mesh); :func:`wait_for_background` waits for it."""
-    global _BACKGROUND_POOL
-    with _POOL_LOCK:
-        if _BACKGROUND_POOL is None:
-            _BACKGROUND_POOL = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="jaxaot-background", initializer=_lower_priority
-            )
-        pool = _BACKGROUND_POOL
-    mesh = MeshContext()
-    if not mesh.empty:
-        job = functools.partial(_with_mesh, mesh, job)
-    future = pool.submit(contextvars.copy_context().run, job)
+    """Runs ``job`` on the pool, as :func:`submit_jobs` does, where no call waits
+    for it; :func:`wait_for_background` waits for it."""
+    future = submit_jobs({"background": job})["background"]
     with _POOL_LOCK:
         _BACKGROUND[:] = [f for f in _BACKGROUND if not f.done()] + [future]
     return future
 
 
 def wait_for_background() -> None:
-    """Blocks until every whole-program executable being made in the background
-    is made (or failed)."""
+    """Blocks until every background job started so far is done (or failed)."""
     with _POOL_LOCK:
         pending = list(_BACKGROUND)
     concurrent.futures.wait(pending)

@@ -40,7 +40,6 @@ from .._store._executables import (
 )
 from .._store._once import make_once
 from .._store._readwrite import callbacks_executable, read
-from ._helper import compile_in_helper
 from ._placement import MeshContext
 
 __all__ = ["GLUE", "WHOLE", "ProgramCache", "program_key", "region_executable"]
@@ -78,12 +77,8 @@ class ProgramCache:
     """Compiled programs of this process (glue programs, whole programs), by
     content; shared by all jaxaot.jit functions and kept in the cache."""
 
-    def __init__(self, kind: str, helper: bool = False) -> None:
+    def __init__(self, kind: str) -> None:
         self.kind = kind
-        # Whether its programs compile in a helper process where they can (``_helper``).
-        self.helper = helper
-        # Executables compiled in the helper, by id: the bytes they were loaded from.
-        self._payloads: dict[int, bytes] = {}
         self._locks = _stats.KeyedLocks()
         self._exes: dict[tuple[Any, ...], Any] = {}
         # Executables loaded from a cache, by id: the cache and key they came from.
@@ -94,9 +89,6 @@ class ProgramCache:
         """The serialized executable ``exe`` was loaded from (read from its cache
         again), or ``None`` if it was compiled here. A loaded executable cannot be
         serialized again on XLA:CPU (its kernels are not kept)."""
-        made = self._payloads.get(id(exe))
-        if made is not None:
-            return made
         source = self._loaded.get(id(exe))
         if source is None:
             return None
@@ -140,14 +132,13 @@ class ProgramCache:
         avals: tuple[Any, ...],
         out_avals: tuple[Any, ...],
         donate: tuple[int, ...],
-        fn: Callable[..., Any] | None,
+        fn: Callable[..., Any],
         callbacks: Callable[[], bool],
         shardings: tuple[Any, ...] | None = None,
     ) -> Any:
         """The executable of ``fn`` (flat arrays to a flat list) at ``avals``, whose
         content ``digest`` names: from this process, else the cache, else compiled
-        (and stored unless it calls back into Python); with no ``fn``, ``None``
-        instead of compiling. ``shardings``: the sharding each input is compiled
+        (and stored unless it calls back into Python). ``shardings``: the sharding each input is compiled
         for (``None``: none needed); all ``None`` outside a mesh, or no
         ``shardings``, is the unsharded executable."""
         memo_key: tuple[Any, ...] = (digest, avals, donate)
@@ -170,10 +161,9 @@ class ProgramCache:
             cache = get_cache()
             loaded = load_executable(cache, key) if cache is not None else None
             if loaded is None:
-                if fn is None:
-                    return None
-                fun: Callable[..., Any] = fn
-                _explain.miss(self.kind, key, cache, label=f"jaxaot.jit's {self.kind} program")
+                fun = fn
+                label = self.kind if self.kind.endswith("program") else f"{self.kind} program"
+                _explain.miss(self.kind, key, cache, label=f"jaxaot.jit's {label}")
                 # Missed: compiled here, or loaded once another process compiled it.
                 outcome = make_once(
                     cache,
@@ -195,12 +185,6 @@ class ProgramCache:
             self._exes[memo_key] = exe
             return exe
 
-    def cached(self, digest: str, avals: tuple[Any, ...], donate: tuple[int, ...]) -> Any | None:
-        """The unsharded executable of the program ``digest`` names, from this
-        process or loaded from the cache (and kept for :meth:`program`), or
-        ``None``: never compiled here."""
-        return self.program(digest, avals, (), donate, None, lambda: False)
-
     def _compile(
         self,
         fn: Callable[..., Any],
@@ -212,11 +196,6 @@ class ProgramCache:
             jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
             for a, s in zip(avals, shardings or (None,) * len(avals), strict=True)
         ]
-        if self.helper:
-            helped = compile_in_helper(fn, sds, donate, shardings)
-            if helped is not None:
-                self._payloads[id(helped.executable)] = helped.payload
-                return helped.executable
         return jax.jit(fn, keep_unused=True, donate_argnums=donate).trace(*sds).lower().compile()
 
     def _store(
@@ -254,7 +233,7 @@ class ProgramCache:
 
 GLUE = ProgramCache("glue")
 # Whole-program forms of split programs (see ``_whole``).
-WHOLE = ProgramCache("whole program", helper=True)
+WHOLE = ProgramCache("whole program")
 
 
 def region_executable(

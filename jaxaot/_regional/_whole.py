@@ -9,8 +9,10 @@ network, forward or backward) is a ``lax.scan`` over that entry: XLA compiles
 one layer, not an unrolled copy per layer, so its compile time does not grow
 with depth, and a step costs what a scan over stacked layers costs.
 
-``jaxaot.jit`` compiles it in the background once the split program has run,
-and keeps whichever of the two measures faster (see ``_plan``).
+Which form a program runs is decided from the program itself (:func:`form`),
+when its plan is made, the same on every platform and in every process: a
+program whose component calls each do little work runs as one program; one
+whose calls are big runs split, each component compiled once.
 """
 
 from __future__ import annotations
@@ -23,11 +25,26 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._component._cost import entry_work
 from .._component._rules import component_p
 from .._jax import DropVar, Literal, bind_equation
 
 # Part of the whole program's cache key: bump when the rewrite below changes.
 WHOLE_VERSION = 3
+
+# A program whose component calls each do less work than this (``_cost.work``:
+# two per multiply-add, one per element written) runs as one program. Entering
+# and leaving an executable costs microseconds on every backend (its outputs
+# above all: ``benchmarks/residuals.py``), so a split program of such calls runs
+# well behind one program of them (``jaxaot bench regional --width 32`` against
+# its scan contender), while for bigger calls the split program runs as fast
+# and compiles each component once. Between the widths ``jaxaot bench
+# regional`` runs (32 and 256), layers of width 64 to 128 are of about this work.
+WHOLE_BELOW = 3e7
+# A whole program binding more component calls than this once its runs are
+# loops (calls that do not repeat in a chain) is not made: it would compile a
+# program as big as the split program's regions together.
+MAX_WHOLE_CALLS = 16
 
 
 @dataclass
@@ -315,3 +332,30 @@ def digest(jaxpr: Any) -> str:
     )
     body = f"whole program v{WHOLE_VERSION}\n{jaxpr}\n" + "\n".join(digests)
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+def small(call: Any) -> bool:
+    """Whether the component call ``call`` does work below :data:`WHOLE_BELOW`."""
+    work = entry_work(call.entry)
+    return work is not None and work < WHOLE_BELOW
+
+
+def form(jaxpr: Any) -> tuple[bool, str]:
+    """Whether ``jaxpr`` (a split program, its component calls at its top level)
+    runs as one program, and why (``explain`` says it)."""
+    calls = list(
+        dict.fromkeys(eqn.params["call"] for eqn in jaxpr.eqns if eqn.primitive is component_p)
+    )
+    if not calls:
+        return False, "no component call"
+    works = [entry_work(call.entry) for call in calls]
+    unknown = [call.name for call, work in zip(calls, works, strict=True) if work is None]
+    if unknown:
+        return False, f"the work of {unknown[0]} is unknown (a while loop)"
+    most = max(w for w in works if w is not None)
+    if most >= WHOLE_BELOW:
+        return False, f"component calls of work up to {most:.3g}, at least {WHOLE_BELOW:.3g}"
+    _, n = program(jaxpr)
+    if n > MAX_WHOLE_CALLS:
+        return False, f"{n} component calls after loops, over {MAX_WHOLE_CALLS}"
+    return True, f"component calls of work up to {most:.3g}, below {WHOLE_BELOW:.3g}"

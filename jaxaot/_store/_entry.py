@@ -44,6 +44,10 @@ key part, so entries of another version are never read, only missed):
     types; their ``in_avals``/``out_avals`` texts end in ``@`` and that sharding.
     ``extra.work`` (a number): the estimate of what the entry computes, by
     which its linearization may recompute its forward pass (``_component._cost``).
+  * 3: ``extra.work`` on every entry whose work is known, checkpoint regions or
+    not, and ``extra.checkpoints`` where it holds one: ``jaxaot.jit`` chooses a
+    program's form from its entries' work, and a process that loads them must
+    choose as the one that made them.
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ __all__ = [
     "verify",
 ]
 
-ENTRY_FORMAT_VERSION = 2
+ENTRY_FORMAT_VERSION = 3
 MAGIC = b"JAXAOT\x00\x01"
 _PREFIX = struct.Struct("<8sHHI")
 _DIGEST_BYTES = 32

@@ -1,5 +1,5 @@
 """How a worker times things: one call, the stages of ``jax.jit`` (trace, lower,
-compile, first run), a steady step, and a ``jaxaot.jit`` step's steady state.
+compile, first run), a steady step, and the form a ``jaxaot.jit`` step runs.
 
 Runs in the worker process; JAX and jaxaot are imported when first needed.
 """
@@ -16,7 +16,6 @@ __all__ = [
     "PHASES",
     "early_steps",
     "ROUND_SECONDS",
-    "SETTLE_SECONDS",
     "block",
     "measure_stages",
     "settle",
@@ -27,10 +26,6 @@ __all__ = [
 
 #: The stages whose sum is the time to first result.
 PHASES = ("trace", "lower", "compile", "first_run")
-
-#: How long a ``jaxaot.jit`` contender may keep choosing its steady state before
-#: its steady step is measured anyway (seconds).
-SETTLE_SECONDS = 600.0
 
 #: A steady-step round runs back-to-back calls for at least this long (seconds), so
 #: that a step of a millisecond is not timed by one call on a shared machine.
@@ -100,31 +95,13 @@ def early_steps(step: Any, args: tuple[Any, ...], result: dict[str, Any], first:
 
 
 def settle(step: Any, args: tuple[Any, ...], result: dict[str, Any]) -> None:
-    """Runs a ``jaxaot.jit`` step until it has settled its steady state (split or
-    whole program, with the later timings of a close choice made too), and
-    records the choice and each form's steady step. (The forms are then set
-    from here, so nothing is timed again later.)"""
-    from ..._regional import _plan
-
-    start = time.perf_counter()
+    """Records the form a ``jaxaot.jit`` step's plan runs (split, or one program:
+    decided by its program when the plan was made) and its executables."""
     (plan,) = step._plans.values()
-    while plan is not None and not plan.settled() and time.perf_counter() - start < SETTLE_SECONDS:
-        block(step(*args))
-    result["settle"] = time.perf_counter() - start
     if plan is None:
         return
     result["steps"] = len(plan.steps)
     result["mode"] = plan.mode
-    result["whole_calls"] = plan.whole_calls
-    chosen = plan.mode
-    for mode in (_plan.SPLIT, _plan.WHOLE):
-        if mode == _plan.WHOLE and (plan.whole is None or plan.whole.exception() is not None):
-            continue
-        if mode == _plan.SPLIT and plan.served_whole:
-            continue  # one program, served whole: it has no split form to time
-        plan.mode = mode
-        result[f"steady_{mode}"] = steady_after_warmup(lambda: step(*args), 5)
-    plan.mode = chosen
 
 
 def steady_after_warmup(fn: Callable[[], Any], repeats: int) -> float:

@@ -115,26 +115,12 @@ def best_steady(*rows: Row | None) -> Row | None:
 
 
 def steady_state_line(regional: Row | None) -> list[str]:
-    """What a ``jaxaot.jit`` contender chose as its steady state, as one list item."""
+    """The form a ``jaxaot.jit`` contender runs, as one list item."""
     if not regional or not regional.get("mode"):
         return []
-    modes = [t.get("mode") for t in regional.get("trials", ())]
-    chosen = (
-        f"the {regional['mode']} program"
-        if len(set(modes)) <= 1
-        else f"per trial, the {', '.join(str(m) for m in modes)} program"
-    )
-    split = f"split program: {regional.get('steps')} executables, {_ms(regional.get('steady_split'))} ms a step"
-    if regional.get("whole_calls") is None and regional.get("steady_whole") is None:
-        return [
-            f"  - jaxaot.jit's steady state: {chosen} ({split}; no whole-program form was "
-            "made: each executable takes a millisecond or more)"
-        ]
-    return [
-        f"  - jaxaot.jit's steady state: {chosen} ({split}; whole program: "
-        f"{regional.get('whole_calls')} component calls, "
-        f"{_ms(regional.get('steady_whole'))} ms a step; chosen after {regional['settle']:.1f} s)"
-    ]
+    if regional["mode"] == "whole":
+        return ["  - jaxaot.jit runs the whole program: one executable, its layers as loops"]
+    return [f"  - jaxaot.jit runs the split program: {regional.get('steps')} executables"]
 
 
 def early_line(regional: Row | None, best: Row | None, process: str = "") -> list[str]:
