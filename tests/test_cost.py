@@ -121,6 +121,21 @@ def test_a_block_above_the_threshold_writes_residuals(monkeypatch: pytest.Monkey
     assert len(forward.out_avals) > 1  # the output, then residuals
 
 
+def test_a_program_that_may_run_as_one_program_keeps_residuals() -> None:
+    """Under ``jaxaot.jit`` (whole-program form allowed) a small block keeps its
+    residuals: in one program they cost no executable output, and recomputing
+    would compile and run its forward pass twice. Values equal jax.jit's."""
+    blocks = _model.init_blocks(jax.random.key(0), 3, 16)
+    x = jax.random.normal(jax.random.key(1), (2, 8, 16))
+    comp = jaxaot.component(_model.block)
+    step = jax.value_and_grad(lambda b, x: _block_loss(comp, b, x))
+    want = jax.jit(jax.value_and_grad(lambda b, x: _block_loss(_model.block, b, x)))(blocks, x)
+    _close(jaxaot.jit(step)(blocks, x), want)
+    (forward,) = _forward_entries(comp)
+    assert "recompute" not in forward.key.parts["transform"][-1]
+    assert len(forward.out_avals) > 1  # the output, then residuals
+
+
 def test_recomputing_and_writing_residuals_give_the_same_gradients(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -20,8 +20,10 @@ the one that made it, and the keys of its derived entries agree.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .._env import number
@@ -31,6 +33,7 @@ from .._store._entry import Entry
 __all__ = [
     "RECOMPUTE_BELOW",
     "entry_work",
+    "keeping_residuals",
     "recompute_below",
     "recomputes",
     "work",
@@ -50,6 +53,27 @@ RECOMPUTE_BELOW = 8e6
 _UNBOUNDED = frozenset(["while"])
 
 
+#: Set while ``jaxaot.jit`` traces a program that may run as one program: its
+#: small components keep their residuals (see :func:`keeping_residuals`).
+_KEEP_RESIDUALS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "jaxaot_keep_residuals", default=False
+)
+
+
+@contextlib.contextmanager
+def keeping_residuals(keep: bool = True) -> Iterator[None]:
+    """During the block, no linearization recomputes its forward pass: in one
+    program (``jaxaot.jit``'s whole-program form) residuals are arrays inside
+    it, which cost no executable's output, and recomputing would only compile
+    and run the forward pass twice. (Whether an entry recomputes is part of its
+    derived entries' keys.)"""
+    token = _KEEP_RESIDUALS.set(keep)
+    try:
+        yield
+    finally:
+        _KEEP_RESIDUALS.reset(token)
+
+
 def recompute_below() -> float:
     """:data:`RECOMPUTE_BELOW`, or ``$JAXAOT_RECOMPUTE_BELOW``."""
     return number("JAXAOT_RECOMPUTE_BELOW", RECOMPUTE_BELOW, "a number (of work; 0: never)")
@@ -61,7 +85,7 @@ def recomputes(entry: Entry) -> bool:
     side effects (a callback would run twice) and no checkpoint region."""
     if entry.platforms != ("cpu",) or entry.host_callbacks or entry.effects:
         return False
-    if entry.extra.get("checkpoints"):
+    if entry.extra.get("checkpoints") or _KEEP_RESIDUALS.get():
         return False
     cost = entry_work(entry)
     return cost is not None and cost < recompute_below()

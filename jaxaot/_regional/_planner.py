@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import jax
 
 from .._component._blocks import Block
+from .._component._cost import keeping_residuals
 from .._component._rules import PREFETCH, component_p
 from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, has_host_callbacks, join_effects
 from . import _whole
@@ -143,6 +144,9 @@ def _trace(
         plain = tuple(b for b in named if not (isinstance(b, type) and is_scoped(b)))
         scoped = tuple(b for b in named if isinstance(b, type) and is_scoped(b))
         with contextlib.ExitStack() as stack:
+            # Small components of a program that may run as one program keep
+            # their residuals (recomputing pays off only in a split program).
+            stack.enter_context(keeping_residuals(spec.whole_program))
             calls = stack.enter_context(counting()) if spec.auto_regions else None
             stack.enter_context(finding(finder))
             stack.enter_context(named_blocks(plain, spec.program))
