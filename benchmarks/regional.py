@@ -5,7 +5,7 @@ plain jax.jit, scan over stacked layers, jax.jit calling components, Equinox
 ``noinline`` layers (needs ``pip install equinox``), and ``jaxaot.jit``; plus
 jax.jit with JAX's persistent cache warm and ``jaxaot.jit`` warm. Writes
 ``regional.md``, ``regional.json`` and ``regional.png`` (time to first result
-against depth, log scale) to ``--out`` (default ./docs/results).
+against depth, log scale) to ``--out`` where one is named.
 
     python benchmarks/regional.py            # L = 4, 8, 16, 32, 48
     python benchmarks/regional.py --quick    # L = 4, 8, 16

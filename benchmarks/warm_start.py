@@ -4,7 +4,7 @@ Each contender runs in a fresh subprocess: plain jax.jit, jax.jit with JAX's
 persistent compilation cache (cold and warm), a jax.export artifact, a jaxaot
 component (cold and warm), and the physical limit (reading a serialized
 executable and ``deserialize_and_load``). Writes ``warm_start.md``,
-``warm_start.json`` and ``warm_start.png`` to ``--out`` (default ./docs/results).
+``warm_start.json`` and ``warm_start.png`` to ``--out`` where one is named.
 
     python benchmarks/warm_start.py                # L = 4 and 16
     python benchmarks/warm_start.py --full         # L = 4, 8, 16 and 48

@@ -4,8 +4,8 @@ Every contender runs in its own fresh Python process, so that nothing warm in
 one process helps another; prepared artifacts (JAX's persistent cache, a
 ``jax.export`` artifact, a serialized executable, a jaxaot cache) live in a work
 folder shared by the processes of one trial. Each worker prints one JSON line
-of timings; the parent writes Markdown tables, JSON and PNG plots (by default to
-``docs/results``).
+of timings; the parent prints Markdown tables, and writes them with JSON and PNG
+plots to the folder ``--out`` names (none by default).
 
 A run is configured by one value, a :class:`BenchConfig` (the command line
 builds it from its options); each worker gets its :class:`~._config.Job`
