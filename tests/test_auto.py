@@ -331,3 +331,37 @@ def test_blocks_named_by_the_user_become_blocks_functions_and_modules() -> None:
     assert {cls: cls.__call__ for cls in calls} == calls  # patched for the trace only
     with pytest.raises(TypeError, match="blocks must be functions or module classes"):
         jaxaot.jit(floss, blocks=(3,))
+
+
+def test_a_custom_vjp_block_that_cannot_be_differentiated_alone_stays_in_its_glue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where differentiating a block holding custom_vjp rules on its own fails,
+    the call stays in its glue and ``explain`` says why: the step still runs,
+    with jax.jit's values, never plain jax.jit for want of that block."""
+    from jaxaot._regional import _auto
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no vjp today")
+
+    monkeypatch.setattr(_auto, "vjp_call", broken)
+
+    @jax.custom_vjp
+    def clip(x: jax.Array) -> jax.Array:
+        return x
+
+    clip.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.1, 0.1),))
+    layer = jax.jit(lambda w, x: clip(jnp.tanh(x @ w)) + x)
+    step = jax.value_and_grad(lambda ws, x: (_chain(layer, ws, x) ** 2).mean())
+    ws = [jnp.eye(4) * 0.3 * (i + 1) for i in range(3)]
+    x = jnp.ones((2, 4))
+    regional = jaxaot.jit(step)
+    _close(regional(ws, x), jax.jit(step)(ws, x))
+    said = regional.explain(ws, x)
+    assert "could not be differentiated alone" in said and "RuntimeError: no vjp today" in said
+
+
+def _chain(layer: Any, ws: Any, x: jax.Array) -> jax.Array:
+    for w in ws:
+        x = layer(w, x)
+    return x

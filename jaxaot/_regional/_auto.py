@@ -83,6 +83,9 @@ HELPER = "JAX's own helpers (jax.numpy, lax, jax.nn, jax.random): never blocks"
 HOLDS_COMPONENTS = "holds components (inlined: its components are regions)"
 CUSTOM_VJP = "a custom_vjp rule under vmap (kept in its glue)"
 LOOKED_THROUGH = "looked through (it wraps repeated layers)"
+CUSTOM_VJP_FAILED = (
+    "a custom_vjp rule under grad that could not be differentiated alone (kept in its glue)"
+)
 
 
 def _why_not(call: BoundCall) -> str | None:
@@ -182,8 +185,12 @@ class BlockFinder:
             if not differentiating(current_trace()):
                 self.note(call, CUSTOM_VJP)
                 return None
-            with not_intercepting():
-                return vjp_call(call, self._name(call))
+            try:
+                with not_intercepting():
+                    return vjp_call(call, self._name(call))
+            except Exception as e:  # its rules cannot be differentiated alone: kept in glue
+                self.note(call, f"{CUSTOM_VJP_FAILED} ({type(e).__name__}: {e})")
+                return None
         if why is not None:
             self.note(call, why)
             return None
