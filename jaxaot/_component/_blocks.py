@@ -91,7 +91,7 @@ def block_name(call: BoundCall) -> str:
 #: object, kept alive here so that its id is not reused), its other parameters,
 #: its input types and the trace context: JAX traces a function once per types,
 #: so every layer of a model binds the same body, and its key is worked out once.
-_MADE: dict[tuple[Any, ...], tuple[Any, Call]] = {}
+_MADE: dict[Any, tuple[Any, Any]] = {}
 _MADE_MAX = 1024
 
 
@@ -121,17 +121,26 @@ def block_call(call: BoundCall, name: str | None = None) -> tuple[Call, tuple[An
     # handed more than they read (``hk.remat``'s whole state) key alike.
     call, _ = pruned(hoisted(call))
     avals = tuple(aval_of(a) for a in call.args)
+    made = _memoized(_MADE, call, avals, lambda: _made(call, avals, name or block_name(call)))
+    return made, call.args
+
+
+def _memoized(
+    table: dict[Any, tuple[Any, Any]], call: BoundCall, avals: Any, make: Callable[[], Any]
+) -> Any:
+    """What ``make()`` gives for ``call``, made once per body, parameters, input
+    types and trace context (kept in ``table``, bounded)."""
     memo = _memo_key(call, avals)
-    made = _MADE.get(memo) if memo is not None else None
-    if made is not None and made[0] is call.params["jaxpr"]:
-        return made[1], call.args
-    made_call = _made(call, avals, name or block_name(call))
+    known = table.get(memo) if memo is not None else None
+    if known is not None and known[0] is call.params["jaxpr"]:
+        return known[1]
+    made = make()
     if memo is not None:
         with _LOCK:
-            if len(_MADE) >= _MADE_MAX:
-                _MADE.clear()
-            _MADE[memo] = (call.params["jaxpr"], made_call)
-    return made_call, call.args
+            if len(table) >= _MADE_MAX:
+                table.clear()
+            table[memo] = (call.params["jaxpr"], made)
+    return made
 
 
 def _made(call: BoundCall, avals: tuple[Any, ...], name: str) -> Call:
@@ -217,7 +226,7 @@ def _vjp_blocks(call: BoundCall, avals: tuple[Any, ...], name: str) -> _VjpBlock
     return _VjpBlocks(fwd, bwd, len(out_avals), wrt, out_wrt)
 
 
-_VJP_MADE: dict[tuple[Any, ...], tuple[Any, _VjpBlocks]] = {}
+_VJP_MADE: dict[Any, tuple[Any, Any]] = {}
 
 
 def vjp_call(call: BoundCall, name: str | None = None) -> list[Any]:
@@ -231,17 +240,9 @@ def vjp_call(call: BoundCall, name: str | None = None) -> list[Any]:
     (the leaves of the vjp function), the backward block takes them back with
     the cotangents. Each is keyed by its own traced program, as any block is."""
     avals = tuple(aval_of(a) for a in call.args)
-    memo = _memo_key(call, avals)
-    known = _VJP_MADE.get(memo) if memo is not None else None
-    if known is not None and known[0] is call.params["jaxpr"]:
-        blocks = known[1]
-    else:
-        blocks = _vjp_blocks(call, avals, name or block_name(call))
-        if memo is not None:
-            with _LOCK:
-                if len(_VJP_MADE) >= _MADE_MAX:
-                    _VJP_MADE.clear()
-                _VJP_MADE[memo] = (call.params["jaxpr"], blocks)
+    blocks: _VjpBlocks = _memoized(
+        _VJP_MADE, call, avals, lambda: _vjp_blocks(call, avals, name or block_name(call))
+    )
     kind, params = call.kind, call.params
 
     @jax.custom_vjp
