@@ -54,6 +54,7 @@ def _compiles_for(layers: int, compiles: list[str], whole: bool) -> int:
     with jaxaot.using_cache(jaxaot.MemoryCache()):
         block.clear_cache()
         _programs.GLUE._exes.clear()
+        _programs.WHOLE._exes.clear()  # (another test may have made this very program)
         _regional.wait_for_background()
         before = len(compiles)
         jax.block_until_ready(jaxaot.jit(step, whole_program=whole)(blocks, state, x))
