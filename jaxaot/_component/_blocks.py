@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .. import _stats
@@ -41,7 +40,7 @@ from ._entries import build_entry
 from ._parts import base_parts, types_text
 from ._plain import devices_of
 from ._rules import bind
-from ._types import aval_of, sds
+from ._types import aval_of, is_differentiable, sds
 
 __all__ = ["Block", "block_call", "block_name", "forget_blocks", "vjp_call"]
 
@@ -185,15 +184,11 @@ class _VjpBlocks(NamedTuple):
     out_wrt: tuple[bool, ...]  # the outputs that carry a cotangent
 
 
-def _inexact(aval: Any) -> bool:
-    return bool(jnp.issubdtype(aval.dtype, jnp.inexact))
-
-
 def _vjp_blocks(call: BoundCall, avals: tuple[Any, ...], name: str) -> _VjpBlocks:
     kind, params = call.kind, call.params
-    wrt = tuple(_inexact(a) for a in avals)
+    wrt = tuple(is_differentiable(a.dtype) for a in avals)
     out_avals = [v.aval for v in call_jaxpr(call).jaxpr.outvars]
-    out_wrt = tuple(_inexact(a) for a in out_avals)
+    out_wrt = tuple(is_differentiable(a.dtype) for a in out_avals)
     # The residuals' structure: the vjp function's, as the forward trace made it.
     made: dict[str, Any] = {}
 

@@ -365,7 +365,7 @@ def describe(
     cut = _cut(spec, args, kwargs, donated, leaves, prefetch=False)
     if cut is None:
         return None
-    return _described(spec, cut), cut.why
+    return _described(cut, _whole_form(spec, cut)), cut.why
 
 
 def _sharded(cut: _Cut) -> bool:
@@ -378,7 +378,7 @@ def _sharded(cut: _Cut) -> bool:
     )
 
 
-def _described(spec: PlanSpec, cut: _Cut) -> str:
+def _described(cut: _Cut, form: tuple[bool, str | None]) -> str:
     """What the program runs (its regions, and its form), then why its calls that
     are not blocks are not (for a program served whole, only the latter: its
     reason is ``cut.why``)."""
@@ -386,14 +386,14 @@ def _described(spec: PlanSpec, cut: _Cut) -> str:
     not_blocks = ["  not blocks:", *lines] if lines else []
     if cut.why is not None:
         return "\n".join(not_blocks)
-    whole, why = _whole_form(spec, cut)
+    whole, why = form
     if why is None:
-        form = []
+        said = []
     elif whole:
-        form = [f"  runs as one program, its repeated layers as loops ({why})"]
+        said = [f"  runs as one program, its repeated layers as loops ({why})"]
     else:
-        form = [f"  runs split, each component compiled once ({why})"]
-    return "\n".join([_summary(cut.regions, cut.counts, cut.nested), *form, *not_blocks])
+        said = [f"  runs split, each component compiled once ({why})"]
+    return "\n".join([_summary(cut.regions, cut.counts, cut.nested), *said, *not_blocks])
 
 
 def build_plan(
@@ -414,12 +414,13 @@ def build_plan(
         spec.said.add(why)
         logger.info("jaxaot.jit %s: served whole, as one cached program (%s)", spec.name, why)
     if why is not None and not sharded:
-        return _one_program(spec, cut, tuple(donated), _served(cut, tuple(donated)))
+        return _one_program(spec, cut, tuple(donated), _served(cut, tuple(donated)), (False, None))
     sharded = _sharded(cut)
-    if _whole_form(spec, cut)[0]:
+    form = _whole_form(spec, cut)
+    if form[0]:
         for f in early.values():
             f.cancel()  # (its component executables are not needed)
-        return _one_program(spec, cut, tuple(donated), _whole_job(jaxpr, tuple(donated)))
+        return _one_program(spec, cut, tuple(donated), _whole_job(jaxpr, tuple(donated)), form)
     slots = _Slots(jaxpr, consts, regions)
     makers = [_maker(region, jaxpr.debug_info) for region in regions]
     step_ins = [tuple(slots(v) for v in region.invars) for region in regions]
@@ -448,7 +449,7 @@ def build_plan(
             regions, step_futures, step_ins, step_outs, makers, strict=True
         )
     ]
-    summary = _described(spec, cut)
+    summary = _described(cut, form)
     logger.debug("jaxaot.jit %s:%s\n%s", spec.name, " (sharded)" if sharded else "", summary)
     out_shardings = None
     if spec.out_shardings is not UNSET:
@@ -528,17 +529,21 @@ def _whole_job(jaxpr: Any, donated: tuple[int, ...]) -> tuple[Any, bool]:
 
 
 def _one_program(
-    spec: PlanSpec, cut: _Cut, donated: tuple[int, ...], made: tuple[Any, bool]
+    spec: PlanSpec,
+    cut: _Cut,
+    donated: tuple[int, ...],
+    made: tuple[Any, bool],
+    form: tuple[bool, str | None],
 ) -> Plan:
     """The plan of an unsharded program run as one executable (``made``: its job,
-    and whether it calls back into Python), from its first call; its calls go
-    through JAX's C++ dispatcher."""
+    and whether it calls back into Python; ``form``: as ``_whole_form`` gave it),
+    from its first call; its calls go through JAX's C++ dispatcher."""
     job, calls_back = made
     out_shardings = None
     if spec.out_shardings is not UNSET:
         outs = jax.tree_util.tree_unflatten(cut.traced.out_tree, list(cut.jaxpr.outvars))
         out_shardings = list(flat_targets(spec.out_shardings, outs, "out_shardings"))
-    summary = _described(spec, cut)
+    summary = _described(cut, form)
     logger.debug("jaxaot.jit %s:\n%s", spec.name, summary)
     return Plan(
         name=spec.name,

@@ -138,9 +138,9 @@ class ProgramCache:
     ) -> Any:
         """The executable of ``fn`` (flat arrays to a flat list) at ``avals``, whose
         content ``digest`` names: from this process, else the cache, else compiled
-        (and stored unless it calls back into Python). ``shardings``: the sharding each input is compiled
-        for (``None``: none needed); all ``None`` outside a mesh, or no
-        ``shardings``, is the unsharded executable."""
+        (and stored unless it calls back into Python). ``shardings``: the sharding
+        each input is compiled for (``None``: none needed); all ``None`` outside a
+        mesh, or no ``shardings``, is the unsharded executable."""
         memo_key: tuple[Any, ...] = (digest, avals, donate)
         if shardings is not None:
             context = MeshContext()
@@ -161,7 +161,6 @@ class ProgramCache:
             cache = get_cache()
             loaded = load_executable(cache, key) if cache is not None else None
             if loaded is None:
-                fun = fn
                 label = self.kind if self.kind.endswith("program") else f"{self.kind} program"
                 _explain.miss(self.kind, key, cache, label=f"jaxaot.jit's {label}")
                 # Missed: compiled here, or loaded once another process compiled it.
@@ -170,7 +169,7 @@ class ProgramCache:
                     key.digest,
                     f"{self.kind} executable",
                     lambda: None if cache is None else load_executable(cache, key),
-                    lambda: (self._compile(fun, avals, donate, shardings), None),
+                    lambda: (self._compile(fn, avals, donate, shardings), None),
                     lambda made: self._store(cache, key, made[0], avals, out_avals, callbacks),
                 )
                 loaded = None if outcome.made else outcome.value
