@@ -43,49 +43,54 @@ class KeyedLocks:
 
 
 class Counters:
-    """Thread-safe counters; every increment also counts process-wide."""
+    """Thread-safe counters by name (whole numbers, or seconds); every increment
+    also counts in ``parent`` (a component's in the process's, :data:`PROCESS`)."""
 
     def __init__(self, parent: Counters | None = None) -> None:
         self._lock = threading.Lock()
-        self._values = dict.fromkeys(COUNTERS, 0)
+        self._values: dict[str, float] = dict.fromkeys(COUNTERS, 0)
         self._parent = parent
 
-    def add(self, name: str, n: int = 1) -> None:
+    def add(self, name: str, n: float = 1) -> None:
         with self._lock:
-            self._values[name] += n
+            self._values[name] = self._values.get(name, 0) + n
         if self._parent is not None:
             self._parent.add(name, n)
 
-    def info(self) -> CacheInfo:
+    def values(self) -> dict[str, float]:
         with self._lock:
-            return CacheInfo(**self._values)
+            return dict(self._values)
+
+    def info(self) -> CacheInfo:
+        values = self.values()
+        return CacheInfo(**{name: int(values[name]) for name in COUNTERS})
 
     def reset(self) -> None:
         with self._lock:
             self._values = dict.fromkeys(COUNTERS, 0)
 
 
+#: The process's counters: every component's, and what only the process counts.
 PROCESS = Counters()
-_extra_lock = threading.Lock()
-_extra: dict[str, float] = {
-    "cache_errors": 0,
-    "corrupt_entries": 0,
-    "unusable_entries": 0,
-    "components": 0,
+_PROCESS_ONLY = (
+    "cache_errors",
+    "corrupt_entries",
+    "unusable_entries",
+    "components",
     # One maker per entry across processes (``_store._once``):
-    "made_here": 0,  # entries (lowered, derived, executables) this process made
-    "loaded_after_wait": 0,  # entries another process made while this one waited
-    "wait_seconds": 0.0,  # time spent waiting for other processes' entries
-    "lease_takeovers": 0,  # entries whose maker died: made here instead
-    "lease_wait_timeouts": 0,  # waits past $JAXAOT_LEASE_WAIT: made here instead
-    "loaded": 0,  # entries (lowered, derived, executables) read from a cache
-    "compile_seconds": 0.0,  # XLA's time compiling what this process made
-}
+    "made_here",  # entries (lowered, derived, executables) this process made
+    "loaded_after_wait",  # entries another process made while this one waited
+    "wait_seconds",  # time spent waiting for other processes' entries
+    "lease_takeovers",  # entries whose maker died: made here instead
+    "lease_wait_timeouts",  # waits past $JAXAOT_LEASE_WAIT: made here instead
+    "loaded",  # entries (lowered, derived, executables) read from a cache
+    "compile_seconds",  # XLA's time compiling what this process made
+)
 
 
 def bump(name: str, n: float = 1) -> None:
-    with _extra_lock:
-        _extra[name] = _extra.get(name, 0) + n
+    """Counts ``n`` more ``name`` for the whole process."""
+    PROCESS.add(name, n)
 
 
 def stats() -> dict[str, float]:
@@ -95,11 +100,12 @@ def stats() -> dict[str, float]:
     ``loaded_after_wait`` for another process, ``wait_seconds``,
     ``lease_takeovers``, ``lease_wait_timeouts``). All are whole numbers but
     ``wait_seconds`` and ``compile_seconds``."""
-    with _extra_lock:
-        extra = dict(_extra)
-    extra["wait_seconds"] = round(extra["wait_seconds"], 3)
-    extra["compile_seconds"] = round(extra["compile_seconds"], 3)
-    return {**PROCESS.info()._asdict(), **extra}
+    values = {**dict.fromkeys((*COUNTERS, *_PROCESS_ONLY), 0), **PROCESS.values()}
+    out: dict[str, float] = {}
+    for name, value in values.items():
+        seconds = name.endswith("_seconds")
+        out[name] = round(float(value), 3) if seconds else int(value)
+    return out
 
 
 def report() -> str:
@@ -188,21 +194,15 @@ _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 
-def first_time(cause: str, seen: set[str] | None = None) -> bool:
-    """Whether ``cause`` is new to ``seen`` (the process's causes by default; a
-    cache passes its own), marking it seen: the one test behind every
-    one-warning-per-cause in jaxaot (``warn_once`` here, ``_caches._faults.WarnOnce``)."""
+def warn_once(cause: str, message: str, seen: set[str] | None = None) -> None:
+    """Logs ``message`` as a WARNING the first time ``cause`` is seen, then at DEBUG:
+    the one warn-once of jaxaot. ``seen``: the causes already warned of (the
+    process's by default; a cache backend passes its own)."""
     with _warned_lock:
         scope = _warned if seen is None else seen
         first = cause not in scope
         scope.add(cause)
-    return first
-
-
-def warn_once(cause: str, message: str) -> None:
-    """Logs ``message`` as a WARNING the first time ``cause`` is seen in this
-    process, then at DEBUG."""
-    logger.log(logging.WARNING if first_time(cause) else logging.DEBUG, message)
+    logger.log(logging.WARNING if first else logging.DEBUG, message)
 
 
 def reset_warnings() -> None:

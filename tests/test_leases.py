@@ -180,6 +180,55 @@ def test_old_lease_files_are_cleaned_up_with_temp_files(tmp_path: Path) -> None:
     assert cache.get(key) == blob
 
 
+def test_an_old_lease_file_still_locked_by_its_holder_is_not_cleaned_up(tmp_path: Path) -> None:
+    # A file lease is never renewed (no heartbeat): clean-up must tell a held one
+    # by its lock, not by its age.
+    cache = DirectoryCache(tmp_path / "c")
+    held_key = "cf" * 16
+    lease = cache.lease(held_key, 30.0)
+    assert lease is not None and not isinstance(lease, Held)
+    assert getattr(lease, "expires", True) is False
+    path = cache.path_for(held_key).with_name(held_key + ".lease")
+    old = time.time() - 2 * 3600
+    os.utime(path, (old, old))
+    key, blob = make_blob()
+    cache.put(key, blob)  # eviction's scan
+    assert path.exists()
+    assert isinstance(cache.lease(held_key, 30.0), Held)  # still ours
+    lease.release()
+    os.utime(path, (old, old))
+    cache.put(*make_blob(tag=1))  # another entry: another scan
+    assert not path.exists()
+
+
+def test_making_entries_in_a_directory_cache_starts_no_lease_thread(tmp_path: Path) -> None:
+    # A private cache's misses take lock-file leases, which need no renewal.
+    code = """
+import threading, sys
+import jax.numpy as jnp
+import jaxaot
+jaxaot.set_cache(jaxaot.DirectoryCache(sys.argv[1]))
+@jaxaot.component
+def f(x):
+    return jnp.tanh(x) * 2
+f(jnp.ones(3)).block_until_ready()
+s = jaxaot.stats()
+assert s["made_here"] >= 2, s
+names = [t.name for t in threading.enumerate()]
+print("lease threads:", [n for n in names if "lease" in n])
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "JAXAOT_LEASE_WAIT": "300"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "lease threads: []" in out.stdout, out.stdout
+    assert list((tmp_path / "c").glob("*/*.lease")), "no lease was taken"
+
+
 def test_redis_lease_lifecycle_expiry_and_stale_holders(server: RedisServer) -> None:
     cache = RedisCache(server.url, prefix=_prefix())
     _lifecycle(cache)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from . import _safefs
+from . import _filelease, _safefs
 from ._lease import LEASE_SUFFIX
 from ._protocol import INDEX_ITEMS, check_key
 from ._safefs import open_dir, opened_dir, stat_nofollow
@@ -212,7 +212,7 @@ def scan(root_fd: int, root: str, *, clean: bool) -> Scan:
     Only real shard directories and regular files count; nothing is followed.
 
     With ``clean``, temp files and lease files older than :data:`TEMP_MAX_AGE`
-    are removed (a lease's holder touches its file while it holds it).
+    are removed (a lease file only once no process holds its lock).
     """
     entries: list[ScannedEntry] = []
     temps = 0
@@ -242,7 +242,8 @@ def scan(root_fd: int, root: str, *, clean: bool) -> Scan:
                 if not stat.S_ISREG(st.st_mode):
                     continue
                 if name.endswith(LEASE_SUFFIX):
-                    if clean and abs(now - st.st_mtime) > TEMP_MAX_AGE:
+                    old = abs(now - st.st_mtime) > TEMP_MAX_AGE
+                    if clean and old and not _filelease.is_held(sfd, name):
                         try:
                             _safefs.unlink(name, sfd)
                         except OSError:

@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 
-from .._stats import first_time
+from .._stats import warn_once
 
 logger = logging.getLogger("jaxaot")
 
@@ -48,8 +48,8 @@ def store_fault_cause(cache: object, exc: BaseException) -> str:
 
 
 class WarnOnce:
-    """Mixin for every backend: counters, and one warning per cause (later ones at
-    DEBUG; ``_stats.first_time`` keeps the causes). Subclasses set ``_state_lock``,
+    """Mixin for every backend: counters, and one warning per cause of this
+    backend's (``_stats.warn_once``; later ones at DEBUG). Subclasses set ``_state_lock``,
     ``_warned`` and ``_counters`` and name themselves in ``_log_prefix``."""
 
     _state_lock: threading.Lock
@@ -64,14 +64,7 @@ class WarnOnce:
             self._counters[name] += n
 
     def _warn_once(self, cause: str, message: str) -> None:
-        if first_time(cause, self._warned):
-            logger.warning(
-                "jaxaot %s: %s; further occurrences are logged at DEBUG",
-                self._log_prefix(),
-                message,
-            )
-        else:
-            logger.debug("jaxaot %s: %s", self._log_prefix(), message)
+        warn_once(cause, f"jaxaot {self._log_prefix()}: {message}", self._warned)
 
 
 class FaultTracking(WarnOnce):

@@ -3,15 +3,16 @@
 ``<shard>/<key>.lease`` is locked with ``flock`` by the process making the
 entry. The operating system drops the lock the moment its holder dies
 (killed, out of memory), so a dead holder's lease is free at once and needs no
-expiry. The file holds the lease's record (``_lease``): who holds it, and,
+expiry, and no renewal: a process holding only file leases runs no heartbeat
+thread. The file holds the lease's record (``_lease``): who holds it, and,
 once it is released, ``done`` for :data:`~._lease.DONE_SECONDS`, so that
 waiters stop waiting at once even if the entry could not be written.
 
 A lease file is opened through the shard's descriptor with ``O_NOFOLLOW |
 O_NONBLOCK`` (never through a symlink, never a FIFO), must be a regular file,
-and is held to the same trust rules as entries (the caller's ``trusted``). A
-holder renews its lease by touching the file; files untouched for an hour are
-removed by the directory cache's clean-up (``_dirlayout.scan``). A lock taken
+and is held to the same trust rules as entries (the caller's ``trusted``). Lease
+files older than an hour are removed by the directory cache's clean-up
+(``_dirlayout.scan``) unless they are locked (:func:`is_held`). A lock taken
 on a file that was removed meanwhile is dropped and taken again on the new one.
 
 On network filesystems the locks are as reliable as the filesystem's own
@@ -38,7 +39,7 @@ try:
 except ImportError:  # no flock (Windows): no leases, entries are made as before
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LEASE_SUFFIX", "FileLease", "available", "take"]
+__all__ = ["LEASE_SUFFIX", "FileLease", "available", "is_held", "take"]
 
 logger = logging.getLogger("jaxaot")
 
@@ -51,13 +52,34 @@ _READ_MAX = 4096
 Trusted = Callable[[os.stat_result, str], None]
 
 
+def is_held(shard_fd: int, name: str) -> bool:
+    """Whether the lease file ``name`` is locked by a live process (never raises:
+    a file that cannot be opened or locked counts as held, and is left alone)."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=shard_fd)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # drops the lock, if it was taken here
+    return False
+
+
 def available() -> bool:
     """Whether this platform has ``flock``."""
     return fcntl is not None
 
 
 class FileLease:
-    """A held lease: the locked file's descriptor and the record written into it."""
+    """A held lease: the locked file's descriptor and the record written into it.
+    It never expires while its holder lives, so it needs no renewal."""
+
+    expires = False
 
     def __init__(self, fd: int, key: str, record: Record, where: str) -> None:
         self.key = key

@@ -155,6 +155,8 @@ class Lease(Protocol):
     ``holder`` names this process (host and pid) for the others' DEBUG logs.
     ``renew`` extends a lease that expires (the store calls it from a heartbeat
     while the entry is being made) and returns whether the lease is still held;
+    a lease whose ``expires`` is false (a lock the operating system holds for
+    as long as its holder lives) is never renewed, so it costs no thread;
     ``release`` ends it (after the entry was written, or could not be), leaving a
     short-lived mark that says the holder is done, so that waiters stop waiting
     at once. Neither raises: a fault means the lease may be lost, never an error.
@@ -162,6 +164,8 @@ class Lease(Protocol):
 
     key: str
     holder: str
+
+    # (``expires``: optional, true where absent.)
 
     def renew(self) -> bool: ...
 

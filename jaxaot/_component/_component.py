@@ -57,7 +57,7 @@ from .._keys._sharding import (
 )
 from .._keys._text import stable_repr, tree_text
 from .._store._entry import Entry
-from .._store._executables import executable_parts
+from .._store._executables import executable_key
 from .._store._lookup import Store
 from ._arguments import Arguments
 from ._call import Call
@@ -462,19 +462,17 @@ class Component(Generic[P, R]):
             input_sharding_sig(leaves),
             concrete_mesh(),
         )
-        exe = self.store.executables.get(sig)
+        exe = self.store.known_executable(sig)
         if exe is not None:
             return exe, sig
 
         def key() -> ComponentKey:
             root_key, _, _, _ = self._resolve(args, kwargs, allow_sds=True)
-            return root_key.replace(
-                executable=(
-                    *executable_parts(self._donate_argnums),
-                    ("inputs", input_sharding_parts(leaves)),
-                    ("context_mesh", context_mesh_parts()),
-                )
+            placement = (
+                ("inputs", input_sharding_parts(leaves)),
+                ("context_mesh", context_mesh_parts()),
             )
+            return executable_key(root_key, self._donate_argnums, placement)
 
         def compile() -> tuple[Any, Entry]:
             root_key, traced, _, root_sig = self._resolve(args, kwargs, allow_sds=True)
@@ -527,7 +525,7 @@ class Component(Generic[P, R]):
         dyn_args, dyn_kwargs, statics = self._args.split(args, kwargs)
         leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds=True)
         _, sig = self._executable(args, kwargs, in_tree, leaves, statics)
-        costs = self.store.costs.get(sig)
+        costs = self.store.costs(sig)
         return dict(costs) if costs is not None else None
 
     # -- stages and introspection ---------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 import jax
 
 from .. import _stats
+from .._caches import Cache
 from .._component import Call
 from .._component._parts import base_parts, types_text
 from .._component._rules import bind
@@ -30,15 +31,14 @@ from .._keys._callbacks import callback_text, register_callbacks
 from .._keys._key import ComponentKey
 from .._keys._sharding import region_sharding_parts
 from .._store import _explain
-from .._store._active import get_cache
 from .._store._entry import Entry
 from .._store._executables import (
     cost_dict,
-    executable_parts,
+    executable_key,
     load_executable,
     store_executable,
 )
-from .._store._once import make_once
+from .._store._lookup import Codec, get_or_make
 from .._store._readwrite import callbacks_executable, read
 from ._placement import MeshContext
 
@@ -58,19 +58,25 @@ def program_key(
     names, compiled for ``avals`` with ``donate``d inputs and (where given) for
     input ``shardings`` under the mesh in context."""
     parts = base_parts(default_platform())
-    executable = executable_parts(donate)
-    if shardings is not None:  # compiled for these input shardings, under this mesh
-        texts, mesh = region_sharding_parts(shardings, [len(a.shape) for a in avals])
-        executable = (*executable, ("input_shardings", texts), ("context_mesh", mesh))
     parts.update(
         component=f"{kind}:{digest}",
         in_tree="",
         static=(),
         args=types_text(avals),
         transform=((kind, donate),),
-        executable=executable,
     )
-    return ComponentKey(parts)
+    return executable_key(ComponentKey(parts), donate, _placement(shardings, avals))
+
+
+def _placement(
+    shardings: tuple[Any, ...] | None, avals: Sequence[Any]
+) -> tuple[tuple[str, Any], ...]:
+    """An executable's key parts for the input ``shardings`` it is compiled for,
+    under the mesh in context (none when it needs none)."""
+    if shardings is None:
+        return ()
+    texts, mesh = region_sharding_parts(shardings, [len(a.shape) for a in avals])
+    return (("input_shardings", texts), ("context_mesh", mesh))
 
 
 class ProgramCache:
@@ -148,41 +154,32 @@ class ProgramCache:
                 shardings = None
             else:
                 memo_key = (*memo_key, shardings, context.key())
-        exe = self._exes.get(memo_key)
-        if exe is not None:
-            self.counters.add("hits")
-            return exe
-        with self._locks(memo_key):
-            exe = self._exes.get(memo_key)
-            if exe is not None:
-                self.counters.add("hits")
-                return exe
-            key = program_key(self.kind, digest, avals, donate, shardings)
-            cache = get_cache()
-            loaded = load_executable(cache, key) if cache is not None else None
+
+        def load(cache: Cache, key: ComponentKey) -> Any:
+            loaded = load_executable(cache, key)
             if loaded is None:
-                label = self.kind if self.kind.endswith("program") else f"{self.kind} program"
-                _explain.miss(self.kind, key, cache, label=f"jaxaot.jit's {label}")
-                # Missed: compiled here, or loaded once another process compiled it.
-                outcome = make_once(
-                    cache,
-                    key.digest,
-                    f"{self.kind} executable",
-                    lambda: None if cache is None else load_executable(cache, key),
-                    lambda: (self._compile(fn, avals, donate, shardings), None),
-                    lambda made: self._store(cache, key, made[0], avals, out_avals, callbacks),
-                )
-                loaded = None if outcome.made else outcome.value
-                exe = outcome.value[0]
-                if outcome.made:
-                    self.counters.add("misses")
-                    self.counters.add("compiles")
-            if loaded is not None:
-                exe = loaded[0]
-                self._loaded[id(exe)] = (cache, key)
-                self.counters.add("hits")
-            self._exes[memo_key] = exe
-            return exe
+                return None
+            self._loaded[id(loaded[0])] = (cache, key)
+            return loaded[0]
+
+        def make() -> Any:
+            self.counters.add("compiles")
+            return self._compile(fn, avals, donate, shardings)
+
+        def save(cache: Cache, key: ComponentKey, exe: Any) -> None:
+            self._store(cache, key, exe, avals, out_avals, callbacks)
+
+        label = self.kind if self.kind.endswith("program") else f"{self.kind} program"
+        return get_or_make(
+            self._exes,
+            memo_key,
+            self._locks(memo_key),
+            lambda: program_key(self.kind, digest, avals, donate, shardings),
+            Codec(f"{self.kind} executable", load, save),
+            make,
+            self.counters,
+            lambda key, cache: _explain.miss(self.kind, key, cache, label=f"jaxaot.jit's {label}"),
+        )
 
     def _compile(
         self,
@@ -248,67 +245,46 @@ def region_executable(
     store = call.component.store
     key, entry = call.key, call.entry
     memo: Any = key
-    sharded = False
     if shardings is not None:
         context = MeshContext()
-        if not context.empty or any(s is not None for s in shardings):
-            memo, sharded = (key, shardings, context.key()), True
+        if context.empty and all(s is None for s in shardings):
+            shardings = None
+        else:
+            memo = (key, shardings, context.key())
     if donate:
         memo = (memo, "donate", donate)
-    exe = store.region_executables.get(memo)
-    if exe is not None:
-        return exe
-    # One lock per entry, so that jaxaot.jit compiles different entries of one
-    # component (its forward and its backward) at the same time.
-    with store.region_locks(memo):
-        exe = store.region_executables.get(memo)
-        if exe is not None:
-            return exe
-        # Not the top-level executable of the same entry: that one takes the
-        # call's pytrees, this one flat arrays.
-        parts = (*executable_parts(donate), ("calling_convention", "flat"))
-        if sharded:
-            assert shardings is not None
-            texts, mesh = region_sharding_parts(shardings, [len(a.shape) for a in entry.in_avals])
-            parts = (*parts, ("input_shardings", texts), ("context_mesh", mesh))
-        exe_key = key.replace(executable=parts)
-        cache = get_cache()
-        loaded = load_executable(cache, exe_key) if cache is not None else None
-        if loaded is None:
-            # Missed: compiled here, or loaded once another process compiled it.
-            def write(made: tuple[Any, Any]) -> None:
-                if cache is None:
-                    return
-                payload = None
-                if entry.host_callbacks:
-                    # Stored only where its callbacks can be bound again in a
-                    # process that traced the same program (``_jax._callbacks``).
-                    payload = callbacks_executable(entry, made[0], call.component.name)
-                    if payload is None:
-                        return
-                store_executable(
-                    cache, exe_key, entry, made[0], cost_dict(made[0]), serialized=payload
-                )
 
-            outcome = make_once(
-                cache,
-                exe_key.digest,
-                f"{call.component.name} region executable",
-                lambda: None if cache is None else load_executable(cache, exe_key),
-                lambda: (_compile_entry(call, shardings, donate), None),
-                write,
-            )
-            exe = outcome.value[0]
-            if outcome.made:
-                store.counters.add("misses")
-                store.counters.add("compiles")
-            else:
-                store.counters.add("hits")
-        else:
-            exe = loaded[0]
-            store.counters.add("hits")
-        store.region_executables[memo] = exe
-        return exe
+    def load(cache: Cache, exe_key: ComponentKey) -> Any:
+        loaded = load_executable(cache, exe_key)
+        return None if loaded is None else loaded[0]
+
+    def make() -> Any:
+        store.counters.add("compiles")
+        return _compile_entry(call, shardings, donate)
+
+    def save(cache: Cache, exe_key: ComponentKey, exe: Any) -> None:
+        payload = None
+        if entry.host_callbacks:
+            # Stored only where its callbacks can be bound again in a
+            # process that traced the same program (``_jax._callbacks``).
+            payload = callbacks_executable(entry, exe, call.component.name)
+            if payload is None:
+                return
+        store_executable(cache, exe_key, entry, exe, cost_dict(exe), serialized=payload)
+
+    # Not the top-level executable of the same entry: that one takes the call's
+    # pytrees, this one flat arrays. One lock per entry, so that jaxaot.jit
+    # compiles different entries of one component (its forward and its
+    # backward) at the same time.
+    return get_or_make(
+        store.region_executables,
+        memo,
+        store.region_locks(memo),
+        lambda: executable_key(key, donate, _placement(shardings, entry.in_avals), flat=True),
+        Codec(f"{call.component.name} region executable", load, save, memo_hits=False),
+        make,
+        store.counters,
+    )
 
 
 def _compile_entry(

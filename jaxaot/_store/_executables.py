@@ -23,6 +23,7 @@ __all__ = [
     "BACKGROUND_AFTER_SECONDS",
     "cost_dict",
     "executable_entry",
+    "executable_key",
     "executable_parts",
     "load_executable",
     "load_executable_entry",
@@ -50,6 +51,20 @@ def executable_parts(donate_argnums: tuple[int, ...]) -> tuple[tuple[str, Any], 
         # Less the dump and debug flags, which cannot change the code (as JAX's cache).
         *compile_flags(),
     )
+
+
+def executable_key(
+    key: ComponentKey,
+    donate_argnums: tuple[int, ...],
+    placement: tuple[tuple[str, Any], ...] = (),
+    flat: bool = False,
+) -> ComponentKey:
+    """The key of an executable of the program ``key`` names: the one place where
+    executables are keyed. ``placement``: the shardings and mesh it is compiled
+    for; ``flat``: it takes flat arrays (``jaxaot.jit``'s regions), not the call's
+    pytrees (a component's top-level executable of the same entry)."""
+    convention = (("calling_convention", "flat"),) if flat else ()
+    return key.replace(executable=(*executable_parts(donate_argnums), *convention, *placement))
 
 
 def cost_dict(compiled: Any) -> dict[str, float] | None:

@@ -1,25 +1,29 @@
-"""The lookup chain of one component's entries and top-level executables.
+"""The one lookup chain of everything jaxaot caches: :func:`get_or_make`.
 
-Data flows one way: the component asks its :class:`Store` for an entry or an
-executable under a key; the store looks in its in-process tables, then in the
-active byte cache (``jaxaot.set_cache``/``using_cache``), then, in a
-multi-process job, waits for the process that makes it (``_job``); if another
-process sharing the cache is making it, waits for it to land (``_once``); and
-only then makes it with the function it was given, holding the cache's lease
-on it. What it made it writes to the cache, big executables in the background
-(the lease is released once they are written). The store knows nothing of tracing
-or of transformations, and the cache backends know nothing of entries.
+Data flows one way: a caller asks for a value (a lowered or derived entry, a
+top-level executable, a glue or whole-program executable, a region
+executable) under a key. The chain looks in the caller's in-process table,
+then in the active byte cache (``jaxaot.set_cache``/``using_cache``); on a miss,
+in a multi-process job, it waits for the process that makes it (``_job``); if
+another process sharing the cache is making it, it waits for it to land
+(``_once``); and only then makes it with the function it was given, holding
+the cache's lease on it, and writes it. What differs between kinds of values
+is only how one is read, written and shared: its :class:`Codec`.
+:class:`Store` holds one component's tables and chains. The chain knows nothing
+of tracing or of transformations, and the cache backends know nothing of
+entries.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable
-from typing import Any
+from collections.abc import Callable, Hashable, MutableMapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from .. import _stats
 from .._caches import Cache
@@ -35,20 +39,124 @@ from ._executables import (
     store_in_background,
 )
 from ._once import Outcome, make_once
-from ._readwrite import decoder, read, write
+from ._readwrite import callbacks_executable, decoder, read, write
 
-__all__ = ["Store"]
+__all__ = ["Codec", "Store", "get_or_make"]
 
 logger = logging.getLogger("jaxaot")
 
+T = TypeVar("T")
+
+#: Writes a made value to the cache: ``None`` when written (or not writable), or a
+#: future that completes when a background write is done (its lease is held until then).
+Save = Callable[[Cache, ComponentKey, T], "concurrent.futures.Future[Any] | None"]
+
+
+@dataclass(frozen=True)
+class Codec(Generic[T]):
+    """How one kind of cached value is read from and written to a byte cache.
+
+    ``what`` names the kind in logs; ``load`` reads a value (``None``: not there,
+    or unusable); ``save`` writes a made one; ``to_bytes``/``from_bytes``, where
+    given, hand a made value to the other processes of a multi-process job
+    (lowered entries: executables are bound to their process's devices).
+    ``memo_hits``: whether a value found in the in-process table counts as a hit
+    (entries and programs, looked up once per trace; not the executables that
+    calls run, looked up once per call)."""
+
+    what: str
+    load: Callable[[Cache, ComponentKey], T | None]
+    save: Save[T] | None = None
+    to_bytes: Callable[[T], bytes | None] | None = None
+    from_bytes: Callable[[ComponentKey], Callable[[bytes], T | None]] | None = None
+    memo_hits: bool = True
+
+
+def get_or_make(
+    memo: MutableMapping[Any, T],
+    memo_key: Hashable,
+    lock: AbstractContextManager[Any],
+    key: Callable[[], ComponentKey],
+    codec: Codec[T],
+    make: Callable[[], T],
+    counters: _stats.Counters,
+    explain: Callable[[ComponentKey, Cache | None], None] | None = None,
+) -> T:
+    """The value for ``memo_key``: from ``memo`` (this process), else read from the
+    active cache under ``key()`` with ``codec``, else made by ``make()`` (here,
+    once per fleet through the cache's leases, or by process 0 of a job) and
+    written; remembered in ``memo`` either way. ``lock`` serializes the lookups
+    of one key in this process. ``counters`` get a hit for a value found (here
+    too when ``codec.memo_hits``, or made by another process) and a miss for one
+    made here; ``explain`` is told of each miss."""
+    value = memo.get(memo_key)
+    if value is not None:
+        if codec.memo_hits:
+            counters.add("hits")
+        return value
+    with lock:
+        value = memo.get(memo_key)
+        if value is not None:
+            if codec.memo_hits:
+                counters.add("hits")
+            return value
+        k = key()
+        cache = get_cache()
+        value = codec.load(cache, k) if cache is not None else None
+        if value is not None:
+            counters.add("hits")
+            logger.debug("jaxaot: %s hit %s", codec.what, k.digest[:16])
+            if codec.to_bytes is not None:
+                found, to_bytes = value, codec.to_bytes
+                _job.publish_hit(k.digest, lambda: to_bytes(found))
+        else:
+            value = _miss(k, cache, codec, make, counters, explain)
+        memo[memo_key] = value
+        return value
+
+
+def _miss(
+    key: ComponentKey,
+    cache: Cache | None,
+    codec: Codec[T],
+    make: Callable[[], T],
+    counters: _stats.Counters,
+    explain: Callable[[ComponentKey, Cache | None], None] | None,
+) -> T:
+    """A missed value: made here, by another process of the fleet (``_once``), or
+    by process 0 of the job (``_job``)."""
+    if explain is not None:
+        explain(key, cache)
+    outcomes: list[Outcome[T]] = []
+
+    def load() -> T | None:
+        assert cache is not None
+        return codec.load(cache, key)
+
+    def made_here() -> T:
+        save = codec.save
+        store = None if cache is None or save is None else (lambda v: save(cache, key, v))
+        outcome = make_once(cache, key.digest, codec.what, load, make, store)
+        outcomes.append(outcome)
+        return outcome.value
+
+    if codec.to_bytes is None or codec.from_bytes is None:
+        value = made_here()
+    else:
+        value = _job.share(key.digest, made_here, codec.to_bytes, codec.from_bytes(key))
+    if outcomes and not outcomes[0].made:  # made by another process: a hit, after all
+        counters.add("hits")
+    else:
+        counters.add("misses")
+        if not outcomes and cache is not None and codec.save is not None:
+            codec.save(cache, key, value)  # received from process 0 of the job
+    return value
+
 
 class Store:
-    """One component's entries and executables.
+    """One component's entries and executables, each looked up by :func:`get_or_make`.
 
-    ``entry`` and ``executable`` serve from this process's tables, else from
-    the active cache, else make (and write) what they are asked for; each key is
-    made once, also when threads ask at once. ``check`` is called with every
-    entry read from a cache (before it is used).
+    ``check`` is called with every entry read from a cache (before it is used).
     """
 
     def __init__(
@@ -62,77 +170,33 @@ class Store:
         self.check = check
         self.lock = threading.RLock()
         self.entries: dict[ComponentKey, Entry] = {}
-        self.executables: dict[Hashable, Any] = {}
-        self.costs: dict[Hashable, dict[str, float] | None] = {}
+        # Top-level executables (and their cost analyses) by call signature.
+        self.executables: dict[Hashable, tuple[Any, dict[str, float] | None]] = {}
         # Executables callers compile for one entry (``jaxaot.jit``'s regions), by
         # whatever they key them on, with one lock per such key.
         self.region_executables: dict[Any, Any] = {}
         self.region_locks = _stats.KeyedLocks()
+        self._entry_codec: Codec[Entry] = Codec(
+            f"{name} entry",
+            self._read_entry,
+            lambda cache, _, entry: write(cache, entry),
+            _entry.encode,
+            decoder,
+        )
 
     def clear(self) -> None:
         with self.lock:
             self.entries.clear()
             self.executables.clear()
-            self.costs.clear()
             self.region_executables.clear()
 
-    # -- entries ----------------------------------------------------------------
-
-    def entry(self, key: ComponentKey, build: Callable[[], Entry]) -> Entry:
-        """The entry for ``key``: from this process, the cache, another process of
-        the job, or ``build()`` (then written to the cache)."""
-        entry = self.entries.get(key)
-        if entry is not None:
-            self.counters.add("hits")
-            return entry
-        with self.lock:
-            entry = self.entries.get(key)
-            if entry is not None:
-                self.counters.add("hits")
-                return entry
-            cache = get_cache()
-            entry = read(cache, key) if cache is not None else None
-            if entry is not None:
-                self.counters.add("hits")
-                logger.debug("jaxaot: %s hit %s", self.name, key.digest[:16])
-                if self.check is not None:
-                    self.check(entry)
-                hit = entry
-                _job.publish_hit(key.digest, lambda: _entry.encode(hit))
-            else:
-                entry = self._make_entry(key, cache, build)
-            self.entries[key] = entry
-            return entry
-
-    def _make_entry(
-        self, key: ComponentKey, cache: Cache | None, build: Callable[[], Entry]
-    ) -> Entry:
-        """A missed entry: made here, by another process of the fleet (``_once``), or
-        by process 0 of the job (``_job``)."""
-        self.explain_miss(key, cache)
-        made: list[Outcome[Entry]] = []
-
-        def load() -> Entry | None:
-            assert cache is not None
-            entry = read(cache, key)
-            if entry is not None and self.check is not None:
-                self.check(entry)
-            return entry
-
-        def make() -> Entry:
-            store = None if cache is None else functools.partial(_written, cache)
-            outcome = make_once(cache, key.digest, f"{self.name} entry", load, build, store)
-            made.append(outcome)
-            return outcome.value
-
-        entry = _job.share(key.digest, make, _entry.encode, decoder(key))
-        if made and not made[0].made:  # made by another process: a hit, after all
-            self.counters.add("hits")
-        else:
-            self.counters.add("misses")
-            if not made and cache is not None:  # received from process 0 of the job
-                write(cache, entry)
+    def _checked(self, entry: Entry | None) -> Entry | None:
+        if entry is not None and self.check is not None:
+            self.check(entry)
         return entry
+
+    def _read_entry(self, cache: Cache, key: ComponentKey) -> Entry | None:
+        return self._checked(read(cache, key))
 
     def explain_miss(self, key: ComponentKey, cache: Cache | None) -> None:
         """Notes a miss of ``key``; with ``JAXAOT_EXPLAIN_MISSES=1`` logs (WARNING, once
@@ -140,7 +204,33 @@ class Store:
         kind, held here or noted in the cache, without reading any entry (``_explain``)."""
         _explain.miss(self.name, key, cache, list(self.entries))
 
+    # -- entries ----------------------------------------------------------------
+
+    def entry(self, key: ComponentKey, build: Callable[[], Entry]) -> Entry:
+        """The entry for ``key``: from this process, the cache, another process of
+        the job, or ``build()`` (then written to the cache)."""
+        return get_or_make(
+            self.entries,
+            key,
+            self.lock,
+            lambda: key,
+            self._entry_codec,
+            build,
+            self.counters,
+            self.explain_miss,
+        )
+
     # -- executables -------------------------------------------------------------
+
+    def known_executable(self, sig: Hashable) -> Any:
+        """The top-level executable this process holds for ``sig``, or ``None``."""
+        held = self.executables.get(sig)
+        return None if held is None else held[0]
+
+    def costs(self, sig: Hashable) -> dict[str, float] | None:
+        """The cost analysis of the top-level executable for ``sig`` (held here)."""
+        held = self.executables.get(sig)
+        return None if held is None else held[1]
 
     def executable(
         self,
@@ -154,90 +244,55 @@ class Store:
         the cache under ``key()`` (no trace, lowering or compile), else
         ``compile()`` (which returns it and the root entry it runs) and stored,
         in the background where compiling took a while."""
-        exe = self.executables.get(sig)
-        if exe is not None:
-            return exe
-        with self.lock:
-            exe = self.executables.get(sig)
-            if exe is not None:
-                return exe
-            exe_key = key()
-            cache = get_cache()
-            loaded = load_executable_entry(cache, exe_key, in_tree) if cache is not None else None
-            if loaded is not None:
-                exe, record = loaded
-                costs = record.extra.get("cost_analysis")
-                costs = dict(costs) if isinstance(costs, dict) else None
-                self.counters.add("hits")
-                if self.check is not None:
-                    self.check(record)
-            else:
-                exe, costs = self._make_executable(exe_key, cache, compile, extra, in_tree)
-            self.costs[sig] = costs
-            self.executables[sig] = exe
-            return exe
-
-    def _make_executable(
-        self,
-        exe_key: ComponentKey,
-        cache: Cache | None,
-        compile: Callable[[], tuple[Any, Entry | None]],
-        extra: Callable[[], dict[str, Any]] | None,
-        in_tree: Any,
-    ) -> tuple[Any, dict[str, float] | None]:
-        """A missed top-level executable and its costs: compiled here (and stored,
-        big ones in the background), or loaded once another process made it."""
-        self.explain_miss(exe_key, cache)
-
-        def load() -> tuple[Any, Entry | None] | None:
-            assert cache is not None
-            return load_executable_entry(cache, exe_key, in_tree)
-
+        held = self.executables.get(sig)
+        if held is not None:
+            return held[0]
         made: dict[str, Any] = {}
 
-        def make() -> tuple[Any, Entry | None]:
+        def load(cache: Cache, exe_key: ComponentKey) -> tuple[Any, dict[str, float] | None] | None:
+            loaded = load_executable_entry(cache, exe_key, in_tree)
+            if loaded is None:
+                return None
+            exe, record = loaded
+            self._checked(record)
+            costs = record.extra.get("cost_analysis")
+            return exe, dict(costs) if isinstance(costs, dict) else None
+
+        def make() -> tuple[Any, dict[str, float] | None]:
             start = time.perf_counter()
             exe, root = compile()
             made["seconds"] = time.perf_counter() - start
-            made["costs"] = cost_dict(exe)
+            made["root"] = root
             self.counters.add("compiles")
-            return exe, root
+            return exe, cost_dict(exe)
 
-        def store(value: tuple[Any, Entry | None]) -> concurrent.futures.Future[None] | None:
-            exe, root = value
+        def save(
+            cache: Cache, exe_key: ComponentKey, value: tuple[Any, dict[str, float] | None]
+        ) -> concurrent.futures.Future[None] | None:
             # Executables are compiled by each process of a multi-process job
             # (they are bound to that process's devices); lowered entries are shared.
-            if cache is None or root is None:
+            exe, costs = value
+            root: Entry | None = made.get("root")
+            if root is None:
                 return None
             more = extra() if extra is not None else {}
             if root.host_callbacks:
                 # Kept in this process; its executable is cached where another
                 # process can bind its own callbacks to it (a default key traces them).
-                from ._readwrite import callbacks_executable
-
                 payload = callbacks_executable(root, exe, self.name)
                 if payload is not None:
-                    store_executable(cache, exe_key, root, exe, made["costs"], more, payload)
+                    store_executable(cache, exe_key, root, exe, costs, more, payload)
                 return None
             if made["seconds"] >= BACKGROUND_AFTER_SECONDS:
                 # A big executable: serialize and write it while the first step
                 # runs, off the path to the first result.
-                return store_in_background(cache, exe_key, root, exe, made["costs"], more)
-            store_executable(cache, exe_key, root, exe, made["costs"], more)
+                return store_in_background(cache, exe_key, root, exe, costs, more)
+            store_executable(cache, exe_key, root, exe, costs, more)
             return None
 
-        outcome = make_once(cache, exe_key.digest, f"{self.name} executable", load, make, store)
-        exe, record = outcome.value
-        if outcome.made:
-            self.counters.add("misses")
-            return exe, made["costs"]
-        self.counters.add("hits")
-        assert record is not None
-        if self.check is not None:
-            self.check(record)
-        costs = record.extra.get("cost_analysis")
-        return exe, dict(costs) if isinstance(costs, dict) else None
-
-
-def _written(cache: Cache, entry: Entry) -> None:
-    write(cache, entry)
+        codec: Codec[tuple[Any, dict[str, float] | None]] = Codec(
+            f"{self.name} executable", load, save, memo_hits=False
+        )
+        return get_or_make(
+            self.executables, sig, self.lock, key, codec, make, self.counters, self.explain_miss
+        )[0]

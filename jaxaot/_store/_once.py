@@ -8,9 +8,10 @@ whole-program and region executables (``_regional._programs``). On a miss it
 asks the cache for the entry's lease (``_caches.Leasing``):
 
 * **taken**: it makes the entry, writes it, and releases the lease once it is
-  written (a background write releases it when done); a heartbeat renews the
-  lease meanwhile. (An entry written between the miss and the lease is not
-  missed: its maker's lease still says ``done``, see below.)
+  written (a background write releases it when done); a heartbeat thread renews
+  a lease that expires (Redis, object stores) meanwhile; a lock file needs none.
+  (An entry written between the miss and the lease is not missed: its maker's
+  lease still says ``done``, see below.)
 * **held by another process**: it waits, polling the cache with a short
   back-off (2 ms growing to 25 ms; a poll costs a failed ``open`` or a round
   trip), and loads the entry as soon as it lands. Each poll also asks for
@@ -222,7 +223,7 @@ def _watched(make: Callable[[], T], what: str) -> Callable[[], T]:
 def _make(make: Callable[[], T], store: Write[T] | None, lease: Lease | None, ttl: float) -> T:
     """``make()`` and ``store`` it, holding ``lease`` (renewed every ``ttl / 3``
     seconds) until it is written."""
-    if lease is not None:
+    if lease is not None and getattr(lease, "expires", True):
         _HEARTBEAT.add(lease, ttl / 3)
     try:
         value = make()
