@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from _steps import block, close, loss, setup
+from _steps import block, close, loss, setup, train_step_factory
 
 import jaxaot
 from jaxaot._regional import _plan, _programs, _whole
@@ -246,3 +246,71 @@ def _train(env: dict[str, str], form: str) -> dict[str, Any]:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _decode_layer(p: dict[str, jax.Array], x: jax.Array, kc: jax.Array, pos: jax.Array) -> Any:
+    k = x @ p["wk"]
+    kc = jax.lax.dynamic_update_slice(kc, k[:, None, :], (0, pos, 0))
+    s = jnp.einsum("bw,btw->bt", x, kc)
+    return jnp.tanh(x + jnp.einsum("bt,btw->bw", jax.nn.softmax(s, axis=-1), kc)), kc
+
+
+def test_a_decode_step_updates_its_donated_caches_in_place_through_the_fast_path() -> None:
+    """A served decode step (per-layer KV caches, donated) runs as one program with
+    its layers unrolled: a loop would stack the caches and cut them apart again,
+    copying what was donated to be updated in place. Its executable aliases each
+    donated cache to its output, calls after the first run in JAX's C++ path, and
+    values and donation match jax.jit's."""
+    layer = jaxaot.component(_decode_layer)
+    n, b, t, w = 4, 2, 8, 4
+
+    def step(params: list[Any], x: jax.Array, caches: list[jax.Array], pos: jax.Array) -> Any:
+        new = []
+        for p, kc in zip(params, caches, strict=True):
+            x, kc = layer(p, x, kc, pos)
+            new.append(kc)
+        return x, new
+
+    keys = jax.random.split(jax.random.key(1), n)
+    params = [{"wk": jax.random.normal(k, (w, w)) * 0.3} for k in keys]
+    x = jnp.ones((b, w))
+
+    def caches() -> list[jax.Array]:
+        return [jnp.zeros((b, t, w)) + i for i in range(n)]
+
+    plain = jax.jit(lambda *a: step(*a), donate_argnums=(2,))
+    fast = jaxaot.jit(step, donate_argnums=(2,))
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        assert "layers updating a donated input in place are not looped" in fast.explain(
+            params, x, caches(), jnp.int32(0)
+        )
+        want_in, got_in = caches(), caches()
+        for i in range(3):
+            want, want_in_next = plain(params, x, want_in, jnp.int32(i))
+            got, got_in_next = fast(params, x, got_in, jnp.int32(i))
+            assert [c.is_deleted() for c in got_in] == [c.is_deleted() for c in want_in]
+            close((got, got_in_next), (want, want_in_next))
+            want_in, got_in = want_in_next, got_in_next
+        (plan,) = fast._plans.values()
+        assert plan.mode == _plan.WHOLE and fast._hot  # later calls run in C++
+        text = plan.whole.result().as_text()
+    assert "while" not in text, "the layers were looped"
+    assert text.count("may-alias") + text.count("must-alias") >= n, "a cache is not aliased"
+
+
+def test_a_donating_train_step_keeps_its_layers_as_loops() -> None:
+    """Donated parameters are read by every layer but updated by the optimizer, not
+    handed back by a layer: the train step's layers stay loops (its compile does
+    not grow with depth)."""
+    step, optimizer = train_step_factory(block)
+    blocks, x = setup(4)
+    state = optimizer.init(blocks)
+    want = jax.jit(step)(blocks, state, x)
+    fast = jaxaot.jit(step, donate_argnums=(0, 1))
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        got = fast(blocks, state, x)
+        (plan,) = fast._plans.values()
+        assert plan.mode == _plan.WHOLE
+        assert "while" in plan.whole.result().as_text()
+    close(got, want)
+    assert all(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(blocks))

@@ -195,11 +195,11 @@ class RegionalFunction:
         )
         # Calls of plain arguments whose plan runs its whole-program form go
         # through JAX's C++ dispatcher straight to that executable (see
-        # ``_dispatch_miss``); not with static arguments, donation or placements.
+        # ``_dispatch_miss``); not with static arguments or placements. (Donated
+        # inputs are donated by the executable itself, as under jax.jit's C++ path.)
         self._simple = (
             not self._static_argnums
             and not self._static_argnames
-            and not self._donate_argnums
             and in_shardings is UNSET
             and out_shardings is UNSET
         )
@@ -330,7 +330,7 @@ class RegionalFunction:
         found: Plan | None | object = _NOT_LOOKED_UP
         if trace_state_clean() and set(map(type, leaves)) <= _ARRAY_TYPES and MeshContext().empty:
             found = plan = self._lookup(args, kwargs, leaves, treedef, statics, donated, True)
-            if plan is not None and plan.mode is WHOLE_MODE and not plan.donated:
+            if plan is not None and plan.mode is WHOLE_MODE:
                 exe = plan.structured(treedef, submit_background, WHOLE.payload)
                 if exe is not None:
                     return fastpath_miss(exe, args, kwargs)  # type: ignore[no-any-return]
@@ -376,7 +376,7 @@ class RegionalFunction:
             and plan.mode is WHOLE_MODE
             and self._dispatch is not None
             and arrays
-            and not (plan.donated or plan.consts or plan.whole_calls_back)
+            and not (plan.consts or plan.whole_calls_back)
             and MeshContext().empty
         ):
             # The dispatcher can give this signature a fast path: from now on calls

@@ -365,7 +365,7 @@ def describe(
     cut = _cut(spec, args, kwargs, donated, leaves, prefetch=False)
     if cut is None:
         return None
-    return _described(cut, _whole_form(spec, cut)), cut.why
+    return _described(cut, _whole_form(spec, cut, donated)), cut.why
 
 
 def _sharded(cut: _Cut) -> bool:
@@ -416,7 +416,7 @@ def build_plan(
     if why is not None and not sharded:
         return _one_program(spec, cut, tuple(donated), _served(cut, tuple(donated)), (False, None))
     sharded = _sharded(cut)
-    form = _whole_form(spec, cut)
+    form = _whole_form(spec, cut, tuple(donated))
     if form[0]:
         for f in early.values():
             f.cancel()  # (its component executables are not needed)
@@ -473,7 +473,7 @@ def build_plan(
     )
 
 
-def _whole_form(spec: PlanSpec, cut: _Cut) -> tuple[bool, str | None]:
+def _whole_form(spec: PlanSpec, cut: _Cut, donated: Sequence[int]) -> tuple[bool, str | None]:
     """Whether the split program ``cut`` runs as one program, its repeated layers
     as loops (see ``_whole.form``), and why (``None``: no such form is made)."""
     if not spec.whole_program:
@@ -484,7 +484,7 @@ def _whole_form(spec: PlanSpec, cut: _Cut) -> tuple[bool, str | None]:
         return False, None
     if cut.jaxpr.effects or cut.why is not None:
         return False, None
-    return _whole.form(cut.jaxpr)
+    return _whole.form(cut.jaxpr, donated)
 
 
 def _served(cut: _Cut, donated: tuple[int, ...]) -> tuple[Any, bool]:
@@ -511,7 +511,7 @@ def _served(cut: _Cut, donated: tuple[int, ...]) -> tuple[Any, bool]:
 def _whole_job(jaxpr: Any, donated: tuple[int, ...]) -> tuple[Any, bool]:
     """The job of the whole-program form of ``jaxpr`` (its inputs, then its
     constants: repeated layers as loops), and whether it calls back into Python."""
-    fn, _ = _whole.program(jaxpr)
+    fn, _ = _whole.program(jaxpr, donated)
     calls_back = any(
         eqn.params["call"].entry.host_callbacks
         for eqn in jaxpr.eqns

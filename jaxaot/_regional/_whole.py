@@ -7,7 +7,11 @@ executable for the entire program, in which every run of consecutive calls of
 the same entry that hand a value from one to the next (the layers of a
 network, forward or backward) is a ``lax.scan`` over that entry: XLA compiles
 one layer, not an unrolled copy per layer, so its compile time does not grow
-with depth, and a step costs what a scan over stacked layers costs.
+with depth, and a step costs what a scan over stacked layers costs. A run whose
+layers each update a donated input of their own and hand it back (a decode
+step's per-layer KV caches) stays unrolled: a loop would stack those inputs and
+cut its outputs apart again, copying what the caller donated to be updated in
+place.
 
 Which form a program runs is decided from the program itself (:func:`form`),
 when its plan is made, the same on every platform and in every process: a
@@ -30,7 +34,7 @@ from .._component._rules import component_p
 from .._jax import DropVar, Literal, bind_equation
 
 # Part of the whole program's cache key: bump when the rewrite below changes.
-WHOLE_VERSION = 3
+WHOLE_VERSION = 4
 
 # A program whose component calls each do less work than this (``_cost.work``:
 # two per multiply-add, one per element written) runs as one program. Entering
@@ -287,7 +291,44 @@ def _scan(
             write(last.outvars[carried[q]], c)
 
 
-def program(jaxpr: Any) -> tuple[Callable[..., list[Any]], int]:
+def _updates_in_place(run: _Run, donated: frozenset[Any], results: frozenset[Any]) -> bool:
+    """Whether some layer of ``run`` takes a donated input of its own (not one every
+    layer shares, not the carry) and hands back a new value of its type as a
+    result of the program (one that JAX's aliasing writes over the input)."""
+    carried = {q for q, _ in run.carry}
+    carried_out = {r for _, r in run.carry}
+    first = run.eqns[0]
+    for q in range(len(first.invars)):
+        column = [eqn.invars[q] for eqn in run.eqns]
+        if q in carried or _same(column):
+            continue
+        for eqn, v in zip(run.eqns, column, strict=True):
+            if isinstance(v, Literal) or v not in donated:
+                continue
+            if any(
+                r not in carried_out and out in results and out.aval == v.aval
+                for r, out in enumerate(eqn.outvars)
+                if not isinstance(out, DropVar)
+            ):
+                return True
+    return False
+
+
+def _loops(jaxpr: Any, donated: Sequence[int]) -> list[Any]:
+    """``jaxpr``'s equations with its runs as ``_Run``s, less those that update a
+    donated input in place (their calls stay one by one)."""
+    pinned = frozenset(jaxpr.invars[i] for i in donated)
+    results = frozenset(v for v in jaxpr.outvars if not isinstance(v, Literal))
+    items: list[Any] = []
+    for item in runs(jaxpr.eqns):
+        if isinstance(item, _Run) and pinned and _updates_in_place(item, pinned, results):
+            items.extend(item.eqns)
+        else:
+            items.append(item)
+    return items
+
+
+def program(jaxpr: Any, donated: Sequence[int] = ()) -> tuple[Callable[..., list[Any]], int]:
     """A function of (inputs..., consts...) computing ``jaxpr`` with its runs as
     scans, and how many component calls it binds once traced.
 
@@ -295,8 +336,9 @@ def program(jaxpr: Any) -> tuple[Callable[..., list[Any]], int]:
     (the residuals a forward loop leaves for the backward loop, or the
     parameters both read) stays one stacked array between them: it is never cut
     into layers and stacked again. (A residual that is a layer's own input, its
-    weights, is that input in the jaxpr: forward entries do not return it.)"""
-    items, outvars = runs(jaxpr.eqns), list(jaxpr.outvars)
+    weights, is that input in the jaxpr: forward entries do not return it.)
+    ``donated``: the positions of the donated inputs (see ``_updates_in_place``)."""
+    items, outvars = _loops(jaxpr, donated), list(jaxpr.outvars)
     loops, single = _layout(items, outvars)
 
     def fun(*args: Any) -> list[Any]:
@@ -340,9 +382,10 @@ def small(call: Any) -> bool:
     return work is not None and work < WHOLE_BELOW
 
 
-def form(jaxpr: Any) -> tuple[bool, str]:
-    """Whether ``jaxpr`` (a split program, its component calls at its top level)
-    runs as one program, and why (``explain`` says it)."""
+def form(jaxpr: Any, donated: Sequence[int] = ()) -> tuple[bool, str]:
+    """Whether ``jaxpr`` (a split program, its component calls at its top level,
+    its inputs at ``donated`` donated) runs as one program, and why (``explain``
+    says it)."""
     calls = list(
         dict.fromkeys(eqn.params["call"] for eqn in jaxpr.eqns if eqn.primitive is component_p)
     )
@@ -355,7 +398,10 @@ def form(jaxpr: Any) -> tuple[bool, str]:
     most = max(w for w in works if w is not None)
     if most >= WHOLE_BELOW:
         return False, f"component calls of work up to {most:.3g}, at least {WHOLE_BELOW:.3g}"
-    _, n = program(jaxpr)
+    _, n = program(jaxpr, donated)
     if n > MAX_WHOLE_CALLS:
         return False, f"{n} component calls after loops, over {MAX_WHOLE_CALLS}"
-    return True, f"component calls of work up to {most:.3g}, below {WHOLE_BELOW:.3g}"
+    why = f"component calls of work up to {most:.3g}, below {WHOLE_BELOW:.3g}"
+    if len(_loops(jaxpr, donated)) > len(runs(jaxpr.eqns)):
+        why += "; layers updating a donated input in place are not looped"
+    return True, why
