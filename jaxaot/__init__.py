@@ -83,9 +83,6 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     module = _NAMES.get(name)
     if module is not None:
-        if module == "._caches":
-            # The store installs the entry check the backends verify entries with.
-            importlib.import_module("._store", __name__)
         value = getattr(importlib.import_module(module, __name__), name)
         globals()[name] = value  # later look-ups skip this function
         return value

@@ -34,6 +34,7 @@ from jaxaot._caches._directory import (
     DirectoryCache,
     UnsafeCacheDirError,
 )
+from jaxaot._store._entry import check_stored
 
 _WORKER_PATH = Path(__file__).with_name("_directory_worker.py")
 _spec = importlib.util.spec_from_file_location("_directory_worker", _WORKER_PATH)
@@ -255,7 +256,7 @@ def test_modes_are_0700_and_0600_whatever_the_umask(tmp_path: Path, umask: int) 
         key = k(1)
         cache.put(key, b"v")
         cache.put(k(2), b"w")
-        cache.quarantine(k(2))
+        cache.quarantine(k(2), check=check_stored)
     finally:
         os.umask(old)
 
@@ -360,7 +361,7 @@ def test_invalid_keys_are_rejected_and_write_nothing(tmp_path: Path, bad: Any) -
         lambda: cache.delete(bad),
         lambda: cache.path_for(bad),
         lambda: cache.access_time(bad),
-        lambda: cache.quarantine(bad),
+        lambda: cache.quarantine(bad, check=check_stored),
     ]
     for call in calls:
         with pytest.raises(ValueError):
@@ -518,7 +519,7 @@ def test_directory_removed_mid_run(tmp_path: Path, caplog: pytest.LogCaptureFixt
     assert cache.access_time(k(1)) is None
     assert cache.delete(k(1)) is False
     cache.clear()
-    cache.quarantine(k(1))
+    cache.quarantine(k(1), check=check_stored)
     cache.put(k(2), b"v2")  # recreates the directory
     assert cache.get(k(2)) == b"v2"
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
@@ -575,7 +576,7 @@ def test_quarantine_moves_entry_and_stays_bounded(
     cache = DirectoryCache(tmp_path / "c")
     caplog.set_level(logging.DEBUG, logger="jaxaot")
     cache.put(k(1), b"bad")
-    cache.quarantine(k(1))
+    cache.quarantine(k(1), check=check_stored)
     assert cache.get(k(1)) is None
     qdir = cache.root / "quarantine"
     (moved,) = qdir.iterdir()
@@ -585,10 +586,10 @@ def test_quarantine_moves_entry_and_stays_bounded(
     assert cache.get(k(1)) == b"good"
     for i in range(100, 130):
         cache.put(k(i), b"bad")
-        cache.quarantine(k(i))
+        cache.quarantine(k(i), check=check_stored)
         assert cache.get(k(i)) is None
     assert len(list(qdir.iterdir())) == _directory.QUARANTINE_MAX_FILES
-    cache.quarantine(k(999))  # absent: nothing happens
+    cache.quarantine(k(999), check=check_stored)  # absent: nothing happens
     assert warnings_of(caplog) == []
     assert any("quarantined" in r.getMessage() for r in caplog.records)
     cache.clear()
@@ -1018,7 +1019,7 @@ def test_symlinked_quarantine_is_never_followed(tmp_path: Path) -> None:
     cache = DirectoryCache(tmp_path / "c")
     (cache.root / "quarantine").symlink_to(elsewhere)
     cache.put(k(1), b"bad")
-    cache.quarantine(k(1))
+    cache.quarantine(k(1), check=check_stored)
     assert cache.get(k(1)) is None  # removed all the same (deleted, not moved)
     assert [p.name for p in elsewhere.iterdir()] == ["precious.txt"]
     cache.clear()
@@ -1085,13 +1086,13 @@ def test_entry_signed_with_another_key_is_left_alone_by_quarantine(
             monkeypatch.delenv("JAXAOT_CACHE_HMAC_KEY")
         else:
             monkeypatch.setenv("JAXAOT_CACHE_HMAC_KEY", reader)
-        cache.quarantine(key)
+        cache.quarantine(key, check=check_stored)
         assert cache.peek(key) == signed  # sound for its writers: kept
     damaged = bytearray(signed)
     damaged[40] ^= 1
     key2 = _helpers.make_blob("signed2")[0]
     cache.put(key2, bytes(damaged))
-    cache.quarantine(key2)  # damaged: quarantined, whatever the key
+    cache.quarantine(key2, check=check_stored)  # damaged: quarantined, whatever the key
     assert cache.peek(key2) is None
     cache.quarantine(key, force=True)  # verify --fix --force
     assert cache.peek(key) is None

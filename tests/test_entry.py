@@ -145,19 +145,21 @@ def test_damage_is_told_apart_from_a_foreign_key(monkeypatch: pytest.MonkeyPatch
             if sound_here:
                 _entry.verify(blob)
                 assert is_removable(
-                    entry.key.digest, blob
+                    entry.key.digest, blob, _entry.check_stored
                 )  # sound: removable when the caller cannot use it
             else:
                 with pytest.raises(_entry.SignatureError):
                     _entry.verify(blob)
-                assert not is_removable(entry.key.digest, blob)
+                assert not is_removable(entry.key.digest, blob, _entry.check_stored)
             for pos in (20, len(blob) // 2, len(blob) - 40):
                 damaged = bytearray(blob)
                 damaged[pos] ^= 0x10
                 with pytest.raises(EntryError) as info:
                     _entry.verify(bytes(damaged))
                 assert not isinstance(info.value, _entry.SignatureError)
-                assert info.value.removable and is_removable(entry.key.digest, bytes(damaged))
+                assert info.value.removable and is_removable(
+                    entry.key.digest, bytes(damaged), _entry.check_stored
+                )
 
 
 @pytest.mark.parametrize("value", ["", " ", "\t\n"])

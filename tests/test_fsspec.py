@@ -21,6 +21,7 @@ import jaxaot
 from jaxaot import cli as _cli
 from jaxaot._caches._fsspec import FsspecCache
 from jaxaot._caches._tiered import TieredCache
+from jaxaot._store._entry import check_stored
 
 SIZES = [1, 1000, 1 << 20, 5 << 20]
 
@@ -117,7 +118,7 @@ def test_tampered_entry_is_refused_and_not_promoted(url: str) -> None:
     data[len(data) // 2] ^= 0x01
     remote.put(key, bytes(data))
     local = jaxaot.MemoryCache()
-    tiered = TieredCache(local, remote)
+    tiered = TieredCache(local, remote, check=check_stored)
     assert tiered.get(key) is None
     assert local.keys() == [] and remote.keys() == []
     remote.put(key, blob)

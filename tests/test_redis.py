@@ -473,11 +473,13 @@ def test_tampered_remote_entry_is_refused_and_not_promoted(server: RedisServer) 
     at = len(blob) // 2
     admin.setrange(remote.prefix + key, at, bytes([blob[at] ^ 0x01]))
     local = jaxaot.MemoryCache()
-    assert TieredCache(local, remote).get(key) is None
+    assert TieredCache(local, remote, check=verify_entry).get(key) is None
     assert local.keys() == []
     assert admin.exists(remote.prefix + key) == 0  # removed from the remote tier
     remote.put(key, blob)
-    assert TieredCache(local, remote).get(key) == blob and local.get(key) == blob
+    assert (
+        TieredCache(local, remote, check=verify_entry).get(key) == blob and local.get(key) == blob
+    )
 
 
 def test_entry_signed_with_another_key_is_refused(
@@ -489,15 +491,15 @@ def test_entry_signed_with_another_key_is_refused(
     remote.put(key, foreign)
     monkeypatch.setenv("JAXAOT_CACHE_HMAC_KEY", "our-secret")
     local = jaxaot.MemoryCache()
-    assert TieredCache(local, remote).get(key) is None
+    assert TieredCache(local, remote, check=verify_entry).get(key) is None
     # A miss for this process, left alone: it is sound for the processes with that key.
     assert local.keys() == [] and remote.keys() == [key]
-    TieredCache(local, remote).quarantine(key)
+    TieredCache(local, remote, check=verify_entry).quarantine(key)
     assert remote.keys() == [key]
     remote.delete(key)
     _, ours = make_blob()
     remote.put(key, ours)
-    assert TieredCache(local, remote).get(key) == ours
+    assert TieredCache(local, remote, check=verify_entry).get(key) == ours
 
 
 def test_damaged_local_copy_leaves_the_redis_copy(server: RedisServer, tmp_path: Path) -> None:
@@ -508,7 +510,7 @@ def test_damaged_local_copy_leaves_the_redis_copy(server: RedisServer, tmp_path:
     damaged[len(damaged) // 2] ^= 0x04
     local.put(key, bytes(damaged))
     remote.put(key, blob)
-    tiered = TieredCache(local, remote)
+    tiered = TieredCache(local, remote, check=verify_entry)
     assert tiered.get(key) == blob
     assert remote.get(key) == blob and local.get(key) == blob
 

@@ -46,7 +46,7 @@ class Exploding:
 
 def test_hit_in_slow_tier_is_verified_and_promoted() -> None:
     fast, slow = jaxaot.MemoryCache(), jaxaot.MemoryCache()
-    tiered = TieredCache(fast, slow)
+    tiered = TieredCache(fast, slow, check=verify_entry)
     key, blob = make_blob()
     slow.put(key, blob)
     assert tiered.get(key) == blob
@@ -64,7 +64,7 @@ def test_promotion_reaches_every_faster_tier() -> None:
     tiers = [jaxaot.MemoryCache() for _ in range(3)]
     key, blob = make_blob()
     tiers[2].put(key, blob)
-    assert TieredCache(*tiers).get(key) == blob
+    assert TieredCache(*tiers, check=verify_entry).get(key) == blob
     assert all(t.get(key) == blob for t in tiers)
 
 
@@ -82,7 +82,7 @@ def test_bad_entry_is_not_promoted_and_removed(
         bad = b"not an entry at all"
     slow.put(key, bad)
     caplog.set_level(logging.DEBUG, logger="jaxaot")
-    tiered = TieredCache(fast, slow)
+    tiered = TieredCache(fast, slow, check=verify_entry)
     assert tiered.get(key) is None
     assert fast.keys() == [] and slow.keys() == []  # not promoted; removed from its tier
     assert tiered.stats()["refused"] == 1
@@ -94,7 +94,7 @@ def test_bad_entry_falls_through_to_a_sound_copy_further_down() -> None:
     key, blob = make_blob()
     t1.put(key, flip(blob))
     t2.put(key, blob)
-    assert TieredCache(t0, t1, t2).get(key) == blob
+    assert TieredCache(t0, t1, t2, check=verify_entry).get(key) == blob
     assert t0.get(key) == blob and t1.get(key) == blob  # the damaged copy was repaired
 
 
@@ -102,7 +102,7 @@ def test_quarantine_is_used_when_a_tier_has_it(tmp_path: Path) -> None:
     directory = jaxaot.DirectoryCache(tmp_path / "d")
     key, blob = make_blob()
     directory.put(key, flip(blob))
-    tiered = TieredCache(jaxaot.MemoryCache(), directory)
+    tiered = TieredCache(jaxaot.MemoryCache(), directory, check=verify_entry)
     assert tiered.get(key) is None
     assert directory.keys() == []
     assert len(list((tmp_path / "d" / "quarantine").iterdir())) == 1
@@ -113,7 +113,7 @@ def test_every_tier_is_verified_and_a_damaged_fast_copy_gives_way() -> None:
     key, blob = make_blob()
     fast.put(key, flip(blob))
     slow.put(key, blob)
-    tiered = TieredCache(fast, slow)
+    tiered = TieredCache(fast, slow, check=verify_entry)
     assert tiered.get(key) == blob  # the damaged fast copy is never returned
     assert fast.get(key) == blob  # replaced by the sound copy (promoted)
     assert slow.get(key) == blob  # the sound copy stays where it was
@@ -125,7 +125,7 @@ def test_bit_flipped_local_copy_is_quarantined_locally_only(tmp_path: Path) -> N
     key, blob = make_blob()
     local.put(key, flip(blob))
     remote.put(key, blob)
-    tiered = TieredCache(local, remote)
+    tiered = TieredCache(local, remote, check=verify_entry)
     assert tiered.get(key) == blob
     assert remote.get(key) == blob  # the sound remote copy was not quarantined
     assert local.get(key) == blob  # the local copy is the sound one again
@@ -139,7 +139,7 @@ def test_quarantine_acts_on_the_serving_tier_and_the_faster_ones() -> None:
     key, blob = make_blob()
     tiers[1].put(key, blob)
     tiers[2].put(key, blob)
-    tiered = TieredCache(*tiers)
+    tiered = TieredCache(*tiers, check=verify_entry)
     assert tiered.get(key) == blob  # served by tier 1, promoted to tier 0
     assert tiers[0].keys() == [key]
     tiered.quarantine(key)  # the reader could not use it
@@ -160,7 +160,7 @@ def test_an_entry_signed_with_another_key_is_left_alone(
     monkeypatch.setenv(_entry.HMAC_ENV, "mine")
     key0, mine = make_blob(tag=0)
     slow.put(key0, mine)
-    tiered = TieredCache(fast, slow)
+    tiered = TieredCache(fast, slow, check=verify_entry)
     caplog.set_level(logging.WARNING, logger="jaxaot")
     assert tiered.get(key0) == mine  # the sound copy this process can check
     assert tiered.get(keys[1]) is None and tiered.get(keys[2]) is None
@@ -200,7 +200,7 @@ def test_component_body_that_relies_on_the_cache_survives_a_damaged_local_copy(
 
 def test_put_writes_every_tier_and_delete_keys_clear() -> None:
     tiers = [jaxaot.MemoryCache(), jaxaot.MemoryCache()]
-    tiered = TieredCache(*tiers)
+    tiered = TieredCache(*tiers, check=verify_entry)
     k1, b1 = make_blob(tag=1)
     k2, b2 = make_blob(tag=2)
     tiered.put(k1, b1)
@@ -216,7 +216,7 @@ def test_put_writes_every_tier_and_delete_keys_clear() -> None:
 def test_a_raising_tier_does_not_stop_the_others(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="jaxaot")
     bad, good = Exploding(), jaxaot.MemoryCache()
-    tiered = TieredCache(bad, good)  # type: ignore[arg-type]
+    tiered = TieredCache(bad, good, check=verify_entry)  # type: ignore[arg-type]
     key, blob = make_blob()
     for _ in range(3):
         tiered.put(key, blob)
@@ -310,3 +310,21 @@ def test_env_url_with_unusable_directory_uses_memory_locally(
     cache = _active._default_from_env()
     assert isinstance(cache, TieredCache) and isinstance(cache.tiers[0], jaxaot.MemoryCache)
     assert len(warnings_of(caplog)) == 1
+
+
+def test_a_tiered_cache_in_use_verifies_hits_without_being_given_a_check() -> None:
+    """The store gives its entry check to the tiered cache it uses: a damaged copy
+    in the fast tier gives way to the sound one, which is copied over it. Alone,
+    without a check, a tiered cache returns the first copy it finds."""
+    key, blob = make_blob()
+    damaged = bytearray(blob)
+    damaged[len(damaged) // 2] ^= 0x02
+    fast, slow = jaxaot.MemoryCache(), jaxaot.MemoryCache()
+    fast.put(key, bytes(damaged))
+    slow.put(key, blob)
+    alone = TieredCache(fast, slow)
+    assert alone.get(key) == bytes(damaged) and alone.check is None
+    tiered = TieredCache(fast, slow)
+    with jaxaot.using_cache(tiered):
+        assert tiered.check is verify_entry
+        assert tiered.get(key) == blob and fast.get(key) == blob

@@ -1,8 +1,8 @@
 """Byte-level cache backends, one a module, behind one small protocol (``_protocol``).
 
 Backends store and return opaque bytes: they know nothing of entries. Where a
-backend must tell a sound entry from a damaged one, it asks the entry check the
-store installs (``_protocol.set_entry_check``) or the one it was given.
+backend must tell a sound entry from a damaged one, it asks the entry check it
+was given (the store's: with each quarantine, and to a tiered cache it uses).
 
 * ``_memory``, ``_directory`` (with ``_dirlayout`` and ``_safefs``), ``_fsspec``,
   ``_redis``: the stores; ``_tiered``: several stores, fastest first;
@@ -30,9 +30,7 @@ from ._protocol import (
     Pingable,
     Quarantining,
     check_key,
-    entry_check,
     is_removable,
-    set_entry_check,
 )
 from ._redis import RedisCache
 from ._tiered import TieredCache
@@ -57,7 +55,5 @@ __all__ = [
     "UnsafeCacheDirError",
     "UntrustedEntryError",
     "check_key",
-    "entry_check",
     "is_removable",
-    "set_entry_check",
 ]

@@ -52,7 +52,15 @@ import filelock
 from . import _dirlayout, _filelease, _safefs
 from ._dirlayout import QUARANTINE_MAX_FILES, TEMP_MAX_AGE
 from ._faults import WarnOnce, errno_cause, write_fault_text
-from ._protocol import INDEX_ITEM_BYTES, INDEX_ITEMS, Held, Lease, check_key, is_removable
+from ._protocol import (
+    INDEX_ITEM_BYTES,
+    INDEX_ITEMS,
+    EntryCheck,
+    Held,
+    Lease,
+    check_key,
+    is_removable,
+)
 from ._safefs import NotRegularFileError, makedirs_private, open_dir, stat_nofollow
 from ._trust import Refused, check_trusted, signing, untrusted_writer
 
@@ -544,7 +552,7 @@ class DirectoryCache(WarnOnce):
         st = self._stat_in_shard(key, key)
         return st.st_mtime if st is not None and stat.S_ISREG(st.st_mode) else None
 
-    def quarantine(self, key: str, *, force: bool = False) -> None:
+    def quarantine(self, key: str, *, force: bool = False, check: EntryCheck | None = None) -> None:
         """Moves a bad entry out of the way (or deletes it); never raises for I/O errors.
 
         The entry goes to ``<root>/quarantine/<key>.<ns>`` for inspection; once
@@ -559,7 +567,7 @@ class DirectoryCache(WarnOnce):
         check_key(key)
         try:
             with self._root_dir() as rfd, self._shard_dir(rfd, key[:2]) as sfd:
-                if not force and not self._removable(sfd, key):
+                if not force and not self._removable(sfd, key, check):
                     logger.debug(
                         "jaxaot directory cache %s: left %s alone (sound, but not checkable by "
                         "this process)",
@@ -581,14 +589,14 @@ class DirectoryCache(WarnOnce):
 
     # -- internals -------------------------------------------------------------
 
-    def _removable(self, shard_fd: int, key: str) -> bool:
+    def _removable(self, shard_fd: int, key: str, check: EntryCheck | None) -> bool:
         """Whether the stored bytes of ``key`` may be quarantined: anything but a sound
         entry that this process cannot check (see :meth:`quarantine`)."""
         try:
             data, _ = _safefs.read_regular(key, shard_fd)
         except NotRegularFileError:
             return True  # not an entry at all
-        return is_removable(key, data)
+        return is_removable(key, data, check)
 
     def _touch(self, root_fd: int, key: str) -> bool:
         """Refreshes an existing entry's access time; returns whether it exists."""

@@ -62,7 +62,7 @@ from typing import Any, TypeVar
 from . import _objlease
 from ._faults import FaultTracking, errno_cause
 from ._fslocal import KEY_RE, TEMP_PREFIX, LocalRoot
-from ._protocol import Held, Lease, check_key, is_removable
+from ._protocol import EntryCheck, Held, Lease, check_key, is_removable
 from ._trust import Refused, signing, warn_unsigned_remote
 
 __all__ = ["FsspecCache"]
@@ -424,14 +424,14 @@ class FsspecCache(FaultTracking):
 
     # -- extras --------------------------------------------------------------
 
-    def quarantine(self, key: str, *, force: bool = False) -> None:
+    def quarantine(self, key: str, *, force: bool = False, check: EntryCheck | None = None) -> None:
         """Removes a bad entry. Unless ``force``, a sound entry that this process cannot
         check (signed with another key...) is left alone."""
         if not force:
             blob = self.get(key)
             if blob is None:
                 return
-            if not is_removable(key, blob):
+            if not is_removable(key, blob, check):
                 logger.debug("jaxaot fsspec cache %s: left %s alone", self.url, key[:16])
                 return
         if self.delete(key):

@@ -17,15 +17,14 @@ a backend only grants, renews and releases them.
 
 Where a backend must tell a sound entry from a damaged one (a tiered cache
 copying a hit into a faster tier, a quarantine that must not destroy entries
-signed with another key), it asks the :class:`EntryCheck` it was given, or the
-one the store installs (:func:`set_entry_check`): backends never read an
-entry's format themselves.
+signed with another key), it asks the :class:`EntryCheck` it was given (the
+store gives its entry format's check to the caches it uses, and with each
+quarantine): backends never read an entry's format themselves.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -44,9 +43,7 @@ __all__ = [
     "Pingable",
     "Quarantining",
     "check_key",
-    "entry_check",
     "is_removable",
-    "set_entry_check",
 ]
 
 _KEY_RE = re.compile(r"^[0-9a-f]{16,128}$")
@@ -89,9 +86,13 @@ class Cache(Protocol):
 @runtime_checkable
 class Quarantining(Protocol):
     """Moves a bad entry aside (or deletes it); unless ``force``, leaves alone a
-    sound entry that this process cannot check (signed with another key...)."""
+    sound entry that this process cannot check (signed with another key...), as
+    ``check`` (an :class:`EntryCheck`) tells; without one, nothing is removed
+    unless ``force``."""
 
-    def quarantine(self, key: str, *, force: bool = False) -> None: ...
+    def quarantine(
+        self, key: str, *, force: bool = False, check: EntryCheck | None = None
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -218,29 +219,11 @@ class EntryCheck(Protocol):
     def __call__(self, key: str, blob: bytes) -> Any: ...
 
 
-_check: EntryCheck | None = None
-_check_lock = threading.Lock()
-
-
-def set_entry_check(check: EntryCheck) -> None:
-    """Installs the check backends use by default (the store installs the entry
-    format's verification when it is imported)."""
-    global _check
-    with _check_lock:
-        _check = check
-
-
-def entry_check() -> EntryCheck | None:
-    """The check installed by :func:`set_entry_check`, or ``None``."""
-    return _check
-
-
-def is_removable(key: str, blob: bytes, check: EntryCheck | None = None) -> bool:
+def is_removable(key: str, blob: bytes, check: EntryCheck | None) -> bool:
     """Whether ``blob`` (stored under ``key``) may be quarantined or deleted as bad:
     anything but a sound entry this process cannot check. A sound entry is
     removable too (the caller found it unusable for another reason). Without any
     check, nothing is decided to be removable. Never raises."""
-    check = check or _check
     if check is None:
         return False
     try:

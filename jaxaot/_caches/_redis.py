@@ -58,7 +58,15 @@ from typing import Any
 
 from . import _redislease
 from ._faults import FaultTracking
-from ._protocol import INDEX_ITEM_BYTES, INDEX_ITEMS, Held, Lease, check_key, is_removable
+from ._protocol import (
+    INDEX_ITEM_BYTES,
+    INDEX_ITEMS,
+    EntryCheck,
+    Held,
+    Lease,
+    check_key,
+    is_removable,
+)
 from ._trust import warn_unsigned_remote
 
 __all__ = ["DEFAULT_BACKOFF", "LIST_DEADLINE_FACTOR", "RedisCache", "redact_url"]
@@ -533,7 +541,7 @@ class RedisCache(FaultTracking):
             self._fault(what, e)
             return False, None
 
-    def quarantine(self, key: str, *, force: bool = False) -> None:
+    def quarantine(self, key: str, *, force: bool = False, check: EntryCheck | None = None) -> None:
         """Removes a bad entry (Redis has no place to keep it aside). Unless ``force``,
         a sound entry that this process cannot check (signed with another key...)
         is left alone."""
@@ -541,7 +549,7 @@ class RedisCache(FaultTracking):
             blob = self.get(key)
             if blob is None:
                 return
-            if not is_removable(key, blob):
+            if not is_removable(key, blob, check):
                 logger.debug("jaxaot redis cache %s: left %s alone", self.url, key[:16])
                 return
         if self.delete(key):

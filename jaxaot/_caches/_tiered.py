@@ -35,7 +35,6 @@ from ._protocol import (
     Leasing,
     Quarantining,
     check_key,
-    entry_check,
 )
 
 __all__ = ["TieredCache"]
@@ -50,9 +49,11 @@ class TieredCache(WarnOnce):
 
     Args:
       *caches: the tiers, fastest (most local) first.
-      check: what verifies a hit (raises ``BadEntry``); by default the entry
-        format's own verification (checksum, signature, header, and that the
-        entry's key digest names the key it is stored under).
+      check: what verifies a hit (raises ``BadEntry``). The store gives it the
+        entry format's own verification (checksum, signature, header, and that
+        the entry's key digest names the key it is stored under) when the cache
+        becomes its cache (``jaxaot.set_cache``, ``using_cache``, ``JAXAOT_CACHE``)
+        and has none.
 
     * ``get`` tries each tier in order and verifies each hit: a sound entry is copied into every faster tier
       and returned; a damaged one counts as that tier's miss, is removed from
@@ -83,7 +84,7 @@ class TieredCache(WarnOnce):
                     f"(get/put/delete/keys/clear/stats): {type(c).__name__}"
                 )
         self.tiers: tuple[Cache, ...] = tuple(caches)
-        self._check = check
+        self.check = check
         self._state_lock = threading.Lock()
         self._warned: set[str] = set()
         self._counters = {
@@ -113,18 +114,18 @@ class TieredCache(WarnOnce):
             "going on without it",
         )
 
-    def _remove_bad(self, i: int, key: str, *, force: bool = False) -> None:
+    def _remove_bad(
+        self, i: int, key: str, *, force: bool = False, check: EntryCheck | None = None
+    ) -> None:
         tier = self.tiers[i]
         try:
             if not isinstance(tier, Quarantining):
                 tier.delete(key)
-            elif force:
-                try:
-                    tier.quarantine(key, force=True)
-                except TypeError:  # a tier whose quarantine takes no ``force``
-                    tier.quarantine(key)  # type: ignore[call-arg]
             else:
-                tier.quarantine(key)
+                try:
+                    tier.quarantine(key, force=force, check=check or self.check)
+                except TypeError:  # a tier whose quarantine takes no ``force`` or ``check``
+                    tier.quarantine(key)  # type: ignore[call-arg]
         except Exception as e:  # removal is best effort
             self._tier_failed(i, "removing a bad entry", e)
 
@@ -174,10 +175,10 @@ class TieredCache(WarnOnce):
     def get(self, key: str) -> bytes | None:
         """The first sound copy of ``key`` from the fastest tier that has one, or ``None``.
 
-        Without an entry check (none given, none installed), the first copy found
-        is returned unverified and not copied into the faster tiers."""
+        Without an entry check, the first copy found is returned unverified and
+        not copied into the faster tiers."""
         check_key(key)
-        check = self._check or entry_check()
+        check = self.check
         for i, tier in enumerate(self.tiers):
             try:
                 blob = tier.get(key)
@@ -303,7 +304,7 @@ class TieredCache(WarnOnce):
                     self._tier_failed(i, "notes", e)
         return list(found.items())[:INDEX_ITEMS]
 
-    def quarantine(self, key: str, *, force: bool = False) -> None:
+    def quarantine(self, key: str, *, force: bool = False, check: EntryCheck | None = None) -> None:
         """Removes a bad entry: from the tier that last served ``key`` and the faster
         tiers it was copied into; from every tier if it was not served here. Each
         tier's own ``quarantine`` is used where it has one (and decides, unless
@@ -313,4 +314,4 @@ class TieredCache(WarnOnce):
             source = self._served.pop(key, None)
         last = len(self.tiers) - 1 if source is None else source
         for i in range(last + 1):
-            self._remove_bad(i, key, force=force)
+            self._remove_bad(i, key, force=force, check=check)

@@ -12,11 +12,7 @@
 * ``_active``: which cache is active (``set_cache``, ``using_cache``, ``JAXAOT_CACHE``);
 * ``_bundle``: entries packed into one file.
 
-Importing this package installs the entry format's verification as the check
-the cache backends use (``_caches.set_entry_check``).
+The entry format's verification (``_entry.check_stored``) is given to the
+caches that need it: with each quarantine (``_readwrite.discard``), and to a
+tiered cache when it becomes the active cache (``_active``).
 """
-
-from .._caches import set_entry_check
-from ._entry import check_stored
-
-set_entry_check(check_stored)

@@ -206,7 +206,7 @@ def _default_from_env() -> Cache | None:
             remote = remote_cache_from_url(setting.url)
         except ValueError as e:
             raise ValueError(f"JAXAOT_CACHE: {e}") from None
-        return TieredCache(_local_tier(), remote)
+        return _checked(TieredCache(_local_tier(), remote))
     if setting.kind == "off":
         return None
     if setting.kind == "memory":
@@ -220,6 +220,19 @@ def _check_cache(cache: Any, what: str) -> None:
             f"{what}: expected a jaxaot cache (get/put/delete/keys/clear/stats) or None, "
             f"got {type(cache).__name__}"
         )
+    _checked(cache)
+
+
+def _checked(cache: Any) -> Any:
+    """``cache``, a tiered cache given the entry format's verification if it has no
+    check of its own: it verifies each hit before copying it into a faster tier."""
+    from .._caches._tiered import TieredCache
+
+    if isinstance(cache, TieredCache) and cache.check is None:
+        from ._entry import check_stored
+
+        cache.check = check_stored
+    return cache
 
 
 def set_cache(cache: Cache | None) -> None:

@@ -78,7 +78,10 @@ def decoder(key: ComponentKey) -> Callable[[bytes], Entry | None]:
 def discard(cache: Cache, digest: str) -> None:
     try:
         if isinstance(cache, Quarantining):
-            cache.quarantine(digest)
+            try:
+                cache.quarantine(digest, check=_entry.check_stored)
+            except TypeError:  # a cache of the user's, its quarantine without ``check``
+                cache.quarantine(digest)
         else:
             cache.delete(digest)
     except Exception:  # removing a bad entry is best effort

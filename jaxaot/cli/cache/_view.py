@@ -104,7 +104,9 @@ class CacheView:
         ``force`` the backend leaves entries it cannot check with this process's
         key alone."""
         if self._quarantine is not None:
-            self._quarantine.quarantine(key, force=force)
+            from ..._store import _entry
+
+            self._quarantine.quarantine(key, force=force, check=_entry.check_stored)
             return "quarantined"
         self.cache.delete(key)
         return "deleted"
