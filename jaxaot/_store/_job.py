@@ -2,19 +2,22 @@
 entry is made by one process and handed to the others through the
 distributed runtime's key-value store.
 
-Process 0 makes every lowered entry (a component's output types and
-StableHLO, for each signature and derived transformation) that its caches do
-not hold, and publishes the entry's bytes under the
-entry's digest; an entry it finds in its own cache it publishes too. The
-other processes, on a miss in their caches, wait for those bytes
-(``blocking_key_value_get_bytes``), verify and decode them instead of
-tracing or compiling. In an SPMD job every process asks for the same entries,
-so each signature is traced and lowered once per job. Top-level executables
-are compiled by each process for its own devices (an XLA executable is bound
-to the devices it was compiled for) and kept in each process's cache. If process 0
-fails to make an entry, publishes nothing usable, or takes longer than
-``JAXAOT_DISTRIBUTED_TIMEOUT`` seconds (default 600), the waiting process
-makes the entry itself: a job never hangs on a dead process and never uses
+The job is one more lease backend (:class:`JobLeases`) for the one mechanism
+that makes each entry once (``_once.make_once``): process 0 takes every lease
+(holding its cache's own lease as well, where the cache is shared with other
+jobs), makes the lowered entries (a component's output types and StableHLO,
+for each signature and derived transformation) that its caches do not hold,
+and publishes each entry's bytes under its digest; an entry it finds in its
+own cache it publishes too (:func:`publish_hit`). To the other processes each
+of those leases is held by process 0: on a miss in their own caches they wait
+for its bytes, verify and decode them instead of tracing or compiling. In an
+SPMD job every process asks for the same entries, so each signature is traced
+and lowered once per job. Top-level executables are compiled by each process
+for its own devices (an XLA executable is bound to the devices it was compiled
+for) and kept in each process's cache. If process 0 fails to make an entry
+(its lease is then released with nothing published), or takes longer than
+``JAXAOT_DISTRIBUTED_TIMEOUT`` seconds (default 600), the waiting process makes
+the entry itself: a job never hangs on a dead process and never uses
 unverified bytes.
 """
 
@@ -22,71 +25,107 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
+from .._caches import Cache, Held, Lease, Leasing
 from .._env import number
 from .._jax import distributed_client
 
-__all__ = ["agree", "next_decision", "publish_hit", "share", "timeout_seconds"]
+__all__ = ["TIMEOUT_ENV", "JobLeases", "agree", "leases", "next_decision", "publish_hit"]
 
 logger = logging.getLogger("jaxaot")
 
-T = TypeVar("T")
 _PREFIX = "jaxaot"
+TIMEOUT_ENV = "JAXAOT_DISTRIBUTED_TIMEOUT"
+_PROCESS_0 = "process 0 of the job"
 
 
 def timeout_seconds() -> float:
-    return number("JAXAOT_DISTRIBUTED_TIMEOUT", 600.0, "a number of seconds")
+    return number(TIMEOUT_ENV, 600.0, "a number of seconds")
 
 
-def share(
-    digest: str,
-    make: Callable[[], T],
-    to_bytes: Callable[[T], bytes | None],
-    from_bytes: Callable[[bytes], T | None],
-) -> T:
-    """``make()`` in one process of the job; the others get ``from_bytes`` of its bytes.
+def _blob_key(digest: str) -> str:
+    return f"{_PREFIX}/entry/{digest}"
 
-    Outside a multi-process job this is just ``make()``."""
-    client = distributed_client()
-    if client is None:
-        return make()
-    blob_key = f"{_PREFIX}/entry/{digest}"
-    if _is_leader():
+
+class _LeaderLease:
+    """Process 0's lease on an entry: its cache's own lease, if any, and the
+    promise to publish the entry's bytes (nothing published by the time it is
+    released tells the others to make the entry themselves)."""
+
+    def __init__(self, leases: JobLeases, digest: str, inner: Lease | None) -> None:
+        self.key = digest
+        self.holder = _PROCESS_0 if inner is None else inner.holder
+        self.expires = inner is not None and getattr(inner, "expires", True)
+        self._leases = leases
+        self._inner = inner
+
+    def renew(self) -> bool:
+        return True if self._inner is None else self._inner.renew()
+
+    def release(self) -> None:
+        self._leases.publish(self.key, None)  # (no-op if it was published)
+        if self._inner is not None:
+            self._inner.release()
+
+
+class JobLeases:
+    """The leases of a multi-process job, over its distributed client (see the
+    module's docstring). ``cache``: this process's cache (process 0 also takes
+    its lease); ``decode``: an entry from the bytes process 0 published."""
+
+    def __init__(self, client: Any, leader: bool, cache: Cache | None) -> None:
+        self.client = client
+        self.leader = leader
+        self.cache = cache
+        self._published: set[str] = set()
+        self._lock = threading.Lock()
+
+    def lease(self, key: str, ttl: float) -> Lease | Held | None:
+        if self.leader:
+            inner: Lease | Held | None = None
+            if isinstance(self.cache, Leasing):
+                try:
+                    inner = self.cache.lease(key, ttl)
+                except Exception as e:  # made without the cache's lease, still published
+                    logger.debug("jaxaot: lease on %s failed: %s", key[:16], e)
+            if isinstance(inner, Held):
+                return inner  # another job's process is making it: wait for the cache
+            return _LeaderLease(self, key, inner)
+        blob = self.published(key)
+        return Held(_PROCESS_0, done=blob is not None)
+
+    def published(self, digest: str) -> bytes | None:
+        """The bytes process 0 published for ``digest`` (empty: it made nothing), or
+        ``None`` while it has published nothing."""
         try:
-            value = make()
-        except BaseException:
-            _publish(client, blob_key, b"")
-            raise
-        try:
-            blob = to_bytes(value)
-        except Exception as e:
-            logger.debug("jaxaot: entry %s not shared: %s", digest[:16], e)
-            blob = None
-        _publish(client, blob_key, blob or b"")
-        return value
-    try:
-        blob = client.blocking_key_value_get_bytes(blob_key, int(timeout_seconds() * 1000))
-    except Exception as e:
-        logger.warning(
-            "jaxaot: waited too long for process 0 to make entry %s (%s); making it here",
-            digest[:16],
-            type(e).__name__,
-        )
-        return make()
-    if blob:
-        received = from_bytes(bytes(blob))
-        if received is not None:
-            logger.debug("jaxaot: entry %s received from process 0", digest[:16])
-            return received
-    return make()
+            return bytes(self.client.key_value_try_get_bytes(_blob_key(digest)))
+        except Exception:  # not there yet (NOT_FOUND), or the service is gone
+            return None
+
+    def publish(self, digest: str, blob: bytes | None) -> None:
+        """Hands ``blob`` (``None``: nothing usable) to the other processes, once."""
+        with self._lock:
+            if digest in self._published:
+                return
+            self._published.add(digest)
+        _publish(self.client, _blob_key(digest), blob or b"")
 
 
 def _is_leader() -> bool:
     import jax
 
     return jax.process_index() == 0
+
+
+def leases(cache: Cache | None) -> JobLeases | None:
+    """The job's leases over ``cache``, or ``None`` outside a multi-process job."""
+    client = distributed_client()
+    if client is None:
+        return None
+    return JobLeases(client, _is_leader(), cache)
 
 
 _published: set[str] = set()
@@ -103,7 +142,7 @@ def publish_hit(digest: str, to_bytes: Callable[[], bytes | None]) -> None:
     except Exception as e:
         logger.debug("jaxaot: entry %s not shared: %s", digest[:16], e)
         blob = None
-    _publish(client, f"{_PREFIX}/entry/{digest}", blob or b"")
+    _publish(client, _blob_key(digest), blob or b"")
 
 
 def _publish(client: Any, key: str, blob: bytes) -> None:

@@ -38,7 +38,7 @@ from ._executables import (
     store_executable,
     store_in_background,
 )
-from ._once import Outcome, make_once
+from ._once import make_once
 from ._readwrite import callbacks_executable, decoder, read, write
 
 __all__ = ["Codec", "Store", "get_or_make"]
@@ -127,30 +127,53 @@ def _miss(
     by process 0 of the job (``_job``)."""
     if explain is not None:
         explain(key, cache)
-    outcomes: list[Outcome[T]] = []
+    save = codec.save
 
     def load() -> T | None:
         assert cache is not None
         return codec.load(cache, key)
 
-    def made_here() -> T:
-        save = codec.save
-        store = None if cache is None or save is None else (lambda v: save(cache, key, v))
-        outcome = make_once(cache, key.digest, codec.what, load, make, store)
-        outcomes.append(outcome)
-        return outcome.value
+    def store(value: T) -> concurrent.futures.Future[Any] | None:
+        return None if cache is None or save is None else save(cache, key, value)
 
-    if codec.to_bytes is None or codec.from_bytes is None:
-        value = made_here()
+    job = _job.leases(cache) if codec.to_bytes and codec.from_bytes else None
+    if job is None:
+        outcome = make_once(cache, key.digest, codec.what, load, make, store)
     else:
-        value = _job.share(key.digest, made_here, codec.to_bytes, codec.from_bytes(key))
-    if outcomes and not outcomes[0].made:  # made by another process: a hit, after all
-        counters.add("hits")
-    else:
-        counters.add("misses")
-        if not outcomes and cache is not None and codec.save is not None:
-            codec.save(cache, key, value)  # received from process 0 of the job
-    return value
+        # A multi-process job: process 0 makes it and hands its bytes to the others.
+        assert codec.to_bytes is not None and codec.from_bytes is not None
+        to_bytes, decode = codec.to_bytes, codec.from_bytes(key)
+
+        def received() -> T | None:
+            if job.leader:
+                return None if cache is None else codec.load(cache, key)
+            blob = job.published(key.digest)
+            return decode(blob) if blob else None
+
+        def publish(value: T) -> None:
+            try:
+                blob = to_bytes(value)
+            except Exception as e:
+                logger.debug("jaxaot: entry %s not shared: %s", key.digest[:16], e)
+                blob = None
+            job.publish(key.digest, blob)
+
+        def stored(value: T) -> concurrent.futures.Future[Any] | None:
+            pending = store(value)
+            if job.leader:
+                publish(value)
+            return pending
+
+        limit = (_job.timeout_seconds(), _job.TIMEOUT_ENV)
+        outcome = make_once(job, key.digest, codec.what, received, make, stored, limit)
+        if not outcome.made:
+            if job.leader:
+                publish(outcome.value)  # another job's process made it
+            else:
+                store(outcome.value)  # received from process 0: kept in this process's cache
+    # Made by another process: a hit, after all.
+    counters.add("misses" if outcome.made else "hits")
+    return outcome.value
 
 
 class Store:

@@ -110,20 +110,27 @@ Write = Callable[[T], "concurrent.futures.Future[Any] | None"]
 
 
 def make_once(
-    cache: Cache | None,
+    cache: Cache | Leasing | None,
     digest: str,
     what: str,
     load: Callable[[], T | None],
     make: Callable[[], T],
     store: Write[T] | None = None,
+    wait_limit: tuple[float, str] | None = None,
 ) -> Outcome[T]:
     """The value of the cache entry ``digest`` that this process missed: made here
     (``make()``, then ``store(value)``) or, if another process of the fleet is
     making it, loaded from ``cache`` (``load()``, ``None`` while it is not there)
-    once it lands. ``what`` names the entry's kind in logs. Raises what ``make``
+    once it lands. ``what`` names the entry's kind in logs. ``wait_limit``: how
+    long to wait for another process, and the variable that sets it (default
+    ``$JAXAOT_LEASE_WAIT``'s). Raises what ``make``
     raises, and ``ValueError`` for a malformed ``$JAXAOT_LEASE_WAIT`` or
     ``$JAXAOT_LEASE_TTL``; faults of the cache or its leases are never raised."""
-    wait = lease_wait() if isinstance(cache, Leasing) else 0.0
+    wait_env = LEASE_WAIT_ENV if wait_limit is None else wait_limit[1]
+    if not isinstance(cache, Leasing):
+        wait = 0.0
+    else:
+        wait = lease_wait() if wait_limit is None else wait_limit[0]
     if wait <= 0:
         return Outcome(_make(_watched(make, what), store, None, 0.0), made=True)
     assert isinstance(cache, Leasing)
@@ -154,7 +161,7 @@ def make_once(
             _stats.bump("lease_wait_timeouts")
             _stats.warn_once(
                 "lease-wait",
-                f"jaxaot: waited {wait:g} s (${LEASE_WAIT_ENV}) for {got.holder} to make "
+                f"jaxaot: waited {wait:g} s (${wait_env}) for {got.holder} to make "
                 f"{what} {digest[:16]}; making it here",
             )
             break
