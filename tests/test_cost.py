@@ -295,3 +295,18 @@ def test_a_warm_process_recomputes_too_and_makes_nothing(
     assert warm["forms"] == [True]
     assert warm["lowerings"] == 0 and warm["traces"] == 0
     assert warm["g"] == cold["g"]
+
+
+def test_whether_an_entry_recomputes_does_not_depend_on_the_platform() -> None:
+    """The choice is made from the entry's program alone: the same small entry
+    recomputes for a GPU or a TPU as it does for the CPU."""
+    from types import SimpleNamespace
+
+    for platforms in (("cpu",), ("cuda",), ("tpu",)):
+        small = SimpleNamespace(
+            platforms=platforms, host_callbacks=False, effects=frozenset(), extra={"work": 1e3}
+        )
+        big = SimpleNamespace(
+            platforms=platforms, host_callbacks=False, effects=frozenset(), extra={"work": 1e12}
+        )
+        assert _cost.recomputes(small) and not _cost.recomputes(big), platforms

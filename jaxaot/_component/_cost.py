@@ -81,9 +81,10 @@ def recompute_below() -> float:
 
 def recomputes(entry: Entry) -> bool:
     """Whether ``entry``'s linearization recomputes its forward pass (see above):
-    on CPU, for an entry of known work below :func:`recompute_below`, with no
-    side effects (a callback would run twice) and no checkpoint region."""
-    if entry.platforms != ("cpu",) or entry.host_callbacks or entry.effects:
+    for an entry of known work below :func:`recompute_below`, with no side
+    effects (a callback would run twice) and no checkpoint region. Decided from
+    the entry alone, the same on every platform."""
+    if entry.host_callbacks or entry.effects:
         return False
     if entry.extra.get("checkpoints") or _KEEP_RESIDUALS.get():
         return False
