@@ -645,3 +645,44 @@ def test_bench_fleet_ratios_are_taken_within_each_trial(
     # 2.6 / 2.0 and 4.4 / 4.0: 1.30 and 1.10, whose median is 1.20 (3.5 / 3.0 would be 1.17).
     assert "fleet: made 0.57x, first result 1.20x the lone process's (targets met)" in text
     assert "the median of 2 trials' ratios" in text
+
+
+# -- the precompile suite ----------------------------------------------------------------
+
+
+def test_bench_precompile_quick_in_a_subprocess(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """``jaxaot bench precompile --quick`` on a tiny model (about 160 s on a loaded
+    2-core machine: some 20 fresh processes): every row of the table; the deployed
+    processes compiled nothing after ``jaxaot precompile`` (JAX's compile events and
+    jaxaot's counters) and answered every bucket; the decode loop's values equal to
+    ``jax.jit``'s; where Redis runs, the pair made no more entries than one alone.
+    Never timings."""
+    import shutil
+
+    out = tmp_path / "out"
+    _bench_subprocess(["bench", "precompile", "--quick", "--out", str(out)], subprocess_env)
+    data = json.loads((out / "precompile.json").read_text())
+    for model, buckets, executables in (("decoding", 2, 2), ("serving", 4, 4)):
+        deployed = data[model]["jaxaot"]
+        assert deployed["buckets"] == buckets
+        assert deployed["backend_compiles"] == 0, deployed
+        assert deployed["jaxaot_made"] == {"lowerings": 0, "compiles": 0}
+        assert data[model]["limit"]["loaded"] == executables
+        assert data[model]["precompile"]["made"] > 0
+        # Without a cache, the same calls compile (so the check above can fail).
+        assert data[model]["jit"]["backend_compiles"] >= buckets
+    assert data["decoding"]["jaxaot"]["decode_equal"] is True
+    assert data["precompile"]["made1"] == data["precompile"]["made2"]
+    text = (out / "precompile.md").read_text()
+    assert text.startswith("Precompile benchmark")
+    rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 14, rows
+    for target in ("0.8 x jax.jit + JAX cache warm", "1.1 x jax.jit's", "1.1 x the load limit"):
+        assert f"≤ {target} |" in text
+    assert "≤ 0.6 x --workers 1 |" in text
+    if shutil.which("redis-server") is not None:
+        assert data["redis"]["lone"] > 0 and data["redis"]["pair"] <= data["redis"]["lone"]
+        assert "≤ 1.05 x one process alone |" in text
+    assert "Decode values of jaxaot.jit equal to jax.jit's: True." in text

@@ -22,7 +22,8 @@ Layout:
 * :mod:`._runner`: worker processes, preparations, trials and their medians;
 * :mod:`._report` and :mod:`._plots`: Markdown tables and ratios, PNG plots;
 * :mod:`._suites`: the warm-start and regional suites; :mod:`._sharded`: the
-  sharded suite;
+  sharded suite; :mod:`._fleet`: the fleet suite; :mod:`._precompile`: the
+  precompile suite, with its model, manifests and worker in :mod:`._serving`;
 * :mod:`._command`: the options, the config they make, the extras check.
 """
 

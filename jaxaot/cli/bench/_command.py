@@ -24,6 +24,7 @@ SUITE_NEEDS = {
     "regional": ("matplotlib", "equinox"),
     "sharded": ("matplotlib",),
     "fleet": (),
+    "precompile": (),
     "all": ("matplotlib", "flatbuffers", "equinox"),
 }
 

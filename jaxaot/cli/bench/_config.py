@@ -32,7 +32,7 @@ __all__ = [
     "Table",
 ]
 
-SUITES = ("warm-start", "regional", "sharded", "fleet", "all")
+SUITES = ("warm-start", "regional", "sharded", "fleet", "precompile", "all")
 #: "train": ``value_and_grad`` of the loss; "inference": the loss (forward pass) alone.
 MODES = ("train", "inference")
 #: The sharded suite's layouts: the batch split over every device, the parameters

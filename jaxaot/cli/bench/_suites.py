@@ -28,6 +28,10 @@ def run(config: BenchConfig, log: Log) -> str:
         from ._fleet import run_fleet
 
         texts.append(run_fleet(config, log))
+    if config.suite == "precompile":
+        from ._precompile import run_precompile
+
+        texts.append(run_precompile(config, log))
     return "\n".join(texts)
 
 
