@@ -43,7 +43,7 @@ def missing_extras(suite: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``jaxaot bench`` (and of the ``benchmarks/`` scripts)."""
+    """The options of ``jaxaot bench``."""
     default = ModelShape()
     parser.add_argument(
         "suite",
