@@ -28,6 +28,10 @@ def run(config: BenchConfig, log: Log) -> str:
         from ._fleet import run_fleet
 
         texts.append(run_fleet(config, log))
+    if config.suite == "edits":
+        from ._edits import run_edits
+
+        texts.append(run_edits(config, log))
     return "\n".join(texts)
 
 
