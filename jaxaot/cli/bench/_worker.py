@@ -362,16 +362,15 @@ def worker(job: Job, t_import: float) -> dict[str, Any]:
         jax.config.update("jax_compilation_cache_dir", str(Path(job.work) / "jax-pcc"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    place = placement(job.mesh) if job.mesh is not None else Placement()
-    with place.context():
-        blocks, x = _model(job.layers, job.shape)
-        blocks, x = block((place.place(blocks, "blocks"), place.place(x, "batch")))
-        run = _Run(job, blocks, x, place.block or model_lib.block, place, result)
-        if edit is not None:  # a step of the edits suite
-            result.update(_edits.run_edit(edit, job, blocks, x, run.block))
-        else:
-            assert contender is not None
-            contender(run)
+    if edit is not None:  # a step of the edits suite (its model made on the host)
+        result.update(_edits.run_edit(edit, job))
+    else:
+        assert contender is not None
+        place = placement(job.mesh) if job.mesh is not None else Placement()
+        with place.context():
+            blocks, x = _model(job.layers, job.shape)
+            blocks, x = block((place.place(blocks, "blocks"), place.place(x, "batch")))
+            contender(_Run(job, blocks, x, place.block or model_lib.block, place, result))
     result["first_result"] = sum(result[p] or 0.0 for p in PHASES)
     return result
 
