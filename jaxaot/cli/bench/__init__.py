@@ -1,4 +1,5 @@
-"""``jaxaot bench``: the warm-start, regional-compilation and sharded benchmarks.
+"""``jaxaot bench``: the warm-start, regional-compilation, sharded, fleet and
+research-loop (edits) benchmarks.
 
 Every contender runs in its own fresh Python process, so that nothing warm in
 one process helps another; prepared artifacts (JAX's persistent cache, a
@@ -22,7 +23,8 @@ Layout:
 * :mod:`._runner`: worker processes, preparations, trials and their medians;
 * :mod:`._report` and :mod:`._plots`: Markdown tables and ratios, PNG plots;
 * :mod:`._suites`: the warm-start and regional suites; :mod:`._sharded`: the
-  sharded suite;
+  sharded suite; :mod:`._fleet`: the fleet suite; :mod:`._edits`: the research
+  loop (edits and restarts);
 * :mod:`._command`: the options, the config they make, the extras check.
 """
 
