@@ -1,16 +1,18 @@
-"""Small layers under ``grad``: a forward entry that writes residuals against one
-that returns the layer's output alone and lets the backward entry recompute the
-rest (``jaxaot._component._cost``), and against ``lax.scan``.
+"""Small layers under ``grad``: a backward entry that reads the residuals its
+forward entry wrote against one that recomputes the forward pass from the
+layer's inputs (``JAXAOT_RECOMPUTE_BELOW``, see docs/components.md), and
+against ``lax.scan``.
 
-For each shape, one fresh process builds ``jaxaot.jit``'s split program of the
-benchmark train step (no cache, no whole-program form) twice, once per form
-(``JAXAOT_RECOMPUTE_BELOW`` set to 0, then to infinity), and scan's
-``jax.jit(value_and_grad)`` over stacked layers; then it times the three in
-interleaved rounds of back-to-back calls. Medians of the rounds' medians.
+For each shape, one fresh process builds ``jaxaot.jit``'s split program of a
+train step of small transformer blocks (no cache, ``whole_program=False``)
+twice, once per form (``JAXAOT_RECOMPUTE_BELOW`` set to 0, then to infinity,
+before the step's first call), and scan's ``jax.jit(value_and_grad)`` over
+stacked layers; then it times the three in interleaved rounds of back-to-back
+calls. Medians of the rounds' medians. The flops column is XLA's estimate for
+one block's forward pass; the shapes span the default threshold.
 
 Run: ``python benchmarks/recompute.py`` (``--layers 16 --rounds 6``; prints a
-Markdown table). The shapes span the default threshold (8 million, the work
-column).
+Markdown table).
 """
 
 from __future__ import annotations
@@ -32,32 +34,46 @@ def _trial(width: int, batch: int, seq: int, layers: int, rounds: int) -> dict[s
     import jax.numpy as jnp
 
     import jaxaot
-    from jaxaot._component import _cost
-    from jaxaot.cli import _model
+
+    def init_block(key: jax.Array) -> dict[str, jax.Array]:
+        k = jax.random.split(key, 3)
+        return {
+            "ln": jnp.ones(width),
+            "qkv": jax.random.normal(k[0], (width, 3 * width)) * width**-0.5,
+            "up": jax.random.normal(k[1], (width, 4 * width)) * width**-0.5,
+            "down": jax.random.normal(k[2], (4 * width, width)) * (4 * width) ** -0.5,
+        }
+
+    def block(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+        """A small pre-norm block: one-head causal attention, then a GELU MLP."""
+        h = x - x.mean(-1, keepdims=True)
+        h = h * jax.lax.rsqrt((h**2).mean(-1, keepdims=True) + 1e-5) * p["ln"]
+        q, k, v = jnp.split(h @ p["qkv"], 3, axis=-1)
+        logits = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), q @ k.swapaxes(1, 2), -1e30)
+        x = x + jax.nn.softmax(logits / width**0.5) @ v
+        return x + jax.nn.gelu(x @ p["up"]) @ p["down"]
 
     jaxaot.set_cache(None)
-    blocks = _model.init_blocks(jax.random.key(0), layers, width)
+    blocks = [init_block(k) for k in jax.random.split(jax.random.key(0), layers)]
     x = jax.random.normal(jax.random.key(1), (batch, seq, width))
-    leaves = jax.tree_util.tree_leaves((blocks, x))
-    work = _cost.work(jax.make_jaxpr(_model.block)(blocks[0], x))
+    cost = jax.jit(block).lower(blocks[0], x).compile().cost_analysis()
+    flops = (cost[0] if isinstance(cost, list) else cost or {}).get("flops", float("nan"))
+
+    def loss(blocks: Any, x: jax.Array, layer: Any) -> jax.Array:
+        for p in blocks:
+            x = layer(p, x)
+        return jnp.mean(x**2)
 
     def split_step(threshold: str) -> Any:
-        os.environ["JAXAOT_RECOMPUTE_BELOW"] = threshold
-        block = jaxaot.component(_model.block)
-
-        def loss(blocks: Any, x: jax.Array) -> jax.Array:
-            for p in blocks:
-                x = block(p, x)
-            return jnp.mean(x**2)
-
-        step = jaxaot.jit(jax.value_and_grad(loss), whole_program=False)
+        os.environ["JAXAOT_RECOMPUTE_BELOW"] = threshold  # read when the step is first traced
+        layer = jaxaot.component(block)
+        step = jaxaot.jit(jax.value_and_grad(lambda b, x: loss(b, x, layer)), whole_program=False)
         jax.block_until_ready(step(blocks, x))
-        (plan,) = step._plans.values()
-        plan.wait()
-        return lambda: plan.run(leaves)
+        jaxaot.wait_for_writes()
+        return lambda: step(blocks, x)
 
     def scan_loss(stacked: Any, x: jax.Array) -> jax.Array:
-        x = jax.lax.scan(lambda x, p: (_model.block(p, x), None), x, stacked)[0]
+        x = jax.lax.scan(lambda x, p: (block(p, x), None), x, stacked)[0]
         return jnp.mean(x**2)
 
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *blocks)
@@ -78,7 +94,7 @@ def _trial(width: int, batch: int, seq: int, layers: int, rounds: int) -> dict[s
                 jax.block_until_ready(fn())
                 times.append(time.perf_counter() - start)
             rows[name].append(statistics.median(times) * 1e3)
-    return {"work": work, **{k: statistics.median(v) for k, v in rows.items()}}
+    return {"flops": flops, **{k: statistics.median(v) for k, v in rows.items()}}
 
 
 def main() -> None:
@@ -92,7 +108,7 @@ def main() -> None:
         print(json.dumps(_trial(width, batch, seq, args.layers, args.rounds)))
         return
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, L={args.layers}, ms a step\n")
-    print("| width, batch, seq | work | residuals | recompute | scan | recompute / residuals |")
+    print("| width, batch, seq | flops | residuals | recompute | scan | recompute / residuals |")
     print("|---|---|---|---|---|---|")
     for width, batch, seq in SHAPES:
         out = subprocess.run(
@@ -104,7 +120,7 @@ def main() -> None:
         ).stdout
         r = json.loads(out.strip().splitlines()[-1])
         print(
-            f"| {width}, {batch}, {seq} | {r['work'] / 1e6:.1f} M | {r['residuals']:.2f} | "
+            f"| {width}, {batch}, {seq} | {r['flops'] / 1e6:.1f} M | {r['residuals']:.2f} | "
             f"{r['recompute']:.2f} | {r['scan']:.2f} | {r['recompute'] / r['residuals']:.2f} |"
         )
 

@@ -686,3 +686,164 @@ def test_bench_precompile_quick_in_a_subprocess(
         assert data["redis"]["lone"] > 0 and data["redis"]["pair"] <= data["redis"]["lone"]
         assert "≤ 1.05 x one process alone |" in text
     assert "Decode values of jaxaot.jit equal to jax.jit's: True." in text
+
+
+# -- the edits suite ---------------------------------------------------------------------
+
+#: Made-up seconds from process start of each contender's 8 steps (cold, restart, then
+#: each edit and its restart): the ratios the report must print follow from them.
+EDIT_SECONDS = {
+    "regional": [6.0, 2.0, 2.2, 2.0, 2.2, 2.0, 2.2, 2.0],
+    "remat_regional": [6.0, 2.0, 3.0, 2.0, 3.0, 2.0, 3.0, 2.0],
+    "jit_pcc": [10.0, 4.0, 10.0, 4.0, 12.0, 5.0, 12.0, 5.0],
+    "scan_pcc": [5.0, 3.0, 5.0, 3.5, 6.0, 4.0, 6.0, 4.0],
+}
+#: Made-up compiles of the jaxaot contenders' processes at each step.
+EDIT_COMPILES = [8, 0, 3, 0, 2, 0, 1, 0]
+
+
+def test_bench_edits_runs_each_step_of_each_contender_in_its_own_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every contender runs every step, in turn across the contenders, each in a fresh
+    worker on a work folder of its own; the report's ratios are those of the seconds
+    the workers gave; files go to --out alone."""
+    from jaxaot.cli.bench import _edits
+
+    jobs: list[Job] = []
+
+    def fake(job: Job) -> dict[str, Any]:
+        name = job.contender.removeprefix("edit:")
+        seconds = EDIT_SECONDS[name][sum(j.contender == job.contender for j in jobs)]
+        jobs.append(job)
+        row = {"contender": job.contender, "layers": job.layers, "import": 0.5}
+        row |= {"first_run": seconds - 1.0, "from_start": seconds, "loss": 1.0}
+        if name in _edits.OURS:  # what jaxaot.jit compiled and loaded in the process
+            compiles = EDIT_COMPILES[(len(jobs) - 1) // len(_edits.CONTENDERS)]
+            row["made"] = {"lowerings": 0, "compiles": compiles, "loaded": 8 - compiles}
+        return row
+
+    monkeypatch.setattr(_runner, "run_worker", fake)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert main(["bench", "edits", "--layers", "2", "--width", "8", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    names = list(_edits.CONTENDERS)
+    assert [j.contender for j in jobs] == [f"edit:{n}" for n in names] * len(_edits.STEPS)
+    for i, (_, edit, extra) in enumerate(_edits.STEPS):
+        step_jobs = jobs[i * len(names) : (i + 1) * len(names)]
+        assert {(j.edit, j.layers, j.shape.width) for j in step_jobs} == {(edit, 2 + extra, 8)}
+    folders = {n: {j.work for j in jobs if j.contender == f"edit:{n}"} for n in names}
+    assert all(len(f) == 1 for f in folders.values())
+    assert len(set.union(*folders.values())) == len(names)  # a cache of its own each
+    header = "| L | contender | " + " | ".join(s for s, _, _ in _edits.STEPS) + " |"
+    assert header in text
+    assert (
+        "| 2 | jaxaot.jit, component layers | 6.00 (5.00) | 2.00 (1.00) | 2.20 (1.20) | "
+        "2.00 (1.00) | 2.20 (1.20) | 2.00 (1.00) | 2.20 (1.20) | 2.00 (1.00) |"
+    ) in text
+    # edit / its restart, then edit / the better of jax.jit and scan at that edit; from
+    # the process's start, and (in parentheses) from the first call
+    assert (
+        "| 2 | jaxaot.jit, component layers | 1.10 (1.20) | 1.10 (1.20) | 1.10 (1.20) | "
+        "0.44 (0.30) | 0.37 (0.24) | 0.37 (0.24) |"
+    ) in text
+    assert (
+        "| 2 | jaxaot.jit, remat'd layers (no annotation) | 1.50 (2.00) | 1.50 (2.00) | "
+        "1.50 (2.00) | 0.60 (0.50) | 0.50 (0.40) | 0.50 (0.40) |"
+    ) in text
+    assert (
+        "| 2 | jax.jit + JAX persistent cache | 2.50 (3.00) | 2.40 (2.75) | 2.40 (2.75) | "
+        "2.00 (2.25) | 2.00 (2.20) | 2.00 (2.20) |"
+    ) in text
+    assert (
+        "| 2 | scan + JAX persistent cache | 1.43 (1.60) | 1.50 (1.67) | 1.50 (1.67) | "
+        "1.00 (1.00) | 1.00 (1.00) | 1.00 (1.00) |"
+    ) in text
+    assert (
+        "- jaxaot.jit, component layers, L=2: compiled / loaded executables at each step: "
+        "8 / 0, 0 / 8, 3 / 5, 0 / 8, 2 / 6, 0 / 8, 1 / 7, 0 / 8"
+    ) in text
+    assert (
+        "jaxaot.jit, component layers, L=2: met; "
+        "jaxaot.jit, remat'd layers (no annotation), L=2: missed."
+    ) in text
+    assert "Command: `jaxaot bench edits --layers 2 --width 8 --batch 8 --seq 128`" in text
+    assert sorted(p.name for p in out.iterdir()) == ["edits.json", "edits.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    rows = json.loads((out / "edits.json").read_text())
+    assert len(rows) == len(names) * len(_edits.STEPS)
+    assert (out / "edits.md").read_text() in text
+    assert main(["bench", "edits", "--contenders", "nope"]) == 2
+    assert main(["bench", "edits", "--inference"]) == 2
+
+
+def test_bench_edits_end_to_end_in_a_subprocess(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """The suite on a tiny model, jaxaot.jit over component layers, each step a fresh
+    process: every step reported, a compile at each edit and none at a restart, the
+    ratios those of the reported seconds, and files only under --out. Then the other contenders' worker branches, in one process, on the cold
+    program: the same loss as jaxaot.jit's."""
+    from jaxaot.cli.bench import _edits
+
+    out, cwd = tmp_path / "out", tmp_path / "cwd"
+    cwd.mkdir()
+    argv = ["bench", "edits", "--layers", "1", "--width", "8", "--batch", "2", "--seq", "8"]
+    argv += ["--contenders", "regional", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxaot", *argv],
+        capture_output=True,
+        text=True,
+        env=subprocess_env,
+        cwd=cwd,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["edits.json", "edits.md"]
+    assert list(cwd.iterdir()) == []
+    rows = json.loads((out / "edits.json").read_text())
+    steps = [s for s, _, _ in _edits.STEPS]
+    assert [(r["contender"], r["step"]) for r in rows] == [("regional", s) for s in steps]
+    at = {r["step"]: r for r in rows}
+    for step, r in at.items():
+        assert r["from_start"] > r["first_run"] > 0, r
+        assert r["layers"] == (5 if "2" in step or "3" in step else 1), r
+        if step.startswith("restart"):  # loads what the step before it made
+            assert r["made"]["compiles"] == 0 < r["made"]["loaded"], r
+        else:  # cold, or an edit: the changed program compiled
+            assert r["made"]["compiles"] > 0, r
+
+    def ratios(field: str) -> list[float]:
+        pairs = zip(steps[2::2], steps[3::2], strict=True)
+        return [float(at[e][field]) / float(at[r][field]) for e, r in pairs]
+
+    cells = [
+        f"{a:.2f} ({b:.2f})" for a, b in zip(ratios("from_start"), ratios("first_run"), strict=True)
+    ]
+    line = "| 1 | jaxaot.jit, component layers | " + " | ".join(cells + ["–"] * 3) + " |"
+    assert line in proc.stdout
+    assert (out / "edits.md").read_text() in proc.stdout
+    # The other contenders' worker branches: the loss of the same (cold) program.
+    names = ["edit:remat_regional", "edit:jit_pcc", "edit:scan_pcc"]
+    code = (
+        "import json, sys\n"
+        "from jaxaot.cli.bench._config import Job, ModelShape\n"
+        "from jaxaot.cli.bench._worker import worker\n"
+        "for name in sys.argv[2:]:\n"
+        "    job = Job(name, 1, sys.argv[1], 1, ModelShape(batch=2, seq=8, width=8))\n"
+        "    print(json.dumps(worker(job, 0.0)), flush=True)\n"
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    other = subprocess.run(
+        [sys.executable, "-c", code, str(work), *names],
+        capture_output=True,
+        text=True,
+        env=subprocess_env,
+        timeout=600,
+    )
+    assert other.returncode == 0, other.stderr[-3000:]
+    losses = [json.loads(line)["loss"] for line in other.stdout.splitlines()]
+    assert losses == pytest.approx([at["cold"]["loss"]] * 3, rel=1e-4)
+    assert any((work / "jax-pcc").iterdir()) and any((work / "jaxaot").iterdir())

@@ -96,6 +96,20 @@ def test_demo_without_the_redis_package_is_one_line(
     assert "jaxaot[redis]" in lines[0]
 
 
+def test_demo_without_optax_names_the_demo_extra(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """optax is the demo extra: without it, one line naming it, before anything runs."""
+    monkeypatch.setitem(sys.modules, "optax", None)
+    code = main(["demo", "--steps", "2", *TINY, "--dir", str(tmp_path / "c"), "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jaxaot: error: jaxaot demo needs optax"), err
+    assert 'pip install ".[demo]"' in lines[0]
+    assert not (tmp_path / "c").exists()
+
+
 def test_describe_names_the_tiers(tmp_path: Path) -> None:
     import jaxaot
 

@@ -41,11 +41,10 @@ __all__ = [
 ]
 
 # A linearized entry whose ``work`` is below this, on CPU, recomputes its forward
-# pass in the backward entry. ``benchmarks/recompute.py`` (jaxaot.jit's split
-# train step of 16 pre-norm transformer blocks; XLA:CPU, jax 0.10.2, this
-# project's 2-core x86_64 machine, 2026-12-03): the recomputing form took 0.61x
-# the time of the one returning residuals at 0.9 million, 0.88x at 3.4 million,
-# 1.02x at 14.2 million and 1.04-1.14x at 27 to 62 million.
+# pass in the backward entry: below it, the outputs and kernels a forward entry
+# that writes residuals adds cost more than the forward pass computed again;
+# above it, recomputing costs more. Measured by ``python benchmarks/recompute.py``
+# (jaxaot.jit's split train step, each form, at shapes on either side of it).
 # ``JAXAOT_RECOMPUTE_BELOW`` overrides it (0: never).
 RECOMPUTE_BELOW = 8e6
 

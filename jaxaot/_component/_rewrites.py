@@ -8,10 +8,10 @@ transposes ``dot_general`` into another ``dot_general`` followed by a
 ``transpose`` that swaps its two groups of free dimensions (for a weight
 gradient, ``(g^T x)^T`` rather than ``x^T g``). XLA:CPU fuses that transpose
 with the elementwise producers of ``g`` into a strided loop, and the dot then
-misses its fast kernel; in the benchmark transformer block this was a third
-of the backward pass. Swapping the operands gives the same product with no
-transpose, so :func:`fuse_dot_transposes` does that wherever the transposed
-product has no other use.
+misses its fast kernel (``python benchmarks/backward.py`` measures a
+transformer block's backward pass against JAX's own). Swapping the operands
+gives the same product with no transpose, so :func:`fuse_dot_transposes` does
+that wherever the transposed product has no other use.
 """
 
 from __future__ import annotations

@@ -205,8 +205,8 @@ class RegionalFunction:
         )
         self._dispatch: Callable[..., Any] | None = None
         # Whether calls try the C++ dispatcher first: only once a plan runs its
-        # whole program (the dispatcher has nothing else to offer; a miss costs
-        # a call about 0.2 ms), until the dispatcher is reset.
+        # whole program (the dispatcher has nothing else to offer, and each of
+        # its misses adds to a call's time), until the dispatcher is reset.
         self._hot = False
         # The last call's signature, in parts, and its plan (see ``_lookup``).
         self._last: tuple[Any, ...] | None = None

@@ -38,12 +38,12 @@ WHOLE_VERSION = 4
 
 # A program whose component calls each do less work than this (``_cost.work``:
 # two per multiply-add, one per element written) runs as one program. Entering
-# and leaving an executable costs microseconds on every backend (its outputs
-# above all: ``benchmarks/residuals.py``), so a split program of such calls runs
-# well behind one program of them (``jaxaot bench regional --width 32`` against
-# its scan contender), while for bigger calls the split program runs as fast
-# and compiles each component once. Between the widths ``jaxaot bench
-# regional`` runs (32 and 256), layers of width 64 to 128 are of about this work.
+# and leaving an executable has a fixed cost on every backend (its outputs above
+# all), so a split program of such calls runs well behind one program of them,
+# while for bigger calls the split program runs as fast and compiles each
+# component once. Measured by ``jaxaot bench regional`` at the widths on either
+# side of it (``--width 32``, ``--width 256``) against its scan contender; the
+# benchmark's layers of width 64 to 128 are of about this work.
 WHOLE_BELOW = 3e7
 # A whole program binding more component calls than this once its runs are
 # loops (calls that do not repeat in a chain) is not made: it would compile a

@@ -432,6 +432,19 @@ def summary_rows(result: DemoResult) -> list[tuple[str, str]]:
 
 
 def _cmd_demo(args: argparse.Namespace, out: Output) -> int:
+    import importlib.util
+
+    # optax is the demo extra, not a base dependency: say so before anything runs.
+    if "optax" in sys.modules:
+        have_optax = sys.modules["optax"] is not None
+    else:
+        have_optax = importlib.util.find_spec("optax") is not None
+    if not have_optax:
+        raise CLIError(
+            'jaxaot demo needs optax (its optimizer): pip install ".[demo]" '
+            "(in a checkout of jaxaot; or pip install 'jaxaot[demo]')",
+            2,
+        )
     origin, clock = getattr(args, "_started", time.perf_counter()), "command start"
     if getattr(args, "_first_call", False):
         start = process_start()

@@ -1,4 +1,5 @@
-"""``jaxaot bench``: the warm-start, regional-compilation and sharded benchmarks.
+"""``jaxaot bench``: the warm-start, regional-compilation, sharded, fleet and
+research-loop (edits) benchmarks.
 
 Every contender runs in its own fresh Python process, so that nothing warm in
 one process helps another; prepared artifacts (JAX's persistent cache, a
@@ -24,6 +25,7 @@ Layout:
 * :mod:`._suites`: the warm-start and regional suites; :mod:`._sharded`: the
   sharded suite; :mod:`._fleet`: the fleet suite; :mod:`._precompile`: the
   precompile suite, with its model, manifests and worker in :mod:`._serving`;
+  :mod:`._edits`: the research loop (edits and restarts);
 * :mod:`._command`: the options, the config they make, the extras check.
 """
 

@@ -25,6 +25,7 @@ SUITE_NEEDS = {
     "sharded": ("matplotlib",),
     "fleet": (),
     "precompile": (),
+    "edits": (),
     "all": ("matplotlib", "flatbuffers", "equinox"),
 }
 
@@ -44,14 +45,15 @@ def missing_extras(suite: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``jaxaot bench`` (and of the ``benchmarks/`` scripts)."""
+    """The options of ``jaxaot bench``."""
     default = ModelShape()
     parser.add_argument(
         "suite",
         nargs="?",
         default="warm-start",
         choices=SUITES,
-        help="which benchmark (default warm-start; all = warm-start and regional)",
+        help="which benchmark (default warm-start; all = warm-start and regional; edits = "
+        "the research loop: restarts and edits, each a fresh process)",
     )
     parser.add_argument(
         "--processes",
@@ -88,7 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--seq", "sequence length", default.seq),
     ):
         parser.add_argument(
-            flag, type=int, default=None, help=f"regional, sharded: {what} (default {value})"
+            flag,
+            type=int,
+            default=None,
+            help=f"regional, sharded, fleet, edits: {what} (default {value})",
         )
     parser.add_argument(
         "--inference",
@@ -115,7 +120,7 @@ def _add_sharded_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="regional, sharded: run only these contenders (default: all of them)",
+        help="regional, sharded, edits: run only these contenders (default: all of them)",
     )
     parser.add_argument(
         "--layouts",
@@ -192,7 +197,9 @@ BENCH = Command(
     "the physical limit on a mesh of simulated CPU devices, data-parallel, FSDP and 2-D, "
     "explicit and auto axes; not part of all), and/or the fleet suite (N cold processes "
     "started together on one new cache, directory and Redis, against one alone; not part "
-    "of all), each contender in a fresh process; write Markdown tables, JSON and PNG plots.",
+    "of all), and/or the edits suite (a research loop: cold, restart, three edits and their "
+    "restarts, jaxaot.jit against jax.jit and scan with JAX's persistent cache; not part of "
+    "all), each contender in a fresh process; write Markdown tables, JSON and PNG plots.",
     epilog='Needs the bench extra (pip install ".[bench]": matplotlib, flatbuffers, equinox); '
     "without it the command stops at once and names what is missing (exit status 2).",
     uses_cache=False,

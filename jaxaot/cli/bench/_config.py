@@ -32,7 +32,7 @@ __all__ = [
     "Table",
 ]
 
-SUITES = ("warm-start", "regional", "sharded", "fleet", "precompile", "all")
+SUITES = ("warm-start", "regional", "sharded", "fleet", "precompile", "edits", "all")
 #: "train": ``value_and_grad`` of the loss; "inference": the loss (forward pass) alone.
 MODES = ("train", "inference")
 #: The sharded suite's layouts: the batch split over every device, the parameters
@@ -181,6 +181,8 @@ class Job:
     mesh: MeshLayout | None = None
     #: The fleet suite's shared cache: ``{"dir": path}`` or ``{"redis": url, "prefix": p}``.
     cache: dict[str, str] | None = None
+    #: The edits suite's program: its edits, comma-separated (``loss``, ``lr``).
+    edit: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -207,7 +209,8 @@ class BenchConfig:
     ``width``, ``batch``, ``seq`` and ``inference`` change the regional and sharded
     suites' model (the warm-start suite keeps the default one); ``devices``,
     ``contenders``, ``layouts`` and ``axis_types`` are the sharded suite's;
-    ``processes`` is the fleet suite's (cold processes started together).
+    ``processes`` is the fleet suite's (cold processes started together). The edits
+    suite takes the model's size and ``contenders`` too.
     """
 
     suite: str = "warm-start"

@@ -15,6 +15,7 @@ __all__ = [
     "EARLY_STEPS",
     "PHASES",
     "early_steps",
+    "quiesce",
     "ROUND_SECONDS",
     "block",
     "measure_stages",
@@ -109,11 +110,11 @@ def steady_after_warmup(fn: Callable[[], Any], repeats: int) -> float:
     as in a long run: cache writes, a whole-program compile, and the C++ fast path
     the first call in this state starts loading."""
     block(fn())
-    _quiesce()
+    quiesce()
     return steady(fn, repeats)
 
 
-def _quiesce() -> None:
+def quiesce() -> None:
     """Waits for jaxaot's background work (cache writes, whole-program
     executables, C++ fast paths being loaded)."""
     import jaxaot

@@ -32,6 +32,10 @@ def run(config: BenchConfig, log: Log) -> str:
         from ._precompile import run_precompile
 
         texts.append(run_precompile(config, log))
+    if config.suite == "edits":
+        from ._edits import run_edits
+
+        texts.append(run_edits(config, log))
     return "\n".join(texts)
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import _edits
 from ._config import Job, ModelShape
 from ._measure import (
     PHASES,
@@ -351,21 +352,25 @@ def worker(job: Job, t_import: float) -> dict[str, Any]:
 
     from .. import _model as model_lib
 
+    edit = job.contender.removeprefix("edit:") if job.contender.startswith("edit:") else None
     contender = _CONTENDERS.get(job.contender)
-    if contender is None:
+    if contender is None and edit is None:
         raise ValueError(f"unknown contender {job.contender!r}")
     result: dict[str, Any] = {"contender": job.contender, "layers": job.layers}
     result.update({"import": t_import} | dict.fromkeys(PHASES))
-    if job.contender.startswith("pcc"):
+    if job.contender.startswith("pcc") or edit in _edits.PCC:
         jax.config.update("jax_compilation_cache_dir", str(Path(job.work) / "jax-pcc"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    place = placement(job.mesh) if job.mesh is not None else Placement()
-    with place.context():
-        blocks, x = _model(job.layers, job.shape)
-        blocks, x = block((place.place(blocks, "blocks"), place.place(x, "batch")))
-        run = _Run(job, blocks, x, place.block or model_lib.block, place, result)
-        contender(run)
+    if edit is not None:  # a step of the edits suite (its model made on the host)
+        result.update(_edits.run_edit(edit, job))
+    else:
+        assert contender is not None
+        place = placement(job.mesh) if job.mesh is not None else Placement()
+        with place.context():
+            blocks, x = _model(job.layers, job.shape)
+            blocks, x = block((place.place(blocks, "blocks"), place.place(x, "batch")))
+            contender(_Run(job, blocks, x, place.block or model_lib.block, place, result))
     result["first_result"] = sum(result[p] or 0.0 for p in PHASES)
     return result
 
