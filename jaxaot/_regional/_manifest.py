@@ -42,7 +42,7 @@ from .._caches import Held, Lease, Leasing
 from .._component import Component
 from .._store._active import get_cache
 from .._store._executables import wait_for_writes
-from .._store._once import _HEARTBEAT, lease_ttl, lease_wait
+from .._store._once import drop, keep, lease_ttl, lease_wait
 from ._jit import RegionalFunction
 from ._pool import wait_for_background
 
@@ -350,19 +350,19 @@ class Manifest:
             item = self._items[index]
             notify("start", ItemResult(index, item.label, "start"))
             if lease is not None:
-                _HEARTBEAT.add(lease, ttl / 3)
+                keep(lease, ttl)
             try:
                 result = _precompile_one(index, item)
             except BaseException:
                 # Not released: "done" would tell the others to skip it. The lease
                 # unlocks when this process ends (or expires), and is taken over.
                 if lease is not None:
-                    _HEARTBEAT.discard(lease)
+                    drop(lease)
                 raise
             report.items.append(result)
             notify("done", result)  # before the others can see it done
             if lease is not None:
-                _HEARTBEAT.discard(lease)
+                drop(lease)
                 try:
                     lease.release()
                 except Exception as e:  # it expires, or unlocks, by itself

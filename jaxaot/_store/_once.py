@@ -63,6 +63,8 @@ __all__ = [
     "LEASE_TTL_ENV",
     "LEASE_WAIT_ENV",
     "Outcome",
+    "drop",
+    "keep",
     "lease_ttl",
     "lease_wait",
     "make_once",
@@ -230,8 +232,8 @@ def _watched(make: Callable[[], T], what: str) -> Callable[[], T]:
 def _make(make: Callable[[], T], store: Write[T] | None, lease: Lease | None, ttl: float) -> T:
     """``make()`` and ``store`` it, holding ``lease`` (renewed every ``ttl / 3``
     seconds) until it is written."""
-    if lease is not None and getattr(lease, "expires", True):
-        _HEARTBEAT.add(lease, ttl / 3)
+    if lease is not None:
+        keep(lease, ttl)
     try:
         value = make()
         _stats.bump("made_here")
@@ -246,10 +248,22 @@ def _make(make: Callable[[], T], store: Write[T] | None, lease: Lease | None, tt
     return value
 
 
+def keep(lease: Lease, ttl: float) -> None:
+    """Renews ``lease`` every ``ttl / 3`` seconds from the heartbeat thread until it
+    is dropped, if it expires (a lock file does not: it costs no thread)."""
+    if getattr(lease, "expires", True):
+        _HEARTBEAT.add(lease, ttl / 3)
+
+
+def drop(lease: Lease) -> None:
+    """Stops renewing ``lease`` (it stays held until released, or it expires)."""
+    _HEARTBEAT.discard(lease)
+
+
 def _finish(lease: Lease | None) -> None:
     if lease is None:
         return
-    _HEARTBEAT.discard(lease)
+    drop(lease)
     try:
         lease.release()
     except Exception as e:  # it expires by itself
