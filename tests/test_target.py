@@ -13,6 +13,7 @@ not tested here (no TPU).
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -324,11 +325,10 @@ def test_precompile_for_a_topology_is_not_loaded_on_cpu(
         timeout=600,
     )
     assert deploy.returncode == 0, deploy.stderr[-3000:]
-    import json
-
     result = json.loads(deploy.stdout.strip().splitlines()[-1])
     assert result["devices"] == 4
-    assert result["jaxaot"]["compiles"] >= 2, result  # nothing of the TPU's was loaded
+    # Nothing of the TPU's was loaded: jaxaot compiled both signatures (JAX saw it).
+    assert result["jaxaot"]["compiles"] >= 2 and len(result["compiles"]) >= 2, result
     assert result["equal"] == [True, True]
     # The TPU entries are left in place, next to the CPU's own.
     assert before < set(store.keys())

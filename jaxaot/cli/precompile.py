@@ -4,15 +4,12 @@ into a cache, in parallel worker processes, running nothing.
 ``jaxaot precompile MANIFEST [--workers N] [--cache SPEC] [--target tpu:TOPOLOGY]``.
 ``MANIFEST`` is ``module:attr`` (or ``path/to/file.py:attr``): a
 :class:`jaxaot.Manifest`, or a function of no arguments that returns one.
-With ``--target`` (``tpu:v5e:2x2``), every worker makes that TPU topology its
-compile target before it imports the manifest (``jaxaot.target_devices()``
-gives its devices, to build shardings over): executables are compiled for,
-and keyed as, the topology, from any machine with libtpu installed. Each of the ``N`` workers (default:
-the machine's cores) is a fresh Python process (``sys.executable``: never a
-fork of a process that has started JAX) that imports the target and precompiles
-its share (``Manifest.precompile``: signatures are claimed through the cache's
-leases, so the workers of every machine pointed at one shared cache split the
-work, and a worker that dies has its signatures taken over by the others).
+Each of the ``N`` workers (default: the machine's cores) is a fresh Python
+process (``sys.executable``: never a fork of a process that has started JAX)
+that imports the manifest and precompiles its share (``Manifest.precompile``:
+signatures are claimed through the cache's leases, so the workers of every
+machine pointed at one shared cache split the work, and a worker that dies has
+its signatures taken over by the others).
 
 Workers talk to this process through lines on their stdout that start with
 :data:`MARK` and hold one JSON object (the manifest's size, a signature
@@ -21,6 +18,11 @@ through (to stderr). This process tells every worker, on its stdin, the index
 of each signature done, so that none of them loads what another made. On a terminal the progress is a rich bar; piped, one plain line per
 signature. The last line says what was made, loaded and already present, and
 the time taken.
+
+With ``--target`` (``tpu:v5e:2x2``), every worker makes that TPU topology its
+compile target before it imports the manifest (``jaxaot.target_devices()``
+gives its devices, to build shardings over): executables are compiled for,
+and keyed as, the topology, from any machine with libtpu installed.
 """
 
 from __future__ import annotations
