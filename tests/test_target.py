@@ -175,7 +175,7 @@ def test_topology_devices(no_target: None) -> None:
     assert (
         topology_text(devices) == "2x2x1 cores=1; 0@0,0,0/0:0 1@1,0,0/0:0 2@0,1,0/0:0 3@1,1,0/0:0"
     )
-    with pytest.raises(TargetError, match="libtpu has no such topology"):
+    with pytest.raises(TargetError, match="libtpu cannot describe this topology"):
         set_target(parse_target("tpu:v99:2x2"))
     assert _target.active_target() == target  # a failed set leaves the active one
 
@@ -343,4 +343,4 @@ def test_precompile_unknown_topology_exits_2(
         env, "_precompile_targets:topology", "--target", "tpu:v99:2x2", "--workers", "1"
     )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "libtpu has no such topology" in proc.stdout + proc.stderr
+    assert "libtpu cannot describe this topology" in proc.stdout + proc.stderr

@@ -103,9 +103,8 @@ def parse_target(text: str) -> Target:
     if platform in _GPU:
         raise TargetError(
             f"--target {text}: JAX cannot compile for a GPU without one (no deviceless "
-            "GPU compile: jax-ml/jax#23971, #28376); precompile on a machine with that GPU "
-            "kind instead (it compiles for the GPUs it has, and for larger meshes of them "
-            "through jax.experimental.topologies where JAX supports it)"
+            "GPU compile: jax-ml/jax#23971, #28376); precompile without --target on a "
+            "machine with that GPU kind instead (see Targets in docs/precompile.md)"
         )
     if platform != "tpu" or not sep:
         raise TargetError(
@@ -143,10 +142,11 @@ def _topology_devices(platform: str, topology: str) -> tuple[Any, ...]:
 
     try:
         desc = topologies.get_topology_desc(topology_name=topology, platform=platform)
-    except Exception as e:  # libtpu's own words: an unknown generation or shape
+    except Exception as e:  # libtpu's own words: an unknown generation or shape...
+        words = str(e).strip().splitlines()
         raise TargetError(
-            f"--target {platform}:{topology}: libtpu has no such topology "
-            f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else e})"
+            f"--target {platform}:{topology}: libtpu cannot describe this topology "
+            f"({type(e).__name__}: {words[0] if words else e!r})"
         ) from None
     return tuple(sorted(desc.devices, key=lambda d: int(d.id)))
 
