@@ -47,6 +47,7 @@ _NAMES = {
     "CacheInfo": "._stats",
     "stats": "._stats",
     "report": "._stats",
+    "target_devices": "._jax._target",
 }
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from ._component import component as component
     from ._host import HostCopy as HostCopy
     from ._host import to_host_async as to_host_async
+    from ._jax._target import target_devices as target_devices
     from ._keys._closure import ClosureError as ClosureError
     from ._keys._key import ComponentKey as ComponentKey
     from ._regional import RegionalFunction as RegionalFunction
@@ -125,6 +127,7 @@ __all__ = [
     "report",
     "set_cache",
     "stats",
+    "target_devices",
     "to_host_async",
     "using_cache",
     "wait_for_writes",

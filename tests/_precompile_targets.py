@@ -137,3 +137,22 @@ def fragile(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
 killed = jaxaot.manifest()
 for _n in (2, 3, 4, 5, 6, 7):
     killed.add(layer if _n % 2 else fragile, _params(1)[0], _sds(_n, WIDTH))
+
+
+# -- a TPU topology (``--target tpu:v5e:2x2``), or this process's devices ----------
+
+
+def topology() -> jaxaot.Manifest:
+    """Signatures over the compile target's first 4 devices (``jaxaot.target_devices()``:
+    a TPU topology's under ``--target``, this process's otherwise), and one unsharded."""
+    mesh = Mesh(np.array(jaxaot.target_devices()[:4]), ("d",))
+    rows, replicated = NamedSharding(mesh, PartitionSpec("d")), NamedSharding(mesh, PartitionSpec())
+    return (
+        jaxaot.manifest()
+        .add(
+            layer,
+            _params(1, sharding=replicated)[0],
+            jax.ShapeDtypeStruct((8, WIDTH), jnp.float32, sharding=rows),
+        )
+        .add(head, _sds(4, WIDTH), mode="sum")
+    )

@@ -226,7 +226,7 @@ def test_two_machines_on_one_redis_make_each_entry_once(
 
 def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["precompile", "no_colon_here"]) == 2
-    assert "TARGET must be module:attr" in capsys.readouterr().err
+    assert "MANIFEST must be module:attr" in capsys.readouterr().err
     assert main(["precompile", "_precompile_targets:components", "--cache", "memory"]) == 2
     assert "no later process can read" in capsys.readouterr().err
     assert main(["precompile", "--help"]) == 0

@@ -31,11 +31,13 @@ import jax
 from .. import _stats
 from .._jax import (
     Tracer,
+    active_target,
     cpp_dispatcher,
     default_platform,
     fastpath_miss,
     has_host_callbacks,
     jaxpr_as_fun,
+    on_target,
     trace_context,
     trace_state_clean,
 )
@@ -187,6 +189,8 @@ class Component(Generic[P, R]):
             statics,
             self._args.static_values(args, kwargs),
             trace_context(),
+            # The compile target: its keys are another platform's (in-process only).
+            active_target(),
         )
         if callable(self._key):
             sig = (*sig, self._identity(args, kwargs))
@@ -422,12 +426,22 @@ class Component(Generic[P, R]):
             return self._dispatch(*args, **kwargs)  # type: ignore[no-any-return]
         return self._call_slow(args, kwargs)  # type: ignore[arg-type]
 
+    def _refuse_under_target(self) -> None:
+        target = active_target()
+        if target is not None:
+            raise RuntimeError(
+                f"jaxaot.component {self.name!r}: called under the compile target {target}, "
+                "whose devices cannot run anything; precompile it (jaxaot.Manifest, "
+                "Component.precompile) with ShapeDtypeStructs instead"
+            )
+
     def _dispatch_miss(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
         """The C++ dispatcher met a new signature (or one without fast-path data yet)."""
         dyn_args, dyn_kwargs, statics = self._args.split(args, kwargs)
         leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds=False)
         if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
             return self._call_traced(args, kwargs), None, False
+        self._refuse_under_target()
         exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)
         return fastpath_miss(exe, dyn_args, dyn_kwargs)
 
@@ -436,6 +450,7 @@ class Component(Generic[P, R]):
         leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds=False)
         if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
             return self._call_traced(args, kwargs)
+        self._refuse_under_target()
         exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)
         if _TraceAnnotation.is_enabled():
             with _TraceAnnotation(self._annotation):
@@ -511,11 +526,35 @@ class Component(Generic[P, R]):
         signature without running it, and returns it (a ``jax.stages.Compiled``).
 
         Accepts arrays or ``jax.ShapeDtypeStruct``s. Later calls with this
-        signature use the same executable."""
+        signature use the same executable. Under a compile target
+        (``jaxaot precompile --target``), it compiles for the target's devices:
+        where no argument is sharded over them, on its first device."""
         dyn_args, dyn_kwargs, statics = self._args.split(args, kwargs)
         leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds=True)
-        exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)
+        # Keyed by the arguments as given (a process on the target keys its own
+        # calls so: "placed by the call"), compiled for where the target places them.
+        placed_args, placed_kwargs = self._on_target(args, kwargs)
+        exe, _ = self._executable(placed_args, placed_kwargs, in_tree, leaves, statics)
         return exe
+
+    def _on_target(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The arguments as the active compile target compiles them (``on_target``);
+        themselves without one."""
+        if active_target() is None:
+            return args, kwargs
+        static = self._args.static_positions(len(args))
+        positions = [i for i in range(len(args)) if i not in static]
+        names = [k for k in kwargs if k not in self._static_argnames]
+        dynamic = ([args[i] for i in positions], {k: kwargs[k] for k in names})
+        leaves, tree = jax.tree_util.tree_flatten(dynamic)
+        placed = on_target(leaves, f"jaxaot.component {self.name!r}")
+        placed_args, placed_kwargs = jax.tree_util.tree_unflatten(tree, placed)
+        new_args = list(args)
+        for i, a in zip(positions, placed_args, strict=True):
+            new_args[i] = a
+        return tuple(new_args), {**kwargs, **placed_kwargs}
 
     def cost_analysis(self, *args: Any, **kwargs: Any) -> dict[str, float] | None:
         """The compiled program's cost analysis for this signature as a plain dict

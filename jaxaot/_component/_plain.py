@@ -31,7 +31,14 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from .._jax import named_axis_effect, named_shardings, uses_primitive
+from .._jax import (
+    Target,
+    active_target,
+    named_axis_effect,
+    named_shardings,
+    target_devices,
+    uses_primitive,
+)
 
 __all__ = [
     "Devices",
@@ -81,19 +88,24 @@ def _sharding_of(item: tuple[Any, ...], by_id: dict[int, Any]) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(), memory_kind=memory_kind)
 
 
-@functools.lru_cache(maxsize=256)
 def device_witness(devices: Devices) -> Any:
     """A closed jaxpr naming ``devices`` to JAX's device assignment as a program that
     names them does: one sharding constraint on a scalar per mesh (the same mesh,
     so that outputs placed from it name the user's mesh) or device list (a
     one-axis mesh of those devices in that order). ``None`` for no devices.
+    Device ids are those of the active compile target's devices, if any.
 
     Raises:
-      KeyError: a device this process does not have.
+      KeyError: a device this process (or its target) does not have.
     """
+    return _witness(devices, active_target())
+
+
+@functools.lru_cache(maxsize=256)
+def _witness(devices: Devices, target: Target | None) -> Any:
     if not devices:
         return None
-    by_id = {int(d.id): d for d in jax.devices()}
+    by_id = {int(d.id): d for d in target_devices()}
     shardings = [_sharding_of(item, by_id) for item in devices]
 
     def witness() -> tuple[Any, ...]:

@@ -16,7 +16,9 @@ the small surface jaxaot depends on:
   caches key on and the axis environment, the concrete shardings JAX's device
   assignment sees in a jaxpr, the distributed runtime's key-value client,
   types made again by pickling comparing equal (``AutoLayout``), serialized
-  executables and JAX's C++ dispatcher.
+  executables and JAX's C++ dispatcher;
+* ``_target``: compile targets without their devices (TPU topologies), the
+  active one, and how keys describe a target's devices.
 
 Supported JAX: 0.10.2 through 0.12.x (``SUPPORTED_JAX``). The differences
 between those versions are all handled here, keyed on the installed version
@@ -119,10 +121,36 @@ from ._runtime import (
     trace_context,
     trace_context_items,
 )
+from ._target import (
+    EXTRA,
+    Target,
+    TargetError,
+    active_target,
+    check_tpu_available,
+    on_target,
+    parse_target,
+    platform_version_text,
+    set_target,
+    target_devices,
+    target_platform,
+    topology_text,
+)
 
 one_auto_layout()
 
 __all__ = [
+    "EXTRA",
+    "Target",
+    "TargetError",
+    "active_target",
+    "check_tpu_available",
+    "on_target",
+    "parse_target",
+    "platform_version_text",
+    "set_target",
+    "target_devices",
+    "target_platform",
+    "topology_text",
     "CALL_PRIMITIVES",
     "ELEMENTWISE_ARITHMETIC",
     "EXCLUDED_FLAGS",

@@ -39,6 +39,7 @@ import jax
 import numpy as np
 
 from ._jaxpr import component_callback_jaxpr, is_ordered_effect, walk_jaxprs
+from ._target import target_devices
 
 __all__ = [
     "CallbacksNotRebindable",
@@ -132,12 +133,13 @@ def _walk(eqn: Any) -> tuple[list[Any], list[Any]]:
 
 def rebind_unsupported() -> str | None:
     """Why executables with host callbacks cannot be loaded in another process with
-    this JAX and backend, or ``None`` if they can."""
-    backend = jax.devices()[0].client
+    this JAX and backend (the active compile target's, if any), or ``None`` if they can."""
+    device = target_devices()[0]
+    backend = device.client
     doc = getattr(backend.deserialize_executable, "__doc__", "") or ""
     if "host_callbacks" not in doc:
         return f"jaxlib {jax.__version__} cannot bind host callbacks to a deserialized executable"
-    platform = jax.devices()[0].platform
+    platform = device.platform
     if platform not in ("cpu", "gpu", "cuda", "rocm"):
         return f"host callbacks on {platform} are channels compiled into the program"
     return None

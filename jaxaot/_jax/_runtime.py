@@ -49,8 +49,11 @@ def canonical_platform(platform: str) -> str:
 
 
 def default_platform() -> str:
-    """The lowering platform of JAX's default backend on this machine."""
-    return canonical_platform(jax.default_backend())
+    """The lowering platform of the active compile target (``_target``), else of
+    JAX's default backend on this machine."""
+    from ._target import target_platform
+
+    return target_platform() or canonical_platform(jax.default_backend())
 
 
 # -- what jax.jit's caches key on --------------------------------------------------

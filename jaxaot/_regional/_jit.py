@@ -75,6 +75,7 @@ from .._component._types import ARRAY_SCALARS
 from .._jax import (
     ArrayImpl,
     Tracer,
+    active_target,
     cpp_dispatcher,
     fastpath_miss,
     trace_context,
@@ -325,6 +326,7 @@ class RegionalFunction:
         committedness, configuration) then stands for this plan's. Otherwise the
         call runs the Python path, and the next one with its signature comes back
         here. A plan that leaves the whole program resets the dispatcher."""
+        self._refuse_under_target()
         parts = self._dynamic(args, kwargs)
         leaves, treedef, statics, donated = parts
         found: Plan | None | object = _NOT_LOOKED_UP
@@ -337,6 +339,15 @@ class RegionalFunction:
         # No fast path for this signature yet: the dispatcher forgets it (True),
         # so that a later call can give it one.
         return self._call_slow(args, kwargs, *parts, plan=found), None, True
+
+    def _refuse_under_target(self) -> None:
+        target = active_target()
+        if target is not None:
+            raise RuntimeError(
+                f"jaxaot.jit {self.__name__}: called under the compile target {target}, "
+                "whose devices cannot run anything; precompile it (jaxaot.Manifest, "
+                "RegionalFunction.precompile) with ShapeDtypeStructs instead"
+            )
 
     def _call_slow(
         self,
@@ -356,6 +367,7 @@ class RegionalFunction:
                 not arrays and any(isinstance(x, Tracer) for x in leaves)
             ):
                 return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
+            self._refuse_under_target()
             if self._in_shardings is not UNSET:
                 try:
                     placed = self._placed(leaves, treedef)
@@ -450,7 +462,9 @@ class RegionalFunction:
         # Equal shardings spelled differently (a step's outputs fed back) are one plan.
         shardings = tuple(map(canonical_sharding, shardings))
         mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
-        return (treedef, _avals(leaves, arrays), statics, shardings, mesh, trace_context())
+        # The compile target: another platform's plans (in-process only).
+        target = active_target()
+        return (treedef, _avals(leaves, arrays), statics, shardings, mesh, trace_context(), target)
 
     def _agreed(self, plan: Plan | None) -> Plan | None:
         """In a multi-process job, the plan if every process could split the program

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
+from .._jax import active_target, target_devices
 from .._keys._sharding import leaf_sharding
 
 #: ``in_shardings``/``out_shardings`` not given (``None`` means "unconstrained").
@@ -49,6 +50,10 @@ __all__ = [
 def _default_device() -> Any:
     if getattr(jax.config, "jax_default_device", None) is not None:
         return None  # placed by configuration: every sharding counts as given
+    if active_target() is not None:
+        # What a process on the target places on: its first device (where
+        # regions compile unplaced inputs, ``on_target``).
+        return target_devices()[0]
     return jax.local_devices()[0]
 
 

@@ -24,6 +24,7 @@ from .._jax import (
     has_host_callbacks,
     is_callback_equation,
     jaxpr_as_fun,
+    on_target,
     serialize_with_callbacks,
     walk_jaxprs,
 )
@@ -192,6 +193,8 @@ class ProgramCache:
             jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
             for a, s in zip(avals, shardings or (None,) * len(avals), strict=True)
         ]
+        # Under a compile target, for its devices (unplaced inputs on its first).
+        sds = on_target(sds, "jaxaot.jit")
         return jax.jit(fn, keep_unused=True, donate_argnums=donate).trace(*sds).lower().compile()
 
     def _store(
@@ -298,5 +301,6 @@ def _compile_entry(
             else jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=sharding)
             for s, sharding in zip(avals, shardings, strict=True)
         ]
+    avals = on_target(avals, f"jaxaot.jit region of {call.component.name!r}")
     fn = jax.jit(lambda *a: bind(call, a), keep_unused=True, donate_argnums=donate)
     return fn.trace(*avals).lower().compile()

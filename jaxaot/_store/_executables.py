@@ -5,6 +5,7 @@ ones in the background."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 from typing import Any
@@ -13,7 +14,15 @@ import jax
 
 from .. import _stats
 from .._caches import Cache
-from .._jax import compile_flags, deserialize_executable, serialize_executable
+from .._jax import (
+    active_target,
+    compile_flags,
+    deserialize_executable,
+    platform_version_text,
+    serialize_executable,
+    target_devices,
+    topology_text,
+)
 from .._keys._key import ComponentKey
 from ._entry import Entry, EntryError
 from ._readwrite import discard, read, write
@@ -29,6 +38,7 @@ __all__ = [
     "load_executable_entry",
     "store_executable",
     "store_in_background",
+    "target_process_keys",
     "wait_for_writes",
 ]
 
@@ -36,17 +46,29 @@ logger = logging.getLogger("jaxaot")
 
 
 def executable_parts(donate_argnums: tuple[int, ...]) -> tuple[tuple[str, Any], ...]:
-    """Key parts that make a foreign or stale executable impossible to load."""
-    device = jax.devices()[0]
+    """Key parts that make a foreign or stale executable impossible to load: those
+    of the devices it is compiled for, as a process on them names itself (this
+    process's, or the active compile target's: its process 0), the topology
+    where the devices have one (TPUs), donations and compiler flags."""
+    if active_target() is None:
+        devices = jax.devices()
+        count, processes, index = jax.device_count(), jax.process_count(), jax.process_index()
+    else:
+        devices = target_devices()
+        count, processes = len(devices), len({int(d.process_index) for d in devices})
+        index = 0
+    device = devices[0]
     client = device.client
+    topology = topology_text(devices)
     return (
         ("backend", str(client.platform)),
-        ("platform_version", str(client.platform_version)),
+        ("platform_version", platform_version_text(client)),
         ("device_kind", str(device.device_kind)),
-        ("device_count", jax.device_count()),
-        ("process_count", jax.process_count()),
+        ("device_count", count),
+        ("process_count", processes),
         # An executable is bound to its process's devices: each process has its own.
-        ("process_index", jax.process_index()),
+        ("process_index", index),
+        *((("topology", topology),) if topology is not None else ()),
         ("donate_argnums", tuple(donate_argnums)),
         # Less the dump and debug flags, which cannot change the code (as JAX's cache).
         *compile_flags(),
@@ -212,6 +234,26 @@ def executable_entry(
         return None
 
 
+def target_process_keys(key: ComponentKey) -> list[ComponentKey]:
+    """The keys of ``key``'s executable for the other processes of the active
+    compile target (none without a target, or for a one-process target): the
+    same executable, keyed by each process index, as each process of the
+    target names itself."""
+    target = active_target()
+    parts = key.parts.get("executable")
+    if target is None or not isinstance(parts, tuple):
+        return []
+    processes = sorted({int(d.process_index) for d in target_devices()})
+    out = []
+    for index in processes[1:]:
+        changed = tuple(
+            ("process_index", index) if isinstance(p, tuple) and p[:1] == ("process_index",) else p
+            for p in parts
+        )
+        out.append(key.replace(executable=changed))
+    return out
+
+
 def store_executable(
     cache: Cache,
     key: ComponentKey,
@@ -224,3 +266,6 @@ def store_executable(
     entry = executable_entry(key, root, exe, costs, extra, serialized)
     if entry is not None:
         write(cache, entry)
+        # A multi-process target: one entry per process (the same bytes).
+        for other in target_process_keys(key):
+            write(cache, dataclasses.replace(entry, key=other))

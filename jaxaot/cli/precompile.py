@@ -1,14 +1,15 @@
 """``jaxaot precompile``: build every executable a deployment's manifest names
 into a cache, in parallel worker processes, running nothing.
 
-``jaxaot precompile TARGET [--workers N] [--cache SPEC]``. ``TARGET`` is
-``module:attr`` (or ``path/to/file.py:attr``): a :class:`jaxaot.Manifest`, or a
-function of no arguments that returns one. Each of the ``N`` workers (default:
-the machine's cores) is a fresh Python process (``sys.executable``: never a
-fork of a process that has started JAX) that imports the target and precompiles
-its share (``Manifest.precompile``: signatures are claimed through the cache's
-leases, so the workers of every machine pointed at one shared cache split the
-work, and a worker that dies has its signatures taken over by the others).
+``jaxaot precompile MANIFEST [--workers N] [--cache SPEC] [--target tpu:TOPOLOGY]``.
+``MANIFEST`` is ``module:attr`` (or ``path/to/file.py:attr``): a
+:class:`jaxaot.Manifest`, or a function of no arguments that returns one.
+Each of the ``N`` workers (default: the machine's cores) is a fresh Python
+process (``sys.executable``: never a fork of a process that has started JAX)
+that imports the manifest and precompiles its share (``Manifest.precompile``:
+signatures are claimed through the cache's leases, so the workers of every
+machine pointed at one shared cache split the work, and a worker that dies has
+its signatures taken over by the others).
 
 Workers talk to this process through lines on their stdout that start with
 :data:`MARK` and hold one JSON object (the manifest's size, a signature
@@ -17,6 +18,11 @@ through (to stderr). This process tells every worker, on its stdin, the index
 of each signature done, so that none of them loads what another made. On a terminal the progress is a rich bar; piped, one plain line per
 signature. The last line says what was made, loaded and already present, and
 the time taken.
+
+With ``--target`` (``tpu:v5e:2x2``), every worker makes that TPU topology its
+compile target before it imports the manifest (``jaxaot.target_devices()``
+gives its devices, to build shardings over): executables are compiled for,
+and keyed as, the topology, from any machine with libtpu installed.
 """
 
 from __future__ import annotations
@@ -50,9 +56,19 @@ _WORKER_CODE = (
 def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "target",
-        metavar="TARGET",
+        metavar="MANIFEST",
         help="module:attr or path/to/file.py:attr: a jaxaot.Manifest, or a function of no "
         "arguments returning one",
+    )
+    parser.add_argument(
+        "--target",
+        dest="compile_target",
+        metavar="PLATFORM:TOPOLOGY",
+        default=None,
+        help="compile for devices this machine does not have: a TPU topology "
+        '(tpu:v5e:2x2, tpu:v4:2x2x1); needs libtpu (pip install "jaxaot[tpu-aot]", '
+        "Python >= 3.12). Executables are keyed for the topology: only processes on it "
+        "load them",
     )
     parser.add_argument(
         "--workers",
@@ -82,7 +98,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 def _split_target(target: str) -> tuple[str, str]:
     where, sep, attr = target.rpartition(":")
     if not sep or not where or not attr.isidentifier():
-        raise CLIError(f"TARGET must be module:attr or path/to/file.py:attr, got {target!r}", 2)
+        raise CLIError(f"MANIFEST must be module:attr or path/to/file.py:attr, got {target!r}", 2)
     return where, attr
 
 
@@ -140,9 +156,29 @@ def _report(stream: IO[str], event: str, **fields: Any) -> None:
     stream.flush()
 
 
+def _compile_target(text: str | None) -> Any:
+    """The compile target ``--target`` names (checked, libtpu included), or ``None``.
+
+    Raises:
+      CLIError: malformed, a GPU, or libtpu missing (status 2).
+    """
+    if not text:
+        return None
+    from .._jax._target import TargetError, check_tpu_available, parse_target
+
+    try:
+        target = parse_target(text)
+        check_tpu_available()
+    except TargetError as e:
+        raise CLIError(str(e), 2) from None
+    return target
+
+
 def worker_main(argv: list[str]) -> int:
-    """A worker: ``TARGET WORKER WORKERS RUN``. Precompiles its share, reporting on stdout."""
+    """A worker: ``MANIFEST WORKER WORKERS RUN [COMPILE_TARGET]``. Precompiles its
+    share, reporting on stdout."""
     target, worker, workers, run = argv[0], int(argv[1]), int(argv[2]), argv[3]
+    compile_target = argv[4] if len(argv) > 4 else ""
     out = sys.stdout
     finished: set[int] = set()
 
@@ -153,6 +189,15 @@ def worker_main(argv: list[str]) -> int:
 
     threading.Thread(target=listen, name="jaxaot-precompile-finished", daemon=True).start()
     try:
+        if compile_target:
+            # Before the manifest is imported: it may build shardings over the
+            # target's devices (jaxaot.target_devices()).
+            from .._jax._target import TargetError, set_target
+
+            try:
+                set_target(_compile_target(compile_target))
+            except TargetError as e:
+                raise CLIError(str(e), 2) from None
         manifest = load_manifest(target)
         _report(out, "manifest", count=len(manifest))
         manifest.precompile(
@@ -311,7 +356,13 @@ def _close(worker: _Worker) -> None:
 
 def _run(args: argparse.Namespace, out: Output) -> int:
     _split_target(args.target)
+    compile_target = _compile_target(args.compile_target)
     env = _cache_env(args.cache)
+    if compile_target is not None:
+        # The workers compile for the target's devices, and need none of this
+        # machine's accelerators (unless told otherwise): JAX starts on the CPU,
+        # without trying (and locking) a local TPU.
+        env.setdefault("JAX_PLATFORMS", "cpu")
     workers = args.workers or os.cpu_count() or 1
     run = args.run or secrets.token_hex(8)
     started = time.perf_counter()
@@ -319,7 +370,16 @@ def _run(args: argparse.Namespace, out: Output) -> int:
     procs: list[_Worker] = []
     for w in range(workers):
         proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_CODE, args.target, str(w), str(workers), run],
+            [
+                sys.executable,
+                "-c",
+                _WORKER_CODE,
+                args.target,
+                str(w),
+                str(workers),
+                run,
+                compile_target.spec if compile_target is not None else "",
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -399,6 +459,6 @@ PRECOMPILE = Command(
     "signatures through the cache's leases; several machines pointed at one shared cache "
     "split them the same way, and a worker that dies has its signatures taken over.",
     epilog="Exit status: 0 when every signature was precompiled (here or by another "
-    "process on the cache); 1 when one failed or was left undone; 2 for a bad TARGET.",
+    "process on the cache); 1 when one failed or was left undone; 2 for a bad MANIFEST or --target.",
     uses_cache=False,
 )
