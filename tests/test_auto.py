@@ -19,6 +19,9 @@ import pytest
 import jaxaot
 
 WORKER = Path(__file__).with_name("_auto_worker.py")
+#: The deeper program of each kind (its compile count must equal that of 2 layers'):
+#: deep enough for every kind to repeat its blocks and glue (diffrax: 4 solves and more).
+DEEP = 5
 KINDS = [
     "jit",
     "checkpoint",
@@ -61,36 +64,39 @@ def _worker_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def first_steps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """The first step of every kind of model at 2 and 8 layers (fresh processes,
-    one cache per depth), then at 8 layers again in a warm process; and the
+    """The first step of every kind of model at 2 and ``DEEP`` layers (fresh
+    processes, one cache per depth), then at ``DEEP`` layers again in a warm
+    process; and the
     diffrax chain at 4 solves (its one field's gradient is summed between the
     backward solves from the third on: at 2 there is no such glue)."""
     tmp = tmp_path_factory.mktemp("auto")
     base = _worker_env()
     runs = {}
-    for name, layers, cache in (("2", 2, "two"), ("8", 8, "eight"), ("warm", 8, "eight")):
+    for name, layers, cache in (("2", 2, "two"), ("deep", DEEP, "deep"), ("warm", DEEP, "deep")):
         env = dict(base, JAXAOT_CACHE_DIR=str(tmp / cache))
         runs[name] = _run(layers, env)
     runs["4"] = _run(4, dict(base, JAXAOT_CACHE_DIR=str(tmp / "four")), "diffrax_chain")
     return runs
 
 
+# The tests of ``first_steps`` run on one pytest-xdist worker: the fixture runs once.
+@pytest.mark.xdist_group("auto_first_steps")
 @pytest.mark.parametrize("kind", KINDS)
 def test_unannotated_blocks_compile_once_whatever_the_depth(
     first_steps: dict[str, dict[str, Any]], kind: str
 ) -> None:
     """Values equal jax.jit's (checked in the worker); the step is split; the XLA
-    compilations of its first step are as many at 8 layers as at 2, and more than
+    compilations of its first step are as many at ``DEEP`` layers as at 2, and more than
     one (each block's forward and backward, and the glue, not one program)."""
-    two, eight = first_steps["2"][kind], first_steps["8"][kind]
+    two, eight = first_steps["2"][kind], first_steps["deep"][kind]
     assert two["split"] and eight["split"], (two, eight)
     if kind == "diffrax_chain":
         two = first_steps["4"][kind]
     assert two["compiles"] == eight["compiles"] >= 2, (two, eight)
     assert "block " in eight["explain"], eight["explain"]
-    assert "8 forward" in eight["explain"] or "forward: 8 call" in eight["explain"], eight[
-        "explain"
-    ]
+    assert f"{DEEP} forward" in eight["explain"] or f"forward: {DEEP} call" in eight["explain"], (
+        eight["explain"]
+    )
     # JAX's own helpers (jnp.var's inner jit) are never blocks, whatever their flag.
     assert "_var" not in eight["explain"], eight["explain"]
     # Blocks carry the user's names, and every call that is not a block says why.
@@ -110,23 +116,27 @@ SAYS: dict[str, tuple[str, ...]] = {
         "block jit(LPlainBlock.__call__)",
         "jit(LPlainModel.__call__): looked through",
     ),
-    "haiku_loop": ("HBlock.__call__): 8 forward", "in glue (called once): jit(Linear.__call__)"),
+    "haiku_loop": (
+        f"HBlock.__call__): {DEEP} forward",
+        "in glue (called once): jit(Linear.__call__)",
+    ),
     "equinox_loop": ("block jit(LoopLayer.__call__)",),
     "nnx_loop": ("block jit(NLoopLayer.__call__)",),
     "outer_jit": ("jit(loss): looked through",),
     # Calls holding custom_vjp rules (diffrax's adjoint, a user's own) are
     # differentiated whole under grad: a forward and a backward block each.
     "diffrax_chain": (
-        "block jit(diffeqsolve) forward: 8 call",
-        "block jit(diffeqsolve) backward: 8 call",
+        f"block jit(diffeqsolve) forward: {DEEP} call",
+        f"block jit(diffeqsolve) backward: {DEEP} call",
     ),
     "custom_vjp_layers": (
-        "block jit(layer) forward: 8 call",
-        "block jit(layer) backward: 8 call",
+        f"block jit(layer) forward: {DEEP} call",
+        f"block jit(layer) backward: {DEEP} call",
     ),
 }
 
 
+@pytest.mark.xdist_group("auto_first_steps")
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_warm_process_compiles_no_block(
     first_steps: dict[str, dict[str, Any]], kind: str

@@ -897,6 +897,8 @@ def _scenario(results: dict[str, Any], name: str, axes: str) -> Any:
     return outcome["result"]
 
 
+# One worker runs every scenario (the fixture runs once per pytest-xdist worker).
+@pytest.mark.xdist_group("sharded_scenarios")
 @pytest.mark.parametrize("axes", AXES)
 def test_sharded_data_parallel_train_step_compiles_each_block_once(
     sharded: dict[str, Any], axes: str
@@ -907,6 +909,7 @@ def test_sharded_data_parallel_train_step_compiles_each_block_once(
     assert compiles["1"] == compiles["3"] > 0
 
 
+@pytest.mark.xdist_group("sharded_scenarios")
 @pytest.mark.parametrize("axes", AXES)
 def test_sharded_unannotated_blocks_compile_once_whatever_the_depth(
     sharded: dict[str, Any], axes: str
@@ -917,37 +920,44 @@ def test_sharded_unannotated_blocks_compile_once_whatever_the_depth(
     assert compiles["2"] == compiles["4"] > 0
 
 
+@pytest.mark.xdist_group("sharded_scenarios")
 @pytest.mark.parametrize("axes", AXES)
 def test_sharded_fsdp_parameters(sharded: dict[str, Any], axes: str) -> None:
     assert _scenario(sharded, "fsdp", axes)["compiles"] > 0
 
 
+@pytest.mark.xdist_group("sharded_scenarios")
 @pytest.mark.parametrize("axes", AXES)
 def test_sharded_2d_mesh(sharded: dict[str, Any], axes: str) -> None:
     assert _scenario(sharded, "mesh_2d", axes)["compiles"] > 0
 
 
+@pytest.mark.xdist_group("sharded_scenarios")
 @pytest.mark.parametrize("axes", AXES)
 def test_sharded_shard_map_component_under_two_meshes(sharded: dict[str, Any], axes: str) -> None:
     values = _scenario(sharded, "shard_map_component", axes)["values"]
     assert values["(8,)"] != values["(2, 4)"]  # the psum ran over 8 devices, then over 2
 
 
+@pytest.mark.xdist_group("sharded_scenarios")
 @pytest.mark.parametrize("axes", AXES)
 def test_sharded_in_and_out_shardings(sharded: dict[str, Any], axes: str) -> None:
     _scenario(sharded, "in_out_shardings", axes)
 
 
+@pytest.mark.xdist_group("sharded_scenarios")
 @pytest.mark.parametrize("axes", AXES)
 def test_sharded_donation(sharded: dict[str, Any], axes: str) -> None:
     _scenario(sharded, "donation", axes)
 
 
+@pytest.mark.xdist_group("sharded_scenarios")
 @pytest.mark.parametrize("axes", AXES)
 def test_sharded_inside_set_mesh(sharded: dict[str, Any], axes: str) -> None:
     _scenario(sharded, "set_mesh", axes)
 
 
+@pytest.mark.xdist_group("sharded_scenarios")
 @pytest.mark.parametrize("axes", AXES)
 def test_sharded_failure_falls_back_to_jax_jit_with_its_shardings(
     sharded: dict[str, Any], axes: str
