@@ -15,6 +15,7 @@ __all__ = [
     "EARLY_STEPS",
     "PHASES",
     "early_steps",
+    "load_all_executables",
     "quiesce",
     "ROUND_SECONDS",
     "block",
@@ -123,3 +124,20 @@ def quiesce() -> None:
 
     _regional.wait_for_background()
     jaxaot.wait_for_writes()
+
+
+def load_all_executables(cache: Any) -> int:
+    """The load limit of a warm start: reads, verifies and deserializes every
+    executable entry of ``cache``, nothing else; how many it loaded."""
+    from ..._store._entry import decode
+    from ..._store._executables import load_executable
+
+    loaded = 0
+    for key in cache.keys():
+        blob = cache.get(key)
+        if blob is None:
+            continue
+        entry = decode(blob)
+        if entry.executable is not None and load_executable(cache, entry.key) is not None:
+            loaded += 1
+    return loaded

@@ -231,19 +231,9 @@ def _scalar(value: int) -> jax.Array:
 def _load_all(path: str) -> int:
     """The load limit: read and deserialize every executable entry of the cache at
     ``path`` (as the regional suite's remat limit does), nothing else."""
-    from jaxaot._store._entry import decode as decode_entry
-    from jaxaot._store._executables import load_executable
+    from ._measure import load_all_executables
 
-    cache = jaxaot.DirectoryCache(path)
-    loaded = 0
-    for key in cache.keys():
-        blob = cache.get(key)
-        if blob is None:
-            continue
-        entry = decode_entry(blob)
-        if entry.executable is not None and load_executable(cache, entry.key) is not None:
-            loaded += 1
-    return loaded
+    return load_all_executables(jaxaot.DirectoryCache(path))
 
 
 def _decode_steady(sizes: Sizes, params: Params, steps: int, rounds: int = 6) -> dict[str, Any]:

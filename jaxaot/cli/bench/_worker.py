@@ -26,6 +26,7 @@ from ._measure import (
     PHASES,
     block,
     early_steps,
+    load_all_executables,
     measure_stages,
     settle,
     steady,
@@ -194,23 +195,9 @@ def _remat_limit(run: _Run) -> None:
     import jax
 
     import jaxaot
-    from jaxaot._store._entry import decode
-    from jaxaot._store._executables import load_executable
 
     cache = jaxaot.DirectoryCache(run.work / "jaxaot-remat")
-
-    def load_all() -> int:
-        loaded = 0
-        for key in cache.keys():
-            blob = cache.get(key)
-            if blob is None:
-                continue
-            entry = decode(blob)
-            if entry.executable is not None and load_executable(cache, entry.key) is not None:
-                loaded += 1
-        return loaded
-
-    run.result["loaded"], run.result["compile"] = timed(load_all)
+    run.result["loaded"], run.result["compile"] = timed(lambda: load_all_executables(cache))
     jaxaot.set_cache(cache)
     step = jaxaot.jit(run.make_step(jax.checkpoint(run.block)))
     # Trace, split and load everything first (not part of the floor), then time the
