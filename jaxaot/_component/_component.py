@@ -38,6 +38,7 @@ from .._jax import (
     has_host_callbacks,
     jaxpr_as_fun,
     on_target,
+    refuse_call,
     trace_context,
     trace_state_clean,
 )
@@ -427,13 +428,7 @@ class Component(Generic[P, R]):
         return self._call_slow(args, kwargs)  # type: ignore[arg-type]
 
     def _refuse_under_target(self) -> None:
-        target = active_target()
-        if target is not None:
-            raise RuntimeError(
-                f"jaxaot.component {self.name!r}: called under the compile target {target}, "
-                "whose devices cannot run anything; precompile it (jaxaot.Manifest, "
-                "Component.precompile) with ShapeDtypeStructs instead"
-            )
+        refuse_call(f"jaxaot.component {self.name!r}", "Component.precompile")
 
     def _dispatch_miss(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
         """The C++ dispatcher met a new signature (or one without fast-path data yet)."""

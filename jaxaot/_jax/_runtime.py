@@ -17,6 +17,8 @@ import jax
 from jax._src import xla_bridge as _xb
 from jax.sharding import Sharding
 
+from ._target import target_platform
+
 __all__ = [
     "EXCLUDED_FLAGS",
     "KNOWN_PLATFORMS",
@@ -51,8 +53,6 @@ def canonical_platform(platform: str) -> str:
 def default_platform() -> str:
     """The lowering platform of the active compile target (``_target``), else of
     JAX's default backend on this machine."""
-    from ._target import target_platform
-
     return target_platform() or canonical_platform(jax.default_backend())
 
 

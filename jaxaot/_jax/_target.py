@@ -46,6 +46,7 @@ __all__ = [
     "on_target",
     "parse_target",
     "platform_version_text",
+    "refuse_call",
     "set_target",
     "target_devices",
     "target_platform",
@@ -196,16 +197,34 @@ def target_platform() -> str | None:
     return target.platform if target is not None else None
 
 
+def refuse_call(what: str, precompile: str) -> None:
+    """Raises ``RuntimeError`` if a compile target is active: ``what`` (the function
+    called) cannot run on its devices, only be precompiled (``precompile`` names
+    the method)."""
+    target = _active
+    if target is not None:
+        raise RuntimeError(
+            f"{what}: called under the compile target {target}, whose devices cannot run "
+            f"anything; precompile it (jaxaot.Manifest, {precompile}) with "
+            "ShapeDtypeStructs instead"
+        )
+
+
+def _array_like(leaf: Any) -> bool:
+    """Whether ``leaf`` is an array or a ``ShapeDtypeStruct`` (not a Python scalar)."""
+    if getattr(leaf, "shape", None) is None or getattr(leaf, "dtype", None) is None:
+        return False
+    return not isinstance(leaf, int | float | complex | bool)
+
+
 def _target_sharding(leaf: Any, target: Target, where: str) -> Any:
     """``leaf``'s sharding if it is over ``target``'s devices, ``None`` for no
     sharding (or not an array).
 
     Raises:
       TypeError: a sharding over other devices."""
-    if getattr(leaf, "shape", None) is None or getattr(leaf, "dtype", None) is None:
-        return None
-    sharding = getattr(leaf, "sharding", None)
-    if sharding is None or isinstance(leaf, int | float | complex | bool):
+    sharding = getattr(leaf, "sharding", None) if _array_like(leaf) else None
+    if sharding is None:
         return None
     if isinstance(leaf, jax.Array) and not leaf.committed:
         return None  # placed by the call
@@ -241,13 +260,14 @@ def on_target(leaves: Sequence[Any], where: str) -> list[Any]:
     first = jax.sharding.SingleDeviceSharding(target.devices[0])
     out = []
     for leaf, sharding in zip(leaves, shardings, strict=True):
-        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
-        if shape is None or dtype is None or isinstance(leaf, int | float | complex | bool):
+        if not _array_like(leaf):
             out.append(leaf)
         else:
             weak = bool(getattr(leaf, "weak_type", False))
             placed = sharding if sharding is not None else first if alone else None
-            out.append(jax.ShapeDtypeStruct(shape, dtype, weak_type=weak, sharding=placed))
+            out.append(
+                jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=weak, sharding=placed)
+            )
     return out
 
 

@@ -78,6 +78,7 @@ from .._jax import (
     active_target,
     cpp_dispatcher,
     fastpath_miss,
+    refuse_call,
     trace_context,
     trace_state_clean,
 )
@@ -341,13 +342,7 @@ class RegionalFunction:
         return self._call_slow(args, kwargs, *parts, plan=found), None, True
 
     def _refuse_under_target(self) -> None:
-        target = active_target()
-        if target is not None:
-            raise RuntimeError(
-                f"jaxaot.jit {self.__name__}: called under the compile target {target}, "
-                "whose devices cannot run anything; precompile it (jaxaot.Manifest, "
-                "RegionalFunction.precompile) with ShapeDtypeStructs instead"
-            )
+        refuse_call(f"jaxaot.jit {self.__name__}", "RegionalFunction.precompile")
 
     def _call_slow(
         self,

@@ -314,18 +314,21 @@ def _updates_in_place(run: _Run, donated: frozenset[Any], results: frozenset[Any
     return False
 
 
-def _loops(jaxpr: Any, donated: Sequence[int]) -> list[Any]:
+def _loops(jaxpr: Any, donated: Sequence[int]) -> tuple[list[Any], bool]:
     """``jaxpr``'s equations with its runs as ``_Run``s, less those that update a
-    donated input in place (their calls stay one by one)."""
+    donated input in place (their calls stay one by one); and whether there were
+    such runs."""
     pinned = frozenset(jaxpr.invars[i] for i in donated)
     results = frozenset(v for v in jaxpr.outvars if not isinstance(v, Literal))
     items: list[Any] = []
+    unrolled = False
     for item in runs(jaxpr.eqns):
         if isinstance(item, _Run) and pinned and _updates_in_place(item, pinned, results):
             items.extend(item.eqns)
+            unrolled = True
         else:
             items.append(item)
-    return items
+    return items, unrolled
 
 
 def program(jaxpr: Any, donated: Sequence[int] = ()) -> tuple[Callable[..., list[Any]], int]:
@@ -338,7 +341,16 @@ def program(jaxpr: Any, donated: Sequence[int] = ()) -> tuple[Callable[..., list
     into layers and stacked again. (A residual that is a layer's own input, its
     weights, is that input in the jaxpr: forward entries do not return it.)
     ``donated``: the positions of the donated inputs (see ``_updates_in_place``)."""
-    items, outvars = _loops(jaxpr, donated), list(jaxpr.outvars)
+    items, _ = _loops(jaxpr, donated)
+    return _program(jaxpr, items, list(jaxpr.outvars)), _calls(items)
+
+
+def _calls(items: Sequence[Any]) -> int:
+    """How many component calls ``items`` bind once traced (a loop binds one)."""
+    return sum(1 if isinstance(item, _Run) else item.primitive is component_p for item in items)
+
+
+def _program(jaxpr: Any, items: list[Any], outvars: list[Any]) -> Callable[..., list[Any]]:
     loops, single = _layout(items, outvars)
 
     def fun(*args: Any) -> list[Any]:
@@ -362,8 +374,7 @@ def program(jaxpr: Any, donated: Sequence[int] = ()) -> tuple[Callable[..., list
                         env[v] = x
         return [read(v) for v in outvars]
 
-    calls = sum(1 if isinstance(item, _Run) else item.primitive is component_p for item in items)
-    return fun, calls
+    return fun
 
 
 def digest(jaxpr: Any) -> str:
@@ -398,10 +409,11 @@ def form(jaxpr: Any, donated: Sequence[int] = ()) -> tuple[bool, str]:
     most = max(w for w in works if w is not None)
     if most >= WHOLE_BELOW:
         return False, f"component calls of work up to {most:.3g}, at least {WHOLE_BELOW:.3g}"
-    _, n = program(jaxpr, donated)
+    items, unrolled = _loops(jaxpr, donated)
+    n = _calls(items)
     if n > MAX_WHOLE_CALLS:
         return False, f"{n} component calls after loops, over {MAX_WHOLE_CALLS}"
     why = f"component calls of work up to {most:.3g}, below {WHOLE_BELOW:.3g}"
-    if len(_loops(jaxpr, donated)) > len(runs(jaxpr.eqns)):
+    if unrolled:
         why += "; layers updating a donated input in place are not looped"
     return True, why
