@@ -8,10 +8,9 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-import jax
 import pytest
 
-# Before jaxaot is imported anywhere: point every default location at a
+# Before JAX and jaxaot are imported anywhere: point every default location at a
 # throwaway directory, so no test (or subprocess it starts) writes to $HOME.
 _SESSION_TMP = tempfile.mkdtemp(prefix="jaxaot-tests-")
 os.environ["JAXAOT_CACHE_DIR"] = os.path.join(_SESSION_TMP, "default-cache")
@@ -19,6 +18,12 @@ os.environ["XDG_CACHE_HOME"] = os.path.join(_SESSION_TMP, "xdg")
 os.environ.pop("JAXAOT_CACHE", None)
 os.environ.pop("JAXAOT_CACHE_HMAC_KEY", None)
 os.environ.pop("JAXAOT_EXPLAIN_MISSES", None)
+# The tests run on the CPU backend (a machine with libtpu installed, as the
+# Python 3.12 leg has, otherwise probes for TPUs in this process and in every
+# process the tests start); JAX_PLATFORMS set by the caller wins.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
 
 import jaxaot  # noqa: E402
 from jaxaot import _regional, _stats  # noqa: E402
