@@ -1,10 +1,11 @@
-"""Numbers from ``JAXAOT_*`` environment variables, read where they are used."""
+"""Numbers and switches from ``JAXAOT_*`` environment variables, read where they
+are used."""
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["number"]
+__all__ = ["flag", "number"]
 
 
 def number(name: str, default: float, what: str, *, minimum: float | None = None) -> float:
@@ -24,3 +25,8 @@ def number(name: str, default: float, what: str, *, minimum: float | None = None
     if minimum is not None and not value >= minimum:
         raise ValueError(f"{name} must be {what}, got {text!r}")
     return value
+
+
+def flag(name: str) -> bool:
+    """Whether ``$name`` is switched on (``1``, ``true``, ``yes`` or ``on``)."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")

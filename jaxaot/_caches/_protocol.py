@@ -207,10 +207,7 @@ class BadEntry(ValueError):
     unusable by this one (signed with another key, another format version)."""
 
     cause = "damaged"
-
-    @property
-    def removable(self) -> bool:
-        return True
+    removable = True
 
 
 class EntryCheck(Protocol):

@@ -96,8 +96,6 @@ from ._placement import (
 from ._plan import WHOLE as WHOLE_MODE
 from ._plan import Plan, PlanFailed
 from ._planner import PlanSpec, build_plan, describe
-from ._pool import submit_background
-from ._programs import WHOLE
 
 __all__ = ["RegionalFunction", "jit"]
 
@@ -158,7 +156,6 @@ class RegionalFunction:
             check_shardings("out_shardings", out_shardings)
             placement["out_shardings"] = out_shardings
         self._in_shardings = in_shardings
-        self._out_shardings = out_shardings
         self._in_targets: dict[Any, tuple[Any, ...]] = {}
         self._jitted = jax.jit(
             fun,
@@ -334,7 +331,7 @@ class RegionalFunction:
         if trace_state_clean() and set(map(type, leaves)) <= _ARRAY_TYPES and MeshContext().empty:
             found = plan = self._lookup(args, kwargs, leaves, treedef, statics, donated, True)
             if plan is not None and plan.mode is WHOLE_MODE:
-                exe = plan.structured(treedef, submit_background, WHOLE.payload)
+                exe = plan.structured(treedef)
                 if exe is not None:
                     return fastpath_miss(exe, args, kwargs)  # type: ignore[no-any-return]
         # No fast path for this signature yet: the dispatcher forgets it (True),
@@ -389,7 +386,7 @@ class RegionalFunction:
             # The dispatcher can give this signature a fast path: from now on calls
             # try it first; the executable it will call starts loading.
             self._hot = True
-            plan.structured(treedef, submit_background, WHOLE.payload)
+            plan.structured(treedef)
         try:
             out = plan(leaves)
         except PlanFailed as e:  # nothing donated yet: jax.jit gives the result

@@ -24,6 +24,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._pool import submit_background
+
 logger = logging.getLogger("jaxaot")
 
 SPLIT = "split"
@@ -140,22 +142,16 @@ class Plan:
             self.whole, self.whole_calls_back, self._payload = program
             self.mode = WHOLE
 
-    def structured(
-        self,
-        in_tree: Any,
-        submit: Callable[[Callable[[], Any]], concurrent.futures.Future[Any]],
-        payload: Callable[[Any], bytes | None],
-    ) -> Any | None:
+    def structured(self, in_tree: Any) -> Any | None:
         """The one program's executable as a ``jax.stages.Compiled`` taking the
         arguments whose ``(args, kwargs)`` tree is ``in_tree`` and returning the
         program's output tree: the same executable, loaded again with those trees
-        from ``payload(executable)`` (the bytes it was loaded from) or else from
-        its serialization; ``submit`` runs that on a background thread. ``None``
+        from the bytes it was loaded from, or else from its serialization, on a
+        background thread. ``None``
         until it is ready, or if it is not made (constants, host callbacks, a
         split plan)."""
-        whole = self.whole
-        payload = self._payload or payload
-        if self.consts or self.whole_calls_back or whole is None:
+        whole, payload = self.whole, self._payload
+        if self.consts or self.whole_calls_back or whole is None or payload is None:
             return None  # (a program calling back would run its callbacks on the zeros below)
         if not whole.done() or whole.exception() is not None:
             return None
@@ -184,7 +180,7 @@ class Plan:
                     jax.block_until_ready(exe(*args, **kwargs))
                     return exe
 
-                job = self._structured[in_tree] = submit(load)
+                job = self._structured[in_tree] = submit_background(load)
         if not job.done() or job.exception() is not None:
             return None
         return job.result()
@@ -248,17 +244,13 @@ class Plan:
 
     # -- one program ------------------------------------------------------------
 
-    def run_whole(self, exe: Any, leaves: Sequence[Any]) -> list[Any]:
-        """Runs the one program's executable; its flat outputs."""
-        out = list(exe(*leaves, *self.consts))
+    def __call__(self, leaves: Sequence[Any]) -> list[Any]:
+        if self.mode is not WHOLE:
+            return self.run(leaves)
+        out = list(self._whole_executable()(*leaves, *self.consts))
         if self.donated:
             _delete(leaves, self.donated, out)
         return out
-
-    def __call__(self, leaves: Sequence[Any]) -> list[Any]:
-        if self.mode is WHOLE:
-            return self.run_whole(self._whole_executable(), leaves)
-        return self.run(leaves)
 
     def _whole_executable(self) -> Any:
         """The one program's executable, waiting for it if need be (raises

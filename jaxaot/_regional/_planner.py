@@ -177,16 +177,23 @@ def _repeats_blocks(closed: Any) -> bool:
     return any(n >= 2 for n in BlockFinder.counts(closed.jaxpr).values())
 
 
-def _glue_for(
-    glue: Any, donate: tuple[int, ...], text: str, shardings: tuple[Any, ...] | None
-) -> Any:
-    return GLUE.get(glue, donate, shardings, text)
-
-
 def _entry_for(call: Any, donate: tuple[int, ...], shardings: tuple[Any, ...] | None) -> Any:
     if donate:
         return region_executable(call, shardings, donate)
     return region_executable(call, shardings)
+
+
+def _closed(invars: Any, outvars: Any, eqns: Any, effects: Any, debug_info: Any) -> Any:
+    """A closed jaxpr of ``eqns`` without constants."""
+    jaxpr = Jaxpr(
+        constvars=(),
+        invars=invars,
+        outvars=outvars,
+        eqns=eqns,
+        effects=effects,
+        debug_info=debug_info,
+    )
+    return ClosedJaxpr(jaxpr, ())
 
 
 def _maker(region: Region, debug_info: Any) -> _Maker:
@@ -196,20 +203,11 @@ def _maker(region: Region, debug_info: Any) -> _Maker:
         # compiled with those inputs donated).
         job_key = (call.key, region.donate) if region.donate else call.key
         return _Maker(functools.partial(_entry_for, call, region.donate), job_key, call.name)
-    glue = ClosedJaxpr(
-        Jaxpr(
-            constvars=(),
-            invars=region.invars,
-            outvars=region.outvars,
-            eqns=region.eqns,
-            effects=join_effects(*(e.effects for e in region.eqns)),
-            debug_info=debug_info,
-        ),
-        (),
-    )
+    effects = join_effects(*(e.effects for e in region.eqns))
+    glue = _closed(region.invars, region.outvars, region.eqns, effects, debug_info)
     text = str(glue)
     return _Maker(
-        functools.partial(_glue_for, glue, region.donate, text),
+        lambda shardings: GLUE.get(glue, region.donate, shardings, text),
         (text, tuple(glue.in_avals), region.donate),
         "glue",
     )
@@ -451,10 +449,6 @@ def build_plan(
     ]
     summary = _described(cut, form)
     logger.debug("jaxaot.jit %s:%s\n%s", spec.name, " (sharded)" if sharded else "", summary)
-    out_shardings = None
-    if spec.out_shardings is not UNSET:
-        outs = jax.tree_util.tree_unflatten(traced.out_tree, list(jaxpr.outvars))
-        out_shardings = list(flat_targets(spec.out_shardings, outs, "out_shardings"))
     return Plan(
         name=spec.name,
         n_inputs=len(jaxpr.invars),
@@ -466,7 +460,7 @@ def build_plan(
         out_tree=traced.out_tree,
         delete_after=[i for i, v in enumerate(jaxpr.invars) if v in leftover],
         donated=donated,
-        out_shardings=out_shardings,
+        out_shardings=_out_shardings(spec, cut),
         in_flight=in_flight_limit() if sharded else None,
         summary=summary,
         served_whole=why,
@@ -492,17 +486,8 @@ def _served(cut: _Cut, donated: tuple[int, ...]) -> tuple[Any, bool]:
     inputs then its constants, cached like a glue program), and whether it calls
     back into Python."""
     jaxpr = cut.jaxpr
-    program = ClosedJaxpr(
-        Jaxpr(
-            constvars=(),
-            invars=[*jaxpr.invars, *jaxpr.constvars],
-            outvars=jaxpr.outvars,
-            eqns=jaxpr.eqns,
-            effects=jaxpr.effects,
-            debug_info=jaxpr.debug_info,
-        ),
-        (),
-    )
+    invars = [*jaxpr.invars, *jaxpr.constvars]
+    program = _closed(invars, jaxpr.outvars, jaxpr.eqns, jaxpr.effects, jaxpr.debug_info)
     text = str(program)
     job = submit_jobs({"whole": lambda: GLUE.get(program, donated, None, text)})["whole"]
     return job, has_host_callbacks(program)
@@ -528,6 +513,14 @@ def _whole_job(jaxpr: Any, donated: tuple[int, ...]) -> tuple[Any, bool]:
     return submit_jobs({"whole": job})["whole"], calls_back
 
 
+def _out_shardings(spec: PlanSpec, cut: _Cut) -> list[Any] | None:
+    """Per flat output, the sharding ``out_shardings`` asks for (``None``: unset)."""
+    if spec.out_shardings is UNSET:
+        return None
+    outs = jax.tree_util.tree_unflatten(cut.traced.out_tree, list(cut.jaxpr.outvars))
+    return list(flat_targets(spec.out_shardings, outs, "out_shardings"))
+
+
 def _one_program(
     spec: PlanSpec,
     cut: _Cut,
@@ -539,10 +532,6 @@ def _one_program(
     and whether it calls back into Python; ``form``: as ``_whole_form`` gave it),
     from its first call; its calls go through JAX's C++ dispatcher."""
     job, calls_back = made
-    out_shardings = None
-    if spec.out_shardings is not UNSET:
-        outs = jax.tree_util.tree_unflatten(cut.traced.out_tree, list(cut.jaxpr.outvars))
-        out_shardings = list(flat_targets(spec.out_shardings, outs, "out_shardings"))
     summary = _described(cut, form)
     logger.debug("jaxaot.jit %s:\n%s", spec.name, summary)
     return Plan(
@@ -556,7 +545,7 @@ def _one_program(
         out_tree=cut.traced.out_tree,
         delete_after=[],
         donated=list(donated),
-        out_shardings=out_shardings,
+        out_shardings=_out_shardings(spec, cut),
         summary=summary,
         served_whole=cut.why,
         program=(job, calls_back, WHOLE.payload if cut.why is None else GLUE.payload),

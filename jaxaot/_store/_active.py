@@ -42,6 +42,7 @@ from typing import Any, Literal, NamedTuple
 
 from .._caches import Cache, MemoryCache
 from .._caches._directory import DEFAULT_DIRECTORY_BYTES, DirectoryCache, UnsafeCacheDirError
+from .._env import flag
 from .._stats import warn_once
 
 __all__ = [
@@ -64,12 +65,8 @@ _default_lock = threading.Lock()
 _override: contextvars.ContextVar[Any] = contextvars.ContextVar("jaxaot_cache", default=_UNSET)
 
 
-def _truthy(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def explain_misses() -> bool:
-    return _truthy("JAXAOT_EXPLAIN_MISSES")
+    return flag("JAXAOT_EXPLAIN_MISSES")
 
 
 def default_cache_dir() -> str:

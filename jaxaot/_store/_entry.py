@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jaxlib
 import numpy as np
 
 from .._caches import BadEntry
@@ -113,13 +114,11 @@ class SignatureError(EntryError):
     signed with another key, unsigned while this process has a key, or signed while
     it has none. Good for the processes that wrote it, so never quarantined."""
 
+    removable = False
+
     def __init__(self, cause: str, message: str) -> None:
         super().__init__(message)
         self.cause = cause
-
-    @property
-    def removable(self) -> bool:
-        return False
 
 
 class FormatVersionError(EntryError):
@@ -127,16 +126,13 @@ class FormatVersionError(EntryError):
     here, but not damaged, so never quarantined."""
 
     cause = "other format version"
+    removable = False
 
     def __init__(self, version: int) -> None:
         super().__init__(
             f"entry format version {version}; this jaxaot reads version {ENTRY_FORMAT_VERSION}"
         )
         self.version = version
-
-    @property
-    def removable(self) -> bool:
-        return False
 
 
 class UnknownTreeNode(EntryError):
@@ -145,10 +141,7 @@ class UnknownTreeNode(EntryError):
     quarantined."""
 
     cause = "tree node type not imported"
-
-    @property
-    def removable(self) -> bool:
-        return False
+    removable = False
 
 
 class HeaderError(EntryError):
@@ -189,10 +182,6 @@ class Entry:
         return "(" + ", ".join(type_text(a) for a in self.in_avals) + ")"
 
 
-def _hmac_key() -> bytes | None:
-    return hmac_secret()
-
-
 def _signature(data: bytes, secret: bytes) -> bytes:
     return hmac.new(secret, data, hashlib.sha256).digest()
 
@@ -215,7 +204,7 @@ def _header(entry: Entry, sections: list[tuple[str, bytes]]) -> dict[str, Any]:
         "result_paths": list(entry.result_paths),
         "platforms": list(entry.platforms),
         "jax": jax.__version__,
-        "jaxlib": _jaxlib_version(),
+        "jaxlib": str(jaxlib.__version__),
         "created": entry.created,
         "host_callbacks": entry.host_callbacks,
         "sections": [[name, len(blob)] for name, blob in sections],
@@ -238,12 +227,6 @@ def _type_shardings(entry: Entry) -> dict[str, Any]:
     }
 
 
-def _jaxlib_version() -> str:
-    import jaxlib
-
-    return str(jaxlib.__version__)
-
-
 def encode(entry: Entry) -> bytes:
     """The bytes of ``entry``. Raises :class:`NotPersistable` for process-local entries."""
     if entry.host_callbacks:
@@ -261,7 +244,7 @@ def encode(entry: Entry) -> bytes:
     if entry.executable is not None:
         sections.append(("executable", entry.executable))
     header = json.dumps(_header(entry, sections), separators=(",", ":")).encode("utf-8")
-    secret = _hmac_key()
+    secret = hmac_secret()
     flags = _FLAG_SIGNED if secret is not None else 0
     body = b"".join(
         [_PREFIX.pack(MAGIC, ENTRY_FORMAT_VERSION, flags, len(header)), header]
@@ -301,7 +284,7 @@ def _split(blob: bytes) -> tuple[bytes, int, int, bytes | None]:
 
 
 def _check_signature(body: bytes, signature: bytes | None) -> None:
-    secret = _hmac_key()
+    secret = hmac_secret()
     if secret is None:
         if signature is not None:
             raise SignatureError(
@@ -320,10 +303,6 @@ def _check_signature(body: bytes, signature: bytes | None) -> None:
             "signature mismatch",
             f"signature mismatch: the entry is signed with a key other than ${HMAC_ENV}",
         )
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number jaxaot writes here")
 
 
 def _parse_header(raw: bytes) -> Any:

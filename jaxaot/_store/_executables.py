@@ -8,6 +8,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -31,7 +32,6 @@ from ._trees import NotPersistable, tree_from_json, tree_to_json
 __all__ = [
     "BACKGROUND_AFTER_SECONDS",
     "cost_dict",
-    "executable_entry",
     "executable_key",
     "executable_parts",
     "load_executable",
@@ -149,13 +149,19 @@ def wait_for_writes() -> None:
 
 
 def load_executable(
-    cache: Cache, key: ComponentKey, in_tree: Any = None
+    cache: Cache,
+    key: ComponentKey,
+    in_tree: Any = None,
+    check: Callable[[Entry], object] | None = None,
 ) -> tuple[Any, dict[str, float] | None] | None:
-    """The executable stored under ``key`` and its cost analysis, or ``None``."""
+    """The executable stored under ``key`` and its cost analysis, or ``None``;
+    ``check`` sees its entry first."""
     loaded = load_executable_entry(cache, key, in_tree)
     if loaded is None:
         return None
     exe, entry = loaded
+    if check is not None:
+        check(entry)
     costs = entry.extra.get("cost_analysis")
     return exe, dict(costs) if isinstance(costs, dict) else None
 
@@ -203,37 +209,6 @@ def _in_tree_json(in_tree: Any) -> dict[str, Any]:
         return {}
 
 
-def executable_entry(
-    key: ComponentKey,
-    root: Entry,
-    exe: Any,
-    costs: dict[str, float] | None,
-    extra: dict[str, Any] | None = None,
-    serialized: bytes | None = None,
-) -> Entry | None:
-    """An entry holding ``exe`` serialized (or ``serialized``, the bytes it was
-    loaded from), or ``None`` if it cannot be serialized."""
-    try:
-        if serialized is None:
-            payload, in_tree, out_tree = serialize_executable(exe)
-        else:
-            payload, in_tree, out_tree = serialized, exe.in_tree, exe.out_tree
-        return Entry(
-            key=key,
-            name=root.name,
-            in_avals=root.in_avals,
-            out_avals=root.out_avals,
-            out_tree=out_tree,
-            arg_names=root.arg_names,
-            result_paths=root.result_paths,
-            executable=payload,
-            extra={**(extra or {}), "cost_analysis": costs, **_in_tree_json(in_tree)},
-        )
-    except Exception as e:
-        logger.debug("jaxaot: not caching the executable of %s: %s", root.name, e)
-        return None
-
-
 def target_process_keys(key: ComponentKey) -> list[ComponentKey]:
     """The keys of ``key``'s executable for the other processes of the active
     compile target (none without a target, or for a one-process target): the
@@ -263,9 +238,28 @@ def store_executable(
     extra: dict[str, Any] | None = None,
     serialized: bytes | None = None,
 ) -> None:
-    entry = executable_entry(key, root, exe, costs, extra, serialized)
-    if entry is not None:
-        write(cache, entry)
-        # A multi-process target: one entry per process (the same bytes).
-        for other in target_process_keys(key):
-            write(cache, dataclasses.replace(entry, key=other))
+    """Writes ``exe`` serialized (or ``serialized``, the bytes it was loaded from)
+    under ``key``, with ``root``'s types; not if it cannot be serialized."""
+    try:
+        if serialized is None:
+            payload, in_tree, out_tree = serialize_executable(exe)
+        else:
+            payload, in_tree, out_tree = serialized, exe.in_tree, exe.out_tree
+        entry = Entry(
+            key=key,
+            name=root.name,
+            in_avals=root.in_avals,
+            out_avals=root.out_avals,
+            out_tree=out_tree,
+            arg_names=root.arg_names,
+            result_paths=root.result_paths,
+            executable=payload,
+            extra={**(extra or {}), "cost_analysis": costs, **_in_tree_json(in_tree)},
+        )
+    except Exception as e:
+        logger.debug("jaxaot: not caching the executable of %s: %s", root.name, e)
+        return
+    write(cache, entry)
+    # A multi-process target: one entry per process (the same bytes).
+    for other in target_process_keys(key):
+        write(cache, dataclasses.replace(entry, key=other))

@@ -145,12 +145,8 @@ def candidates(
 def explain(key: ComponentKey, known: list[ComponentKey]) -> tuple[ComponentKey, list[str]] | None:
     """The closest of ``known`` (fewest differences; the most recent of equals) and
     the differences, in words; ``None`` if ``known`` is empty."""
-    best: tuple[ComponentKey, list[str]] | None = None
-    for k in known:
-        lines = key.explain(k)
-        if best is None or len(lines) < len(best[1]):
-            best = (k, lines)
-    return best
+    # (min keeps the first of equals: the most recent)
+    return min(((k, key.explain(k)) for k in known), key=lambda kl: len(kl[1]), default=None)
 
 
 def _root_digest(key: ComponentKey) -> str:

@@ -34,7 +34,7 @@ from ._entry import Entry
 from ._executables import (
     BACKGROUND_AFTER_SECONDS,
     cost_dict,
-    load_executable_entry,
+    load_executable,
     store_executable,
     store_in_background,
 )
@@ -90,29 +90,35 @@ def get_or_make(
     too when ``codec.memo_hits``, or made by another process) and a miss for one
     made here; ``explain`` is told of each miss."""
     value = memo.get(memo_key)
-    if value is not None:
-        if codec.memo_hits:
-            counters.add("hits")
-        return value
-    with lock:
-        value = memo.get(memo_key)
-        if value is not None:
-            if codec.memo_hits:
-                counters.add("hits")
-            return value
-        k = key()
-        cache = get_cache()
-        value = codec.load(cache, k) if cache is not None else None
-        if value is not None:
-            counters.add("hits")
-            logger.debug("jaxaot: %s hit %s", codec.what, k.digest[:16])
-            if codec.to_bytes is not None:
-                found, to_bytes = value, codec.to_bytes
-                _job.publish_hit(k.digest, lambda: to_bytes(found))
-        else:
-            value = _miss(k, cache, codec, make, counters, explain)
-        memo[memo_key] = value
-        return value
+    if value is None:
+        with lock:  # (looked at again: another thread may have made it meanwhile)
+            value = memo.get(memo_key)
+            if value is None:
+                value = memo[memo_key] = _lookup(key(), codec, make, counters, explain)
+                return value
+    if codec.memo_hits:
+        counters.add("hits")
+    return value
+
+
+def _lookup(
+    k: ComponentKey,
+    codec: Codec[T],
+    make: Callable[[], T],
+    counters: _stats.Counters,
+    explain: Callable[[ComponentKey, Cache | None], None] | None,
+) -> T:
+    """The value under ``k``: read from the active cache, else missed (:func:`_miss`)."""
+    cache = get_cache()
+    value = codec.load(cache, k) if cache is not None else None
+    if value is None:
+        return _miss(k, cache, codec, make, counters, explain)
+    counters.add("hits")
+    logger.debug("jaxaot: %s hit %s", codec.what, k.digest[:16])
+    if codec.to_bytes is not None:
+        found, to_bytes = value, codec.to_bytes
+        _job.publish_hit(k.digest, lambda: to_bytes(found))
+    return value
 
 
 def _miss(
@@ -273,13 +279,7 @@ class Store:
         made: dict[str, Any] = {}
 
         def load(cache: Cache, exe_key: ComponentKey) -> tuple[Any, dict[str, float] | None] | None:
-            loaded = load_executable_entry(cache, exe_key, in_tree)
-            if loaded is None:
-                return None
-            exe, record = loaded
-            self._checked(record)
-            costs = record.extra.get("cost_analysis")
-            return exe, dict(costs) if isinstance(costs, dict) else None
+            return load_executable(cache, exe_key, in_tree, self._checked)
 
         def make() -> tuple[Any, dict[str, float] | None]:
             start = time.perf_counter()

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import os
 import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+from .._env import flag
 
 __all__ = ["PROGRESS_ENV", "SHOW_AFTER", "enabled", "showing"]
 
@@ -32,7 +33,7 @@ _shown: set[int] = set()  # the display's task ids still running
 def enabled() -> bool:
     """Whether makes are shown: ``$JAXAOT_PROGRESS`` is on, stderr is a terminal
     and rich is installed."""
-    if os.environ.get(PROGRESS_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
+    if not flag(PROGRESS_ENV):
         return False
     try:
         if not sys.stderr.isatty():
