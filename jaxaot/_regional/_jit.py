@@ -1,61 +1,20 @@
 """``jaxaot.jit``: regional compilation of programs made of components.
 
 ``jax.jit`` inlines every component call, so XLA compiles the whole unrolled
-program, and compile time grows faster than the program. ``jaxaot.jit`` traces
-the program the same way, then splits its jaxpr at the component calls
-(``_split``, ``_planner``):
+program. ``jaxaot.jit`` traces the program the same way, then cuts its jaxpr at
+the component calls (``_planner``, ``_split``): each call runs its component's
+own executable, compiled once per entry, and the equations between calls form
+glue programs, compiled once per distinct program (``_programs``). Which form
+a program runs in, split or one program with its repeated layers as loops
+(``_whole``), is decided from the program when its plan is made (``_plan``).
+A program with nothing to split is served whole, as one cached region; one
+that cannot be split runs under plain ``jax.jit``. Either way the result is
+the one ``jax.jit`` would give.
 
-* every component call runs that component's own executable, compiled once
-  per entry (the primal entry and the derived entries that ``grad`` needs),
-  and kept in the cache like any other executable entry;
-* the equations between component calls form *glue* programs; glue programs
-  that are the same (same equations, same types) are compiled once and
-  cached too (``_programs``).
-
-When nothing can be split (no component calls, blocks each called once,
-components only under ``lax.scan``/``fori_loop``), the program is served
-whole: one region, whose executable is cached like a glue program's, so a
-warm process compiles nothing (one INFO line says so, and why). When
-splitting fails, the program runs under plain ``jax.jit``. Either way the
-result is the one ``jax.jit`` would give.
-
-Donated inputs (``donate_argnums``) are donated to the region that reads them
-last, and the output XLA writes over a donated buffer is donated in turn to
-the region that reads it last: the buffer reaches the region producing the
-program's matching output, which reuses it, as in one XLA program. A region
-donating inputs runs its own executable (donation is part of its key).
-
-In the steady state, the split program competes with its whole-program form
-(one executable, repeated layers as a loop), compiled in the background once
-the program has run; the faster one runs (``_plan``, ``_whole``).
-
-Sharded programs (an input placed on a mesh or on a device other than the
-default one, or a mesh in context: ``jax.set_mesh``) compile each region for
-the shardings its inputs have: the program's inputs' (after ``in_shardings``),
-then the output shardings of the executables before it, in program order
-(``_planner.chained``). Regions with the same entry or glue and the same input
-shardings share one executable, so the layers of a data-parallel or FSDP model
-compile once, whatever the depth. Executables are keyed by those shardings (in
-this process by the sharding objects and the mesh in context; in the cache by
-their text), so one compiled for some shardings is never used for others.
-Compile jobs run in the mesh context of the caller. Sharded programs have no
-whole-program form.
-
-Outputs without ``out_shardings`` have the sharding the executable computing
-them gives them (XLA's propagation within that region). For data-parallel and
-2-D (data x model) steps that is jax.jit's; where jax.jit propagates a
-sharding back from a later use (FSDP gradients returned next to parameters
-updated from them: jax.jit shards them like the parameters, the split returns
-them as the backward executables make them, replicated), pass
-``out_shardings`` and the outputs are moved there.
-
-Multi-process jobs: every process takes the same split-or-fallback decision
-as long as what decides it is the same in all of them: the trace and split
-(the program and its global shardings), and whether each executable compiles
-(the same module and shardings). The one choice made from local measurements,
-whole program or split, is never made for sharded programs. A process whose
-cache or compiler fails where the others' do not would fall back alone; that
-case is not guarded against.
+Donation, sharded programs (regions compiled for the shardings their inputs
+have, in program order) and multi-process jobs (every process takes the same
+decisions from the same program and global shardings) are described in
+docs/regional.md and docs/sharding.md.
 """
 
 from __future__ import annotations
@@ -513,9 +472,8 @@ class RegionalFunction:
         each of its entries run as regions; how many glue programs; the blocks
         called only once (left in their glue); the components it cannot reach
         (under ``lax.scan``/``fori_loop``, compiled with their glue); or that the
-        program is served whole, as one cached program, and why. Once the
-        program has run, what its plan runs (its whole-program form, where
-        that measured faster)."""
+        program is served whole, as one cached program, and why; and whether it
+        runs as one program, its repeated layers as loops."""
         leaves, treedef, statics, donated = self._dynamic(args, kwargs)
         if self._in_shardings is not UNSET:
             placed = self._placed(leaves, treedef)

@@ -28,8 +28,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from .._jax import active_target, target_devices
 from .._keys._sharding import leaf_sharding
 
+
+class _Unset:
+    def __repr__(self) -> str:  # (as signatures show it: help(), docs/api.md)
+        return "UNSET"
+
+
 #: ``in_shardings``/``out_shardings`` not given (``None`` means "unconstrained").
-UNSET: Any = object()
+UNSET: Any = _Unset()
 
 __all__ = [
     "UNSET",
