@@ -106,23 +106,20 @@ class RegionalFunction:
         self._static_argnums = self._arguments.static_argnums
         self._static_argnames = self._arguments.static_argnames
         self._donate_argnums = self._arguments.donate_argnums
-        self._whole_program = bool(whole_program)
-        placement: dict[str, Any] = {}
+        options: dict[str, Any] = {
+            "static_argnums": self._static_argnums,
+            "static_argnames": self._static_argnames,
+            "donate_argnums": self._donate_argnums,
+        }
         if in_shardings is not UNSET:
             check_shardings("in_shardings", in_shardings)
-            placement["in_shardings"] = in_shardings
+            options["in_shardings"] = in_shardings
         if out_shardings is not UNSET:
             check_shardings("out_shardings", out_shardings)
-            placement["out_shardings"] = out_shardings
+            options["out_shardings"] = out_shardings
         self._in_shardings = in_shardings
         self._in_targets: dict[Any, tuple[Any, ...]] = {}
-        self._jitted = jax.jit(
-            fun,
-            static_argnums=self._static_argnums,
-            static_argnames=self._static_argnames,
-            donate_argnums=self._donate_argnums,
-            **placement,
-        )
+        self._jitted = jax.jit(fun, **options)
         self._plans: dict[Any, Plan | None] = {}
 
         @functools.wraps(fun)
@@ -133,19 +130,14 @@ class RegionalFunction:
         def tracer() -> Any:
             # A jax.jit of its own to trace plans with (its trace cache apart from
             # the fallback's, which traces without finding blocks).
-            return jax.jit(
-                functools.wraps(fun)(lambda *args, **kwargs: entered(*args, **kwargs)),
-                static_argnums=self._static_argnums,
-                static_argnames=self._static_argnames,
-                donate_argnums=self._donate_argnums,
-                **placement,
-            )
+            wrapped = functools.wraps(fun)(lambda *args, **kwargs: entered(*args, **kwargs))
+            return jax.jit(wrapped, **options)
 
         self._spec = PlanSpec(
             name=getattr(fun, "__name__", "function"),
             jitted=tracer(),
             retracer=tracer,
-            whole_program=self._whole_program,
+            whole_program=bool(whole_program),
             out_shardings=out_shardings,
             auto_regions=bool(auto_regions),
             blocks=check_blocks(blocks),

@@ -148,13 +148,7 @@ class ProgramCache:
         (and stored unless it calls back into Python). ``shardings``: the sharding
         each input is compiled for (``None``: none needed); all ``None`` outside a
         mesh, or no ``shardings``, is the unsharded executable."""
-        memo_key: tuple[Any, ...] = (digest, avals, donate)
-        if shardings is not None:
-            context = MeshContext()
-            if context.empty and all(s is None for s in shardings):
-                shardings = None
-            else:
-                memo_key = (*memo_key, shardings, context.key())
+        shardings, memo_key = _placed(shardings, (digest, avals, donate))
 
         def load(cache: Cache, key: ComponentKey) -> Any:
             loaded = load_executable(cache, key)
@@ -165,7 +159,8 @@ class ProgramCache:
 
         def make() -> Any:
             self.counters.add("compiles")
-            return self._compile(fn, avals, donate, shardings)
+            structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+            return _compile(fn, structs, donate, shardings, "jaxaot.jit")
 
         def save(cache: Cache, key: ComponentKey, exe: Any) -> None:
             self._store(cache, key, exe, avals, out_avals, callbacks)
@@ -181,21 +176,6 @@ class ProgramCache:
             self.counters,
             lambda key, cache: _explain.miss(self.kind, key, cache, label=f"jaxaot.jit's {label}"),
         )
-
-    def _compile(
-        self,
-        fn: Callable[..., Any],
-        avals: tuple[Any, ...],
-        donate: tuple[int, ...],
-        shardings: tuple[Any, ...] | None,
-    ) -> Any:
-        sds = [
-            jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
-            for a, s in zip(avals, shardings or (None,) * len(avals), strict=True)
-        ]
-        # Under a compile target, for its devices (unplaced inputs on its first).
-        sds = on_target(sds, "jaxaot.jit")
-        return jax.jit(fn, keep_unused=True, donate_argnums=donate).trace(*sds).lower().compile()
 
     def _store(
         self,
@@ -247,13 +227,8 @@ def region_executable(
     for others. Counted in the component's counters."""
     store = call.component.store
     key, entry = call.key, call.entry
-    memo: Any = key
-    if shardings is not None:
-        context = MeshContext()
-        if context.empty and all(s is None for s in shardings):
-            shardings = None
-        else:
-            memo = (key, shardings, context.key())
+    memo: Any
+    shardings, memo = _placed(shardings, key)
     if donate:
         memo = (memo, "donate", donate)
 
@@ -263,7 +238,9 @@ def region_executable(
 
     def make() -> Any:
         store.counters.add("compiles")
-        return _compile_entry(call, shardings, donate)
+        structs = [sds(a) for a in entry.in_avals]
+        where = f"jaxaot.jit region of {call.component.name!r}"
+        return _compile(lambda *a: bind(call, a), structs, donate, shardings, where)
 
     def save(cache: Cache, exe_key: ComponentKey, exe: Any) -> None:
         payload = None
@@ -290,17 +267,34 @@ def region_executable(
     )
 
 
-def _compile_entry(
-    call: Call, shardings: tuple[Any, ...] | None, donate: tuple[int, ...] = ()
+def _placed(shardings: tuple[Any, ...] | None, memo: Any) -> tuple[Any, Any]:
+    """``shardings`` (``None`` where there are none, or all are ``None`` outside a
+    mesh: the unsharded executable) and the memo key ``memo`` becomes for them
+    (with the mesh in context)."""
+    if shardings is None:
+        return None, memo
+    context = MeshContext()
+    if context.empty and all(s is None for s in shardings):
+        return None, memo
+    return shardings, (memo, shardings, context.key())
+
+
+def _compile(
+    fn: Callable[..., Any],
+    structs: list[Any],
+    donate: tuple[int, ...],
+    shardings: tuple[Any, ...] | None,
+    what: str,
 ) -> Any:
-    avals = [sds(a) for a in call.entry.in_avals]
+    """``fn`` compiled for ``structs`` with the inputs at ``donate`` donated, each
+    input placed as ``shardings`` says (where it says), under a compile target
+    for its devices (unplaced inputs on its first)."""
     if shardings is not None:
-        avals = [
+        structs = [
             s
             if sharding is None
             else jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=sharding)
-            for s, sharding in zip(avals, shardings, strict=True)
+            for s, sharding in zip(structs, shardings, strict=True)
         ]
-    avals = on_target(avals, f"jaxaot.jit region of {call.component.name!r}")
-    fn = jax.jit(lambda *a: bind(call, a), keep_unused=True, donate_argnums=donate)
-    return fn.trace(*avals).lower().compile()
+    structs = on_target(structs, what)
+    return jax.jit(fn, keep_unused=True, donate_argnums=donate).trace(*structs).lower().compile()
