@@ -147,9 +147,8 @@ class Plan:
         arguments whose ``(args, kwargs)`` tree is ``in_tree`` and returning the
         program's output tree: the same executable, loaded again with those trees
         from the bytes it was loaded from, or else from its serialization, on a
-        background thread. ``None``
-        until it is ready, or if it is not made (constants, host callbacks, a
-        split plan)."""
+        background thread. ``None`` until it is ready, or if it is not made
+        (constants, host callbacks, a split plan)."""
         whole, payload = self.whole, self._payload
         if self.consts or self.whole_calls_back or whole is None or payload is None:
             return None  # (a program calling back would run its callbacks on the zeros below)
