@@ -118,15 +118,17 @@ def _order(table: dict[str, tuple[str, str | None]], seen: list[str]) -> None:
                 seen.append(step)
 
 
-def _workers(names: list[str], work: Path, env: dict[str, str]) -> dict[str, dict[str, Any]]:
+def _workers(
+    names: list[str], work: Path, env: dict[str, str], width: int = 16
+) -> dict[str, dict[str, Any]]:
     """The worker of each of ``names`` in turn, in one fresh process (one start, not one
-    each), on a one-layer tiny model (the shape passed in the job)."""
+    each), on a one-layer tiny model of ``width`` (the shape passed in the job)."""
     code = (
         "import json, sys\n"
         "from jaxaot.cli.bench._config import Job, ModelShape\n"
         "from jaxaot.cli.bench._worker import worker\n"
         "for name in sys.argv[2:]:\n"
-        "    job = Job(name, 1, sys.argv[1], 1, ModelShape(batch=2, seq=8, width=16))\n"
+        f"    job = Job(name, 1, sys.argv[1], 1, ModelShape(batch=2, seq=8, width={width}))\n"
         "    print(json.dumps(worker(job, 0.0)), flush=True)\n"
     )
     proc = subprocess.run(
@@ -828,24 +830,9 @@ def test_bench_edits_end_to_end_in_a_subprocess(
     assert (out / "edits.md").read_text() in proc.stdout
     # The other contenders' worker branches: the loss of the same (cold) program.
     names = ["edit:remat_regional", "edit:jit_pcc", "edit:scan_pcc"]
-    code = (
-        "import json, sys\n"
-        "from jaxaot.cli.bench._config import Job, ModelShape\n"
-        "from jaxaot.cli.bench._worker import worker\n"
-        "for name in sys.argv[2:]:\n"
-        "    job = Job(name, 1, sys.argv[1], 1, ModelShape(batch=2, seq=8, width=8))\n"
-        "    print(json.dumps(worker(job, 0.0)), flush=True)\n"
-    )
     work = tmp_path / "work"
     work.mkdir()
-    other = subprocess.run(
-        [sys.executable, "-c", code, str(work), *names],
-        capture_output=True,
-        text=True,
-        env=subprocess_env,
-        timeout=600,
-    )
-    assert other.returncode == 0, other.stderr[-3000:]
-    losses = [json.loads(line)["loss"] for line in other.stdout.splitlines()]
+    other = _workers(names, work, subprocess_env, width=8)
+    losses = [other[name]["loss"] for name in names]
     assert losses == pytest.approx([at["cold"]["loss"]] * 3, rel=1e-4)
     assert any((work / "jax-pcc").iterdir()) and any((work / "jaxaot").iterdir())

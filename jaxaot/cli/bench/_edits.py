@@ -29,7 +29,7 @@ from typing import Any
 
 from ._config import ArgumentError, BenchConfig, Job, ModelShape, write
 from ._measure import block, quiesce, timed
-from ._report import header, model_sentence
+from ._report import header, model_sentence, table_head
 from ._runner import Log, Row
 
 __all__ = ["CONTENDERS", "STEPS", "edits_markdown", "run_edit", "run_edits"]
@@ -222,8 +222,7 @@ def edits_markdown(rows: list[Row], shape: Any, config: BenchConfig) -> str:
         "start (imports included) to the first train step's result; in parentheses, from "
         "just before the first call.",
         "",
-        "| L | contender | " + " | ".join(steps) + " |",
-        "|" + "---|" * (len(steps) + 2),
+        *table_head(["L", "contender", *steps]),
     ]
     at: dict[tuple[int, str, str], Row] = {(r["depth"], r["contender"], r["step"]): r for r in rows}
     depths = sorted({r["depth"] for r in rows})
@@ -244,8 +243,7 @@ def edits_markdown(rows: list[Row], shape: Any, config: BenchConfig) -> str:
         "cache) at the same edit; from the process's start, and in parentheses from just "
         "before the first call.",
         "",
-        "| L | contender | " + " | ".join(head) + " |",
-        "|" + "---|" * (len(head) + 2),
+        *table_head(["L", "contender", *head]),
     ]
     verdicts, made = [], []
     for depth in depths:

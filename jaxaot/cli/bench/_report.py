@@ -20,6 +20,7 @@ __all__ = [
     "ratio",
     "regional_markdown",
     "stage_table",
+    "table_head",
     "steady_state_line",
     "trial_ratios",
     "trials_sentence",
@@ -87,12 +88,17 @@ def _ms(t: float | None) -> str:
     return "–" if t is None else f"{t * 1e3:.3g}"
 
 
+def table_head(head: Sequence[str]) -> list[str]:
+    """A Markdown table's header row and rule."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+
 def stage_table(rows: list[Row], lead: Sequence[tuple[str, str]] = ()) -> list[str]:
     """The Markdown table of each row's stages, first result and steady step (ms),
     after the ``lead`` columns (header, row field) and the depth."""
     head = [h for h, _ in lead] + ["L", "contender", "trace", "lower", "compile / load"]
     head += ["first run", "first result", "steady step (ms)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(head)
     for r in rows:
         cells = [str(r[field]) for _, field in lead] + [str(r["layers"]), r["label"]]
         cells += [_fmt(r[p]) for p in ("trace", "lower", "compile", "first_run")]
