@@ -65,8 +65,8 @@ def _compiles_for(layers: int, compiles: list[str], whole: bool) -> int:
 def test_compile_count_does_not_grow_with_depth(whole: bool, compiles: list[str]) -> None:
     """Split, each component compiles once (its forward and backward entries) and
     the glue; as one program, its layers are loops: one compile."""
-    counts = {layers: _compiles_for(layers, compiles, whole) for layers in (4, 12, 48)}
-    assert counts[4] == counts[12] == counts[48], counts
+    counts = {layers: _compiles_for(layers, compiles, whole) for layers in (4, 12, 24)}
+    assert counts[4] == counts[12] == counts[24], counts
     assert counts[4] == 1 if whole else counts[4] > 2, counts
 
 
@@ -871,8 +871,8 @@ def test_a_component_used_at_top_level_and_in_jaxaot_jit_shares_one_cache(
 def sharded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every scenario of ``_sharded_worker`` run in one subprocess that sets the
     device count before importing JAX, on meshes of each axis type (Auto,
-    Explicit: ``jax.make_mesh``'s default, and mixed); per ``"<axes>:<scenario>"``,
-    its counts or its traceback."""
+    Explicit: ``jax.make_mesh``'s default, and mixed where a mesh has two axes);
+    per ``"<axes>:<scenario>"``, its counts or its traceback."""
     tmp = tmp_path_factory.mktemp("sharded")
     env = dict(os.environ)
     env["JAXAOT_CACHE_DIR"] = str(tmp / "cache")
@@ -889,6 +889,9 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 AXES = ["auto", "explicit", "mixed"]
+#: For scenarios whose meshes have one axis, where ``mixed`` (the first axis
+#: Explicit, the others Auto) is ``explicit``.
+ONE_AXIS = ["auto", "explicit"]
 
 
 def _scenario(results: dict[str, Any], name: str, axes: str) -> Any:
@@ -899,7 +902,7 @@ def _scenario(results: dict[str, Any], name: str, axes: str) -> Any:
 
 # One worker runs every scenario (the fixture runs once per pytest-xdist worker).
 @pytest.mark.xdist_group("sharded_scenarios")
-@pytest.mark.parametrize("axes", AXES)
+@pytest.mark.parametrize("axes", ONE_AXIS)
 def test_sharded_data_parallel_train_step_compiles_each_block_once(
     sharded: dict[str, Any], axes: str
 ) -> None:
@@ -910,7 +913,7 @@ def test_sharded_data_parallel_train_step_compiles_each_block_once(
 
 
 @pytest.mark.xdist_group("sharded_scenarios")
-@pytest.mark.parametrize("axes", AXES)
+@pytest.mark.parametrize("axes", ONE_AXIS)
 def test_sharded_unannotated_blocks_compile_once_whatever_the_depth(
     sharded: dict[str, Any], axes: str
 ) -> None:
@@ -921,7 +924,7 @@ def test_sharded_unannotated_blocks_compile_once_whatever_the_depth(
 
 
 @pytest.mark.xdist_group("sharded_scenarios")
-@pytest.mark.parametrize("axes", AXES)
+@pytest.mark.parametrize("axes", ONE_AXIS)
 def test_sharded_fsdp_parameters(sharded: dict[str, Any], axes: str) -> None:
     assert _scenario(sharded, "fsdp", axes)["compiles"] > 0
 
@@ -940,13 +943,13 @@ def test_sharded_shard_map_component_under_two_meshes(sharded: dict[str, Any], a
 
 
 @pytest.mark.xdist_group("sharded_scenarios")
-@pytest.mark.parametrize("axes", AXES)
+@pytest.mark.parametrize("axes", ONE_AXIS)
 def test_sharded_in_and_out_shardings(sharded: dict[str, Any], axes: str) -> None:
     _scenario(sharded, "in_out_shardings", axes)
 
 
 @pytest.mark.xdist_group("sharded_scenarios")
-@pytest.mark.parametrize("axes", AXES)
+@pytest.mark.parametrize("axes", ONE_AXIS)
 def test_sharded_donation(sharded: dict[str, Any], axes: str) -> None:
     _scenario(sharded, "donation", axes)
 
@@ -958,7 +961,7 @@ def test_sharded_inside_set_mesh(sharded: dict[str, Any], axes: str) -> None:
 
 
 @pytest.mark.xdist_group("sharded_scenarios")
-@pytest.mark.parametrize("axes", AXES)
+@pytest.mark.parametrize("axes", ONE_AXIS)
 def test_sharded_failure_falls_back_to_jax_jit_with_its_shardings(
     sharded: dict[str, Any], axes: str
 ) -> None:
