@@ -240,6 +240,29 @@ def test_cli_bad_target_in_workers(tmp_path: Path, subprocess_env: dict[str, str
     assert "is a int, not a jaxaot.Manifest" in proc.stderr
 
 
+def test_cli_parent_leaves_jax_to_its_workers(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """``jaxaot precompile``'s parent process only starts workers and reads their
+    results: it never imports JAX, which would take a core from the workers."""
+    code = (
+        "import sys\nfrom jaxaot.cli import main\nrc = main(sys.argv[1:])\n"
+        "print('JAX in the parent:', 'jax' in sys.modules)\nsys.exit(rc)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "precompile", "_precompile_targets:components"]
+        + ["--workers", "1"],
+        cwd=TESTS,
+        env=_env(subprocess_env, tmp_path / "cache"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "JAX in the parent: False" in proc.stdout, proc.stdout
+    assert re.search(r"precompiled \d+ signatures: [1-9]\d* entries made", proc.stdout), proc.stdout
+
+
 def test_progress_rich_on_a_terminal_plain_when_piped() -> None:
     import io
 

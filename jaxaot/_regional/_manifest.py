@@ -32,7 +32,6 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Container, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import jax
@@ -40,6 +39,7 @@ import jax
 from .. import _stats
 from .._caches import Held, Lease, Leasing
 from .._component import Component
+from .._precompiled import ItemResult, PrecompileReport
 from .._store._active import get_cache
 from .._store._executables import wait_for_writes
 from .._store._once import drop, keep, lease_ttl, lease_wait
@@ -63,92 +63,6 @@ class Signature(NamedTuple):
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     label: str
-
-
-@dataclass
-class ItemResult:
-    """What precompiling one signature did: ``made`` entries here, ``loaded``
-    entries another process made while this one waited, in ``seconds``.
-    ``state``: ``"made"`` (something was made here), ``"loaded"`` (only loaded
-    after waiting), ``"present"`` (everything was in the cache already) or
-    ``"elsewhere"`` (another process precompiled it) or ``"plain"`` (nothing to
-    cache). ``note`` says why a
-    signature leaves nothing in the cache (a ``jaxaot.jit`` function that runs
-    under plain ``jax.jit``)."""
-
-    index: int
-    label: str
-    state: str
-    made: int = 0
-    loaded: int = 0
-    seconds: float = 0.0
-    note: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "label": self.label,
-            "state": self.state,
-            "made": self.made,
-            "loaded": self.loaded,
-            "seconds": round(self.seconds, 3),
-            "note": self.note,
-        }
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> ItemResult:
-        return cls(
-            int(raw["index"]),
-            str(raw["label"]),
-            str(raw["state"]),
-            int(raw.get("made", 0)),
-            int(raw.get("loaded", 0)),
-            float(raw.get("seconds", 0.0)),
-            str(raw.get("note", "")),
-        )
-
-
-@dataclass
-class PrecompileReport:
-    """What precompiling a manifest did: one :class:`ItemResult` per signature
-    precompiled (or skipped: ``"elsewhere"``) in ``seconds``."""
-
-    signatures: int
-    items: list[ItemResult] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def made(self) -> int:
-        """Entries made (lowered entries, derived entries, executables)."""
-        return sum(r.made for r in self.items)
-
-    @property
-    def loaded(self) -> int:
-        """Entries loaded once another process had made them."""
-        return sum(r.loaded for r in self.items)
-
-    @property
-    def present(self) -> int:
-        """Signatures whose entries were all in the cache already."""
-        here = {r.index for r in self.items if r.state != "elsewhere"}
-        made = {r.index for r in self.items if r.state in ("made", "loaded")}
-        return len(here - made)
-
-    @property
-    def elsewhere(self) -> int:
-        """Signatures another process precompiled (none of them here)."""
-        here = {r.index for r in self.items if r.state != "elsewhere"}
-        return len({r.index for r in self.items} - here)
-
-    def line(self) -> str:
-        """``precompiled N signatures: M entries made, L loaded, P already present, in T s``
-        (with ``, K by other processes`` when another process precompiled some)."""
-        others = f", {self.elsewhere} by other processes" if self.elsewhere else ""
-        return (
-            f"precompiled {self.signatures} signature{'s' if self.signatures != 1 else ''}: "
-            f"{self.made} entr{'ies' if self.made != 1 else 'y'} made, {self.loaded} loaded, "
-            f"{self.present} already present{others}, in {self.seconds:.1f} s"
-        )
 
 
 def _leaf_text(leaf: Any) -> str:

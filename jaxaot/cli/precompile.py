@@ -41,6 +41,7 @@ import time
 import traceback
 from typing import IO, Any
 
+from .._precompiled import ItemResult, PrecompileReport
 from ._output import CLIError, Command, Output, positive_int
 
 __all__ = ["MARK", "PRECOMPILE", "load_manifest", "worker_main"]
@@ -389,7 +390,6 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         worker.thread = threading.Thread(target=_read, args=(worker, events), daemon=True)
         worker.thread.start()
         procs.append(worker)
-    from .._regional._manifest import ItemResult, PrecompileReport  # JAX, while workers start
 
     progress = _Progress(out)
     total: int | None = None

@@ -1,0 +1,87 @@
+"""What precompiling did: one :class:`ItemResult` per signature, and the run's
+:class:`PrecompileReport`. Plain records, with no JAX: the parent process of
+``jaxaot precompile`` reads its workers' results into them while the workers,
+not it, import JAX and compile."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class ItemResult:
+    """What precompiling one signature did: ``made`` entries here, ``loaded``
+    entries another process made while this one waited, in ``seconds``.
+    ``state``: ``"made"`` (something was made here), ``"loaded"`` (only loaded
+    after waiting), ``"present"`` (everything was in the cache already) or
+    ``"elsewhere"`` (another process precompiled it) or ``"plain"`` (nothing to
+    cache). ``note`` says why a
+    signature leaves nothing in the cache (a ``jaxaot.jit`` function that runs
+    under plain ``jax.jit``)."""
+
+    index: int
+    label: str
+    state: str
+    made: int = 0
+    loaded: int = 0
+    seconds: float = 0.0
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "seconds": round(self.seconds, 3)}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ItemResult:
+        return cls(
+            int(raw["index"]),
+            str(raw["label"]),
+            str(raw["state"]),
+            int(raw.get("made", 0)),
+            int(raw.get("loaded", 0)),
+            float(raw.get("seconds", 0.0)),
+            str(raw.get("note", "")),
+        )
+
+
+@dataclass
+class PrecompileReport:
+    """What precompiling a manifest did: one :class:`ItemResult` per signature
+    precompiled (or skipped: ``"elsewhere"``) in ``seconds``."""
+
+    signatures: int
+    items: list[ItemResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def made(self) -> int:
+        """Entries made (lowered entries, derived entries, executables)."""
+        return sum(r.made for r in self.items)
+
+    @property
+    def loaded(self) -> int:
+        """Entries loaded once another process had made them."""
+        return sum(r.loaded for r in self.items)
+
+    @property
+    def present(self) -> int:
+        """Signatures whose entries were all in the cache already."""
+        here = {r.index for r in self.items if r.state != "elsewhere"}
+        made = {r.index for r in self.items if r.state in ("made", "loaded")}
+        return len(here - made)
+
+    @property
+    def elsewhere(self) -> int:
+        """Signatures another process precompiled (none of them here)."""
+        here = {r.index for r in self.items if r.state != "elsewhere"}
+        return len({r.index for r in self.items} - here)
+
+    def line(self) -> str:
+        """``precompiled N signatures: M entries made, L loaded, P already present, in T s``
+        (with ``, K by other processes`` when another process precompiled some)."""
+        others = f", {self.elsewhere} by other processes" if self.elsewhere else ""
+        return (
+            f"precompiled {self.signatures} signature{'s' if self.signatures != 1 else ''}: "
+            f"{self.made} entr{'ies' if self.made != 1 else 'y'} made, {self.loaded} loaded, "
+            f"{self.present} already present{others}, in {self.seconds:.1f} s"
+        )
