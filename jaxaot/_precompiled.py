@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+__all__ = ["ItemResult", "PrecompileReport"]
+
 
 @dataclass
 class ItemResult:

@@ -46,7 +46,7 @@ from .._store._once import drop, keep, lease_ttl, lease_wait
 from ._jit import RegionalFunction
 from ._pool import wait_for_background
 
-__all__ = ["ItemResult", "Manifest", "PrecompileReport", "Signature", "manifest"]
+__all__ = ["Manifest", "Signature", "manifest"]
 
 logger = logging.getLogger("jaxaot")
 
