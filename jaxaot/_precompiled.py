@@ -17,10 +17,10 @@ class ItemResult:
     entries another process made while this one waited, in ``seconds``.
     ``state``: ``"made"`` (something was made here), ``"loaded"`` (only loaded
     after waiting), ``"present"`` (everything was in the cache already) or
-    ``"elsewhere"`` (another process precompiled it) or ``"plain"`` (nothing to
-    cache). ``note`` says why a
-    signature leaves nothing in the cache (a ``jaxaot.jit`` function that runs
-    under plain ``jax.jit``)."""
+    ``"elsewhere"`` (another process precompiled it), ``"plain"`` (nothing to
+    cache) or ``"failed"`` (its arguments are wrong for its function). ``note``
+    says why a signature leaves nothing in the cache (a ``jaxaot.jit`` function
+    that runs under plain ``jax.jit``; a failed one's error)."""
 
     index: int
     label: str
@@ -69,8 +69,13 @@ class PrecompileReport:
     def present(self) -> int:
         """Signatures whose entries were all in the cache already."""
         here = {r.index for r in self.items if r.state != "elsewhere"}
-        made = {r.index for r in self.items if r.state in ("made", "loaded")}
+        made = {r.index for r in self.items if r.state in ("made", "loaded", "failed")}
         return len(here - made)
+
+    @property
+    def failed(self) -> list[ItemResult]:
+        """The signatures that could not be precompiled, each with its error."""
+        return [r for r in self.items if r.state == "failed"]
 
     @property
     def elsewhere(self) -> int:
@@ -80,10 +85,12 @@ class PrecompileReport:
 
     def line(self) -> str:
         """``precompiled N signatures: M entries made, L loaded, P already present, in T s``
-        (with ``, K by other processes`` when another process precompiled some)."""
+        (with ``, K by other processes`` when another process precompiled some, and
+        ``, F failed`` when some could not be precompiled)."""
         others = f", {self.elsewhere} by other processes" if self.elsewhere else ""
+        failed = f", {len(self.failed)} failed" if self.failed else ""
         return (
             f"precompiled {self.signatures} signature{'s' if self.signatures != 1 else ''}: "
             f"{self.made} entr{'ies' if self.made != 1 else 'y'} made, {self.loaded} loaded, "
-            f"{self.present} already present{others}, in {self.seconds:.1f} s"
+            f"{self.present} already present{others}{failed}, in {self.seconds:.1f} s"
         )

@@ -94,7 +94,9 @@ def bump(name: str, n: float = 1) -> None:
 
 
 def stats() -> dict[str, float]:
-    """Process-wide counts: hits, misses, traces, lowerings, compiles, faults,
+    """Process-wide counts: hits, misses, traces, lowerings, compiles,
+    ``cache_errors`` (cache reads, writes and leases that failed, or that a
+    remote store backing off after an outage skipped), faults of entries,
     entries ``loaded`` from a cache and ``compile_seconds`` (XLA's time compiling
     what jaxaot made here), and the fleet's (entries ``made_here``,
     ``loaded_after_wait`` for another process, ``wait_seconds``,

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 import jaxaot
 
@@ -95,11 +95,34 @@ def buckets() -> jaxaot.Manifest:
     )
 
 
+# -- signatures that cannot be precompiled, among others that can ----------------
+
+
+@jaxaot.jit
+def scaled(x: jax.Array) -> jax.Array:
+    return 2 * head(x, mode="sum")
+
+
+#: good, bad (one argument too many: jax.jit cannot trace it either), bad (a
+#: string where the component takes an array), good.
+failing = (
+    jaxaot.manifest()
+    .add(head, _sds(4, WIDTH), mode="sum")
+    .add(scaled, _sds(4, WIDTH), _sds(4, WIDTH))
+    .add(head, "not an array", mode="sum")
+    .add(scaled, _sds(8, WIDTH))
+)
+empty = jaxaot.manifest()
+
+
 # -- sharded signatures (8 devices) ---------------------------------------------------
 
 
-def _mesh() -> tuple[NamedSharding, NamedSharding]:
-    mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+def _mesh(explicit: bool = False) -> tuple[NamedSharding, NamedSharding]:
+    if explicit:  # jax.make_mesh's axes: the shardings are in the values' types
+        mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+    else:
+        mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
     return NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
 
 
@@ -115,6 +138,24 @@ def sharded_train() -> jaxaot.Manifest:
     data, replicated = _mesh()
     x = jax.ShapeDtypeStruct((16, WIDTH), jnp.float32, sharding=data)
     return jaxaot.manifest().add(train_step, _params(2, sharding=replicated), x, x)
+
+
+@jaxaot.jit
+def evaluate(params: list[dict[str, jax.Array]], x: jax.Array, y: jax.Array) -> jax.Array:
+    return _loss(params, x, y)
+
+
+def sharded_explicit() -> jaxaot.Manifest:
+    """On an Explicit mesh, with no mesh set: a component, and a ``jaxaot.jit``
+    program in which the components' results meet its inputs (their types'
+    meshes must agree)."""
+    data, replicated = _mesh(explicit=True)
+    x = jax.ShapeDtypeStruct((16, WIDTH), jnp.float32, sharding=data)
+    return (
+        jaxaot.manifest()
+        .add(layer, _params(1, sharding=replicated)[0], x)
+        .add(evaluate, _params(2, sharding=replicated), x, x)
+    )
 
 
 # -- a worker killed while it holds a signature -----------------------------------------

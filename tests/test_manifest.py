@@ -30,7 +30,7 @@ from jaxaot.cli import main
 TESTS = Path(__file__).resolve().parent
 LINE = re.compile(
     r"^precompiled (\d+) signatures?: (\d+) entr(?:y|ies) made, (\d+) loaded, "
-    r"(\d+) already present(?:, (\d+) by other processes)?, in [\d.]+ s$",
+    r"(\d+) already present(?:, (\d+) by other processes)?(?:, (\d+) failed)?, in [\d.]+ s$",
     re.MULTILINE,
 )
 EIGHT = "--xla_force_host_platform_device_count=8"
@@ -54,7 +54,7 @@ def _precompile(
 
 def _counts(stdout: str) -> dict[str, int]:
     (m,) = LINE.findall(stdout)
-    names = ("signatures", "made", "loaded", "present", "elsewhere")
+    names = ("signatures", "made", "loaded", "present", "elsewhere", "failed")
     return {k: int(v or 0) for k, v in zip(names, m, strict=True)}
 
 
@@ -126,6 +126,26 @@ def test_precompile_in_process_fills_the_cache(fresh_cache: jaxaot.MemoryCache) 
     assert again.line().startswith("precompiled 4 signatures: 0 entries made, 0 loaded, 4 already")
 
 
+def test_a_failing_signature_leaves_the_others_precompiled(
+    fresh_cache: jaxaot.MemoryCache,
+) -> None:
+    """A signature whose arguments its function cannot take raises what the call
+    would raise, once the others are precompiled: a ``jaxaot.jit`` function that
+    cannot be traced is not reported as precompiled."""
+    import _precompile_targets as targets
+
+    with pytest.raises(TypeError, match="positional argument") as raised:
+        targets.failing.precompile()
+    assert "2 of 4 signatures failed" in "".join(getattr(raised.value, "__notes__", []))
+    report = targets.failing.precompile(raise_errors=False)
+    assert [r.state for r in report.items] == ["present", "failed", "failed", "present"]
+    assert "TypeError" in report.items[1].note and "path x" in report.items[2].note
+    assert report.present == 2 and len(report.failed) == 2
+    assert report.line().endswith(f" 2 already present, 2 failed, in {report.seconds:.1f} s")
+    # The good signatures were made by the first run: their entries are in the cache.
+    assert len(fresh_cache.keys()) > 0
+
+
 # -- precompiled by workers, deployed by a fresh process ---------------------------------
 
 
@@ -146,17 +166,27 @@ def test_precompiled_deployment_compiles_nothing(
         assert len(cold["compiles"]) >= 4 and cold["equal"] == [True] * n
         # A second run finds everything present and makes nothing.
         again = _counts(_precompile(env, f"_precompile_targets:{target}", "--workers", "1").stdout)
-        assert again == {"signatures": 4, "made": 0, "loaded": 0, "present": 4, "elsewhere": 0}
+        assert again == {
+            "signatures": 4,
+            "made": 0,
+            "loaded": 0,
+            "present": 4,
+            "elsewhere": 0,
+            "failed": 0,
+        }
 
 
+@pytest.mark.parametrize(("target", "n"), [("sharded_components", 1), ("sharded_explicit", 2)])
 def test_sharded_components_on_eight_devices(
-    tmp_path: Path, subprocess_env: dict[str, str]
+    target: str, n: int, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
+    """Over a ``Mesh`` (Auto axes), and over ``jax.make_mesh``'s Explicit axes, whose
+    shardings are part of the types a manifest's ShapeDtypeStructs give."""
     env = _env(subprocess_env, tmp_path / "cache", XLA_FLAGS=EIGHT)
-    _precompile(env, "_precompile_targets:sharded_components", "--workers", "1")
-    result = _deploy(env, "_precompile_targets:sharded_components")
+    _precompile(env, f"_precompile_targets:{target}", "--workers", "1")
+    result = _deploy(env, f"_precompile_targets:{target}")
     assert result["devices"] == 8
-    _assert_warm(result, 1)
+    _assert_warm(result, n)
 
 
 def test_sharded_train_step_on_eight_devices(
@@ -238,6 +268,55 @@ def test_cli_bad_target_in_workers(tmp_path: Path, subprocess_env: dict[str, str
     proc = _precompile(env, "_precompile_targets:WIDTH", "--workers", "1", check=False)
     assert proc.returncode == 2
     assert "is a int, not a jaxaot.Manifest" in proc.stderr
+    proc = _precompile(env, "_precompile_targets:layer", "--workers", "1", check=False)
+    assert proc.returncode == 2 and "is a component, not a jaxaot.Manifest" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = _precompile(env, "_precompile_targets:empty", "--workers", "1", check=False)
+    assert proc.returncode == 1 and "lists no signatures" in proc.stderr
+
+
+def test_cli_failing_signatures_fail_the_run_and_the_others_are_done(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """Each failing signature gets a FAILED line with its error (no traceback), the
+    others are precompiled (by whichever worker), and the exit status is 1."""
+    env = _env(subprocess_env, tmp_path / "cache")
+    proc = _precompile(env, "_precompile_targets:failing", "--workers", "2", check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    failed = re.findall(
+        r"^\[\d/4\] (.*): FAILED: (TypeError: .*) \(worker \d\)$", proc.stdout, re.M
+    )
+    assert sorted(label for label, _ in failed) == [
+        "head('not an array', mode='sum')",
+        "scaled(f32[4,16], f32[4,16])",
+    ]
+    assert _counts(proc.stdout) == {
+        "signatures": 4,
+        "made": _counts(proc.stdout)["made"],
+        "loaded": 0,
+        "present": 0,
+        "elsewhere": 0,
+        "failed": 2,
+    }
+    assert _counts(proc.stdout)["made"] > 0
+    assert "2 of 4 signatures failed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_unreachable_shared_cache_fails_at_once(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """A shared store that does not answer fails the run before any worker starts,
+    instead of filling only the local tier and reporting success."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = _env(subprocess_env, tmp_path / "cache")
+    url = f"redis://127.0.0.1:{port}/0"
+    proc = _precompile(env, "_precompile_targets:components", "--cache", url, check=False)
+    assert proc.returncode == 1 and f"cannot reach {url}" in proc.stderr, proc.stderr
+    assert "precompiled" not in proc.stdout and not (tmp_path / "cache").exists()
 
 
 def test_cli_parent_leaves_jax_to_its_workers(
@@ -300,7 +379,9 @@ def test_serving_example(tmp_path: Path, subprocess_env: dict[str, str]) -> None
     target = f"{examples / 'precompile_serving.py'}:manifest"
     done = _precompile(env, target, "--workers", "2", "--cache", cache)
     assert "\x1b" not in done.stdout  # piped: plain lines
-    assert re.search(r"^\[6/6\] forward\(<9 leaves>, i32\[\d,\d+\]\): \d+ made", done.stdout, re.M)
+    assert re.search(
+        r"^\[6/6\] forward\(<dict of 9 leaves>, i32\[\d,\d+\]\): \d+ made", done.stdout, re.M
+    )
     assert _counts(done.stdout)["signatures"] == 6
     served = subprocess.run(
         [sys.executable, str(examples / "precompile_serving.py"), "--cache", cache],

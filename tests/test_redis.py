@@ -454,12 +454,15 @@ def test_unreachable_server_never_raises(caplog: pytest.LogCaptureFixture) -> No
     cache = RedisCache(f"redis://127.0.0.1:{_free_port()}/0", timeout=0.5, backoff=0)
     caplog.set_level(logging.DEBUG, logger="jaxaot")
     key, blob = make_blob()
+    before = jaxaot.stats()["cache_errors"]
     cache.put(key, blob)
     assert cache.get(key) is None and cache.keys() == [] and cache.delete(key) is False
     cache.clear()
     stats = cache.stats()
     assert stats["entries"] is None and stats["errors"] == 6
     assert len(warnings_of(caplog)) == 1
+    # Counted for the process too (jaxaot precompile fails on it).
+    assert jaxaot.stats()["cache_errors"] - before == 6
 
 
 # -- trust -----------------------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax.sharding import PartitionSpec as P
 
 import jaxaot
@@ -506,29 +507,47 @@ block = jaxaot.component(layer)
 
 def loss(ps, x, body):
     for p in ps:
-        x = body(p, x)
+        x = body(p, x) + 0.5 * x  # a result's type meets an input's
     return (x ** 2).mean()
 
-with jax.set_mesh(mesh):
-    ps = [{"w": jnp.eye(16) * 0.1 * (i + 1), "b": jnp.full((16,), 0.01 * i)} for i in range(4)]
-    x = jax.device_put(jnp.arange(512.0).reshape(32, 16) / 512, P("data"))
-    step = jaxaot.jit(jax.value_and_grad(lambda ps, x: loss(ps, x, block)))
+def run():
+    put = lambda v, spec: jax.device_put(v, jax.sharding.NamedSharding(mesh, spec))
+    ps = [{"w": put(jnp.eye(16) * 0.1 * (i + 1), P()), "b": put(jnp.full((16,), 0.01 * i), P())}
+          for i in range(4)]
+    x = put(jnp.arange(512.0).reshape(32, 16) / 512, P("data"))
+    step = jaxaot.jit(train(lambda ps, x: loss(ps, x, block)))
     got = step(ps, x)
-    same_types(got, jax.jit(jax.value_and_grad(lambda ps, x: loss(ps, x, layer)))(ps, x), "step")
+    same_types(got, jax.jit(train(lambda ps, x: loss(ps, x, layer)))(ps, x), "step")
     assert all(p is not None for p in step._plans.values())  # split, not jax.jit
+
+if sys.argv[1:] == ["set_mesh"]:
+    train = jax.value_and_grad
+    with jax.set_mesh(mesh):
+        run()
+else:  # the arrays' types carry the mesh, and none is set: the forward pass
+    # (without a mesh in context, JAX cannot shard the weights' gradient sums)
+    train = lambda f: f
+    run()
 jaxaot.wait_for_writes()
 info, glue = block.cache_info(), _programs.GLUE.counters.info()
 print(f"lowerings={info.lowerings} compiles={info.compiles + glue.compiles}")
 """
 
 
-def test_an_explicit_mesh_step_warm_starts_and_another_mesh_compiles(tmp_path: Path) -> None:
-    """jaxaot.jit of a train step on an Explicit mesh: a warm process with the same
-    mesh lowers and compiles nothing; one with another device count compiles."""
-    cache = tmp_path / "cache"
-    cold = _counts(run_devices(TYPES + WARM_EXPLICIT, cache=cache))
+@pytest.mark.parametrize("context", ["set_mesh", "none"])
+def test_an_explicit_mesh_step_warm_starts_and_another_mesh_compiles(
+    tmp_path: Path, context: str
+) -> None:
+    """jaxaot.jit of a train step on an Explicit mesh, inside ``jax.set_mesh`` or
+    with no mesh set (the arrays' types carry it): a warm process with the same
+    mesh gives what jax.jit gives (its results' types from the cache match its
+    inputs', device kind included) and lowers and compiles nothing; one with
+    another device count compiles."""
+    cache, script = tmp_path / "cache", TYPES + f"sys.argv[1:] = [{context!r}]\n" + WARM_EXPLICIT
+    cold = _counts(run_devices(script, cache=cache))
     assert cold["lowerings"] > 0 and cold["compiles"] > 0, cold
-    warm = _counts(run_devices(TYPES + WARM_EXPLICIT, cache=cache))
+    warm = _counts(run_devices(script, cache=cache))
     assert warm == {"lowerings": 0, "compiles": 0}, warm
-    other = _counts(run_devices(TYPES + WARM_EXPLICIT, devices=4, cache=cache))
-    assert other["compiles"] > 0, other
+    if context == "set_mesh":
+        other = _counts(run_devices(script, devices=4, cache=cache))
+        assert other["compiles"] > 0, other

@@ -376,7 +376,7 @@ class DirectoryCache(WarnOnce):
         if not isinstance(value, bytes):
             value = bytes(value)
         if len(value) > self.max_bytes:
-            self._count("put_errors")
+            self._count_fault("put_errors")
             self._warn_once(
                 "larger than max_bytes",
                 f"put of {key} skipped: {len(value)} bytes is more than the whole cache may hold "
@@ -401,7 +401,7 @@ class DirectoryCache(WarnOnce):
                     with self._shard_dir(rfd, shard, create=True) as sfd:
                         self._write(sfd, key, value)
         except filelock.Timeout:
-            self._count("lock_timeouts")
+            self._count_fault("lock_timeouts")
             self._warn_once(
                 "lock timeout",
                 f"put of {key} skipped: the writers' lock {self._lock_path} was busy "
@@ -409,11 +409,11 @@ class DirectoryCache(WarnOnce):
             )
             return
         except _Refused as r:
-            self._count("put_errors")
+            self._count_fault("put_errors")
             self._warn_once(r.cause, f"{r} (put of {key[:16]} skipped)")
             return
         except OSError as e:
-            self._count("put_errors")
+            self._count_fault("put_errors")
             cause = errno_cause(e)
             self._warn_once(cause, write_fault_text(cause, e, f"put of {key}"))
             return

@@ -35,16 +35,8 @@ ARRAY_SCALARS = (bool, int, float, complex, np.generic)
 
 def aval_of(x: Any) -> Any:
     """A value's type (an array, a tracer, a scalar or a ``jax.ShapeDtypeStruct``)."""
-    if isinstance(x, jax.ShapeDtypeStruct):
-        weak = bool(getattr(x, "weak_type", False))
-        sharding = getattr(x, "sharding", None)
-        if isinstance(sharding, jax.sharding.NamedSharding) and isinstance(
-            sharding.mesh, jax.sharding.AbstractMesh
-        ):
-            typed = ShapedArray(x.shape, x.dtype, weak_type=weak, sharding=sharding)
-            if sharded_type(typed):
-                return typed
-        return ShapedArray(x.shape, x.dtype, weak_type=weak)
+    # A ShapeDtypeStruct's type is JAX's: a NamedSharding over Explicit axes (of a
+    # concrete or an abstract mesh) is in it, as in an array's placed so.
     return type_of(jax.typeof(x))
 
 

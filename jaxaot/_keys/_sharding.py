@@ -163,6 +163,9 @@ def type_sharding_to_json(sharding: Any) -> dict[str, Any]:
         ],
         "spec": [_spec_entry_to_json(e) for e in tuple(spec)],
     }
+    device = getattr(mesh, "abstract_device", None)
+    if device is not None:  # part of the type: a value's mesh names its devices' kind
+        data["device"] = [str(device.platform), str(device.device_kind), device.num_cores]
     for what in ("unreduced", "reduced"):
         axes = getattr(spec, what, None)
         if axes:
@@ -174,9 +177,11 @@ def type_sharding_to_json(sharding: Any) -> dict[str, Any]:
 
 
 def type_sharding_from_json(data: Any, context: Any = None) -> Any:
-    """The sharding :func:`type_sharding_to_json` wrote, over the abstract mesh
-    ``context`` (the mesh in context, which also names the devices' kind) when its
-    axes are the ones written, else over an abstract mesh of those axes.
+    """The sharding :func:`type_sharding_to_json` wrote, over an abstract mesh of
+    its axes and devices' kind (as the values' types of the process that wrote it
+    carry them, so that a result's type and its next operand's agree); for data
+    written without the devices' kind, over the abstract mesh ``context`` (the
+    mesh in context) when its axes are the ones written.
 
     Raises:
       ValueError: malformed data.
@@ -195,8 +200,13 @@ def type_sharding_from_json(data: Any, context: Any = None) -> Any:
         names.append(name)
         sizes.append(size)
         types.append(AxisType[kind] if isinstance(kind, str) else AxisType.Auto)
+    device = _abstract_device(data.get("device"))
     mesh = context
-    if mesh is None or mesh.empty or _axes(mesh) != _axes_of(names, sizes, types):
+    if device is not None:
+        mesh = AbstractMesh(
+            tuple(sizes), tuple(names), axis_types=tuple(types), abstract_device=device
+        )
+    elif mesh is None or mesh.empty or _axes(mesh) != _axes_of(names, sizes, types):
         mesh = AbstractMesh(tuple(sizes), tuple(names), axis_types=tuple(types))
     entries: list[Any] = []
     for entry in data.get("spec", []):
@@ -221,6 +231,26 @@ def type_sharding_from_json(data: Any, context: Any = None) -> Any:
         if default is not None and isinstance(default.default, enum.Enum):
             extra["unreduced_kind"] = type(default.default)[kind]
     return NamedSharding(mesh, PartitionSpec(*entries, **extra))
+
+
+def _abstract_device(data: Any) -> Any:
+    """The abstract device :func:`type_sharding_to_json` wrote (platform, device
+    kind, cores), or ``None`` where it wrote none.
+
+    Raises:
+      ValueError: malformed data.
+    """
+    if data is None:
+        return None
+    if not (
+        isinstance(data, list)
+        and len(data) == 3
+        and all(isinstance(d, str) for d in data[:2])
+        and (data[2] is None or (isinstance(data[2], int) and not isinstance(data[2], bool)))
+    ):
+        raise ValueError(f"malformed abstract device {data!r:.60}")
+    platform, kind, cores = data
+    return jax.sharding.AbstractDevice(device_kind=kind, num_cores=cores, platform=platform)
 
 
 def _axes_of(names: Sequence[str], sizes: Sequence[int], types: Sequence[Any]) -> str:

@@ -438,7 +438,12 @@ class RegionalFunction:
 
     def precompile(self, *args: Any, **kwargs: Any) -> None:
         """Traces, splits and loads or compiles every executable for this signature,
-        without running anything; returns when all are ready."""
+        without running anything; returns when all are ready.
+
+        Raises:
+          Exception: what ``jax.jit`` of the function raises for these arguments
+            (a call would raise it too): the program cannot be traced with them.
+        """
         leaves, treedef, statics, donated = self._dynamic(args, kwargs)
         if self._in_shardings is not UNSET:
             placed = self._placed(leaves, treedef)
@@ -455,6 +460,12 @@ class RegionalFunction:
                 plan.wait()
             except PlanFailed as e:
                 self._give_up(sig, e)
+                plan = None
+        if plan is None:
+            # Not split: a call runs it under jax.jit. Where that cannot trace it
+            # either, the arguments are wrong, and saying so here beats a
+            # precompile that reports success and a deployment that fails.
+            self._jitted.trace(*args, **kwargs)
 
     def explain(self, *args: Any, **kwargs: Any) -> str:
         """What ``jaxaot.jit`` makes of a call with these arguments, without running
@@ -538,11 +549,12 @@ def jit(
     arguments. ``auto_regions=False`` finds none. A program with nothing to
     split is served whole, as one cached program.
 
-    With ``whole_program`` (the default), once the split program has run, a
-    whole-program form of it (one executable, in which repeated layers are a
-    loop over one compiled layer) is compiled in the background, kept in the
-    cache, and used from then on if it runs faster: small steps then cost what
-    one executable costs, not one executable per layer.
+    With ``whole_program`` (the default), a program whose repeated layers are
+    small (by an estimate of their work from their programs, when its plan is made) runs
+    as one program, one executable in which the repeated layers are a loop over
+    one compiled layer, from its first call: small steps then cost what one
+    executable costs, not one executable per layer. The program decides this,
+    the same in every process; no timing does.
 
     ``in_shardings`` and ``out_shardings`` are those of ``jax.jit`` (shardings,
     or partition specs under ``jax.set_mesh``, in a pytree prefix of the

@@ -75,15 +75,17 @@ def _leaf_text(leaf: Any) -> str:
             name = str(dtype)
         short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "int32": "i32"}
         return f"{short.get(name, name)}[{','.join(map(str, shape))}]"
-    return repr(leaf)[:40]
+    text = (repr(leaf).strip().splitlines() or [""])[0]
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def _arg_text(arg: Any) -> str:
-    """An argument in a progress line: an array's type, or how many arrays a tree holds."""
+    """An argument in a progress line: an array's type, a static value's text, or
+    a tree's type and how many leaves it holds."""
     leaves = jax.tree_util.tree_leaves(arg)
-    if len(leaves) == 1 and leaves[0] is arg:
+    if (len(leaves) == 1 and leaves[0] is arg) or not leaves:
         return _leaf_text(arg)
-    return f"<{len(leaves)} leaves>"
+    return f"<{type(arg).__name__} of {len(leaves)} leaves>"
 
 
 def _leaf_identity(leaf: Any) -> str:
@@ -218,6 +220,7 @@ class Manifest:
         run: str | None = None,
         on_item: Callable[[str, ItemResult], None] | None = None,
         finished: Container[int] = (),
+        raise_errors: bool = True,
     ) -> PrecompileReport:
         """Loads or compiles every executable the signatures need into the active
         cache, without running anything; returns when every entry is written.
@@ -236,10 +239,17 @@ class Manifest:
         skipped: a claim says "done" for a minute only, and this process would
         otherwise load what another finished before that.
 
+        A signature that cannot be precompiled (its arguments are wrong for its
+        function) does not stop the others: it is recorded as ``"failed"``, with
+        its error, and the others are precompiled. Then, with ``raise_errors``
+        (the default), the first such error is raised; without, the report
+        lists them (``jaxaot precompile``'s workers report each one).
+
         Raises:
           ValueError: ``worker`` is not in ``range(workers)``.
-          Exception: what a function's ``precompile`` raises for its arguments
-            (a ``TypeError`` naming the argument's path).
+          Exception: with ``raise_errors``, the first error a function's
+            ``precompile`` raised for its arguments (a ``TypeError`` naming the
+            argument's path), once every other signature is done.
         """
         if workers < 1 or not 0 <= worker < workers:
             raise ValueError(
@@ -267,6 +277,12 @@ class Manifest:
                 keep(lease, ttl)
             try:
                 result = _precompile_one(index, item)
+            except Exception as e:
+                # Its arguments are wrong for its function: every process would fail
+                # alike, so it is done (failed), and the others go on.
+                logger.debug("jaxaot precompile: %s failed", item.label, exc_info=True)
+                errors.append(e)
+                result = ItemResult(index, item.label, "failed", note=_error_text(e))
             except BaseException:
                 # Not released: "done" would tell the others to skip it. The lease
                 # unlocks when this process ends (or expires), and is taken over.
@@ -287,6 +303,7 @@ class Manifest:
             report.items.append(result)
             notify("elsewhere", result)
 
+        errors: list[Exception] = []
         waiting: list[int] = []
         for index in order:
             if index in finished:
@@ -341,7 +358,20 @@ class Manifest:
                 pause = 0.0
             waiting = still
         report.seconds = time.perf_counter() - started
+        if errors and raise_errors:
+            if n > 1:
+                errors[0].add_note(
+                    f"jaxaot.Manifest.precompile: {len(errors)} of {n} signatures failed; "
+                    "the others were precompiled"
+                )
+            raise errors[0]
         return report
+
+
+def _error_text(error: Exception) -> str:
+    """An error as one line: its type and the first line of its message."""
+    first = str(error).strip().splitlines()[:1]
+    return type(error).__name__ + (f": {first[0]}" if first else "")
 
 
 def _claim(cache: Leasing, digest: str, ttl: float) -> Lease | Held | None:

@@ -139,8 +139,18 @@ def load_manifest(target: str) -> Any:
         value = getattr(module, attr)
     except AttributeError:
         raise CLIError(f"{where!r} has no attribute {attr!r}", 2) from None
+    if isinstance(value, jaxaot.Component | jaxaot.RegionalFunction):
+        raise CLIError(
+            f"{target} is a {'component' if isinstance(value, jaxaot.Component) else 'jaxaot.jit function'}"
+            ", not a jaxaot.Manifest: list its calls in one (jaxaot.manifest().add(fn, *args), "
+            "with jax.ShapeDtypeStruct arguments) and name that",
+            2,
+        )
     if not isinstance(value, jaxaot.Manifest) and callable(value):
-        value = value()
+        try:
+            value = value()
+        except Exception as e:
+            raise CLIError(f"{target}() raised {type(e).__name__}: {e}", 2) from None
     if not isinstance(value, jaxaot.Manifest):
         raise CLIError(
             f"{target} is a {type(value).__name__}, not a jaxaot.Manifest (or a function of "
@@ -201,16 +211,29 @@ def worker_main(argv: list[str]) -> int:
                 raise CLIError(str(e), 2) from None
         manifest = load_manifest(target)
         _report(out, "manifest", count=len(manifest))
+        from .. import _stats
+
+        faults = _stats.stats()["cache_errors"]
         manifest.precompile(
             worker=worker,
             workers=workers,
             run=run,
             on_item=lambda event, result: _report(out, event, **result.as_dict()),
             finished=finished,
+            raise_errors=False,  # each failed signature is reported, and the others done
         )
+        faults = _stats.stats()["cache_errors"] - faults
+        if faults:
+            # A fault was warned about once; a precompile that says nothing more
+            # would leave a deployment to find the entries missing.
+            raise CLIError(
+                f"{int(faults)} cache operation{'s' if faults != 1 else ''} failed or were "
+                "skipped (see the warning above): entries may be missing from the cache",
+                1,
+            )
     except CLIError as e:
         _report(out, "error", message=str(e))
-        return 2
+        return e.code
     except Exception as e:
         traceback.print_exc()
         _report(out, "error", message=f"{type(e).__name__}: {e}")
@@ -244,6 +267,10 @@ def _cache_env(spec: str | None) -> dict[str, str]:
             2,
         )
     else:
+        if parsed.kind == "url":
+            from .cache._view import open_url
+
+            open_url(setting, create=True)  # a store that does not answer fails here, at once
         env["JAXAOT_CACHE"] = setting
     return env
 
@@ -317,9 +344,10 @@ class _Progress:
             "loaded": f"{result['loaded']} loaded",
             "present": "already present",
             "plain": "not cached (" + str(result.get("note", "")) + ")",
+            "failed": "FAILED: " + str(result.get("note", "")),
             "elsewhere": f"done by another process ({result.get('note', '?')})",
         }.get(result["state"], result["state"])
-        took = "" if result["state"] == "elsewhere" else f", {result['seconds']:.2f} s"
+        took = "" if result["state"] in ("elsewhere", "failed") else f", {result['seconds']:.2f} s"
         text = (
             f"[{self.done}/{self.total or '?'}] {result['label']}: {what}{took} (worker {worker})"
         )
@@ -442,8 +470,16 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         raise CLIError(errors[0] if errors else "no worker read the manifest", 2 if errors else 1)
     missing = sorted(set(range(total)) - finished)
     out.line(report.line())
+    if total == 0:
+        raise CLIError(f"{args.target} lists no signatures: nothing was precompiled", 1)
     if missing:
         raise CLIError(f"precompile incomplete: {len(missing)} of {total} signatures not done", 1)
+    if report.failed:
+        raise CLIError(
+            f"{len(report.failed)} of {total} signature{'s' if total != 1 else ''} failed "
+            "(see FAILED above)",
+            1,
+        )
     if any(w.error for w in failed):
         return 1
     return 0
@@ -459,6 +495,7 @@ PRECOMPILE = Command(
     "signatures through the cache's leases; several machines pointed at one shared cache "
     "split them the same way, and a worker that dies has its signatures taken over.",
     epilog="Exit status: 0 when every signature was precompiled (here or by another "
-    "process on the cache); 1 when one failed or was left undone; 2 for a bad MANIFEST or --target.",
+    "process on the cache); 1 when one failed or was left undone, the cache had a fault, or the "
+    "manifest lists none; 2 for a bad MANIFEST or --target.",
     uses_cache=False,
 )

@@ -251,7 +251,11 @@ def open_url(url: str, *, create: bool = False) -> CacheView:
         try:
             cache.ping()
         except Exception as e:  # the client's connection, timeout or auth errors
-            raise CLIError(f"cannot reach {location}: {type(e).__name__}: {e}") from None
+            # A Pingable's ConnectionError names its cause; other errors, by their type.
+            why = (
+                str(e) if isinstance(e, ConnectionError) and str(e) else f"{type(e).__name__}: {e}"
+            )
+            raise CLIError(f"cannot reach {location}: {why}") from None
     return CacheView(cache, location)
 
 
