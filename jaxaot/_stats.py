@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 from collections.abc import Hashable
 from typing import NamedTuple
@@ -182,14 +183,15 @@ def watch_compiles() -> None:
 
     jax.monitoring.register_event_duration_secs_listener(_on_event)
     if os.environ.get(VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
-        if not logger.handlers:
-            # Opted in: the line must be seen without the program configuring logging.
-            handler = logging.StreamHandler()
-            handler.setFormatter(logging.Formatter("%(message)s"))
-            logger.addHandler(handler)
-        if logger.getEffectiveLevel() > logging.INFO:
-            logger.setLevel(logging.INFO)
-        atexit.register(lambda: logger.info("%s", report()))
+        atexit.register(_report_at_exit)
+
+
+def _report_at_exit() -> None:
+    text = report()
+    if logger.hasHandlers() and logger.isEnabledFor(logging.INFO):
+        logger.info("%s", text)  # where the program's logging sends it, once
+    else:  # opted in: seen without the program configuring logging
+        sys.stderr.write(text + "\n")
 
 
 _warned: set[str] = set()

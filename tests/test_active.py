@@ -143,3 +143,15 @@ def test_empty_hmac_key_is_a_configuration_error(
             _active._default_from_env()
     with pytest.raises(ValueError, match="set but empty"):
         jaxaot.DirectoryCache(tmp_path / "d")
+
+
+@pytest.mark.parametrize("name", ["JAXAOT_LEASE_WAIT", "JAXAOT_LEASE_TTL"])
+def test_bad_lease_settings_fail_when_the_cache_is_made(
+    name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Lease settings are read at a process's first miss, which may come hours in:
+    the default cache checks them when it is made (at the first call)."""
+    monkeypatch.setenv("JAXAOT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(name, "abc")
+    with pytest.raises(ValueError, match=f"{name} must be a non-negative number of seconds"):
+        _active._default_from_env()

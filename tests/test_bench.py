@@ -240,6 +240,31 @@ def test_bench_regional_shape_arguments(monkeypatch: pytest.MonkeyPatch) -> None
     assert main(["bench", "regional", "--width", "wide"]) == 2
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--layers", "0"],
+        ["--layers", "4", "-2"],
+        ["--repeats", "0"],
+        ["--width", "0"],
+        ["--seq", "-1"],
+        ["--trials", "0"],
+        ["--out", "__file__"],
+    ],
+)
+def test_bench_refuses_bad_options_before_it_runs(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sizes and counts below 1, and an --out that is a file, are one-line errors
+    (status 2) before anything runs, not a traceback or numbers minutes later."""
+    ran: list[BenchConfig] = []
+    monkeypatch.setattr(_suites, "run", lambda config, log: ran.append(config) or "ok")
+    argv = [__file__ if a == "__file__" else a for a in argv]
+    assert main(["bench", "regional", *argv]) == 2 and ran == []
+    err = capsys.readouterr().err
+    assert err.startswith("jaxaot: error:") and len(err.strip().splitlines()) == 1, err
+
+
 def _captured(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Figures the plot functions make, kept open for inspection."""
     import matplotlib.pyplot as plt

@@ -948,6 +948,22 @@ def test_export_of_an_unknown_component_writes_nothing(
     assert code == 0 and bundle.exists() and "components: affine" in out
 
 
+def test_export_with_no_good_entry_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty cache, or one whose every entry fails verification, exports no
+    empty bundle and says why (status 1)."""
+    source, bundle = tmp_path / "source", tmp_path / "out.jxb"
+    jaxaot.DirectoryCache(source).put("ab" * 16, b"not an entry")
+    code, out, err = run(capsys, "cache", "export", str(bundle), "--dir", str(source))
+    assert code == 1 and out == "" and not bundle.exists()
+    assert_one_line_error(err, "all 1 entry failed verification", "nothing written")
+    (tmp_path / "empty").mkdir()
+    code, out, err = run(capsys, "cache", "export", str(bundle), "--dir", str(tmp_path / "empty"))
+    assert code == 1 and not bundle.exists()
+    assert_one_line_error(err, "it holds no entries", "nothing written")
+
+
 def test_help(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--help")
     assert code == 0 and "cache" in out and "demo" in out and "bench" in out

@@ -71,6 +71,12 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 # -- basics ------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("path", [None, 3])
+def test_a_path_that_is_not_one_is_a_type_error_naming_the_class(path: object) -> None:
+    with pytest.raises(TypeError, match="DirectoryCache: path must be a str or a path"):
+        DirectoryCache(path)  # type: ignore[arg-type]
+
+
 def test_default_max_bytes_is_10_gib(tmp_path: Path) -> None:
     assert DEFAULT_DIRECTORY_BYTES == 10 * 2**30
     cache = DirectoryCache(tmp_path / "c")
@@ -448,6 +454,7 @@ def test_disk_full_injected(
     assert cache.get(k(1)) == b"old"
     warns = warnings_of(caplog)
     assert len(warns) == 1 and "ENOSPC" in warns[0].getMessage()
+    assert "disk is full" in warns[0].getMessage()  # what it means for every later write
     assert cache.stats()["put_errors"] == 4
     # A different cause gets its own single warning.
     monkeypatch.undo()

@@ -399,6 +399,26 @@ def test_dead_holder_is_taken_over() -> None:
     assert _delta(before)["lease_takeovers"] == 1 and lease.released.is_set()
 
 
+def test_a_takeover_after_a_long_wait_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A holder that died with a lease that expires (Redis, object stores) costs
+    its waiters the lease's time to live: the first takeover says so, once."""
+    clock = iter(range(0, 1000, 2))  # each look at the clock: 2 s later
+    fake_time = type(
+        "FakeTime", (), {"monotonic": staticmethod(lambda: next(clock)), "sleep": lambda *a: None}
+    )
+    monkeypatch.setattr(_once, "time", fake_time)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    _stats.reset_warnings()
+    for key in (KEY, "cd" * 16):
+        cache = FakeLeasing(Held("host pid 1"), Held("host pid 1"), FakeLease())
+        out = _once.make_once(cache, key, "entry", lambda: None, lambda: 3)
+        assert out == _once.Outcome(3, made=True, waited=True)
+    said = [r.getMessage() for r in caplog.records if "took over" in r.getMessage()]
+    assert len(said) == 1 and "host pid 1" in said[0] and "JAXAOT_LEASE_TTL" in said[0], said
+
+
 def test_holder_done_without_an_entry_lets_everyone_make_it_at_once() -> None:
     before = _stats.stats()
     cache = FakeLeasing(Held("host pid 1", done=True))

@@ -267,7 +267,7 @@ def test_cli_bad_target_in_workers(tmp_path: Path, subprocess_env: dict[str, str
     env = _env(subprocess_env, tmp_path / "cache")
     proc = _precompile(env, "_precompile_targets:WIDTH", "--workers", "1", check=False)
     assert proc.returncode == 2
-    assert "is a int, not a jaxaot.Manifest" in proc.stderr
+    assert "is not a jaxaot.Manifest" in proc.stderr and "of type int" in proc.stderr
     proc = _precompile(env, "_precompile_targets:layer", "--workers", "1", check=False)
     assert proc.returncode == 2 and "is a component, not a jaxaot.Manifest" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -302,11 +302,12 @@ def test_cli_failing_signatures_fail_the_run_and_the_others_are_done(
     assert "2 of 4 signatures failed" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_cli_unreachable_shared_cache_fails_at_once(
+def test_cli_a_cache_it_cannot_fill_fails_at_once(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
-    """A shared store that does not answer fails the run before any worker starts,
-    instead of filling only the local tier and reporting success."""
+    """A shared store that does not answer, or a cache directory the workers could
+    not use (they would cache in memory), fails the run before any worker
+    starts, instead of reporting entries made that no later process finds."""
     import socket
 
     with socket.socket() as s:  # a port nothing listens on
@@ -317,6 +318,16 @@ def test_cli_unreachable_shared_cache_fails_at_once(
     proc = _precompile(env, "_precompile_targets:components", "--cache", url, check=False)
     assert proc.returncode == 1 and f"cannot reach {url}" in proc.stderr, proc.stderr
     assert "precompiled" not in proc.stdout and not (tmp_path / "cache").exists()
+    for where, error in [("a_file", "not a directory"), ("open", "world-writable")]:
+        path = tmp_path / where
+        if where == "a_file":
+            path.write_text("")
+        else:
+            path.mkdir(mode=0o777)
+            path.chmod(0o777)
+        proc = _precompile(env, "_precompile_targets:components", "--cache", str(path), check=False)
+        assert proc.returncode == 1 and error in proc.stderr, proc.stderr
+        assert "precompiled" not in proc.stdout
 
 
 def test_cli_parent_leaves_jax_to_its_workers(

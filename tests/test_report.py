@@ -21,7 +21,9 @@ from jaxaot import _stats
 
 PROGRAM = textwrap.dedent(
     """
-    import json, sys
+    import json, logging, os, sys
+    if os.environ.get("CONFIGURE_LOGGING"):
+        logging.basicConfig(level=logging.INFO)
     import jax, jax.numpy as jnp, numpy as np, jaxaot
 
     @jaxaot.component
@@ -73,6 +75,9 @@ def test_verbose_logs_the_report_at_exit(tmp_path: Path, subprocess_env: dict[st
     line, _, err = _run(tmp_path, subprocess_env, JAXAOT_VERBOSE="1")
     assert err.strip().splitlines()[-1] == line  # the same line, logged at exit
     assert line.startswith("jaxaot: warm start")
+    # A program that configured logging gets it once, through its own handler.
+    line, _, err = _run(tmp_path, subprocess_env, JAXAOT_VERBOSE="1", CONFIGURE_LOGGING="1")
+    assert [x for x in err.splitlines() if "warm start" in x] == [f"INFO:jaxaot:{line}"], err
 
 
 def test_compile_seconds_count_only_what_jaxaot_made() -> None:

@@ -168,6 +168,8 @@ class DirectoryCache(WarnOnce):
             raise ValueError(
                 f"DirectoryCache: lock_timeout must be a non-negative number, got {lock_timeout!r}"
             )
+        if not isinstance(path, str | os.PathLike):
+            raise TypeError(f"DirectoryCache: path must be a str or a path, got {path!r:.80}")
         signing()  # an empty $JAXAOT_CACHE_HMAC_KEY is a configuration error: raise now
         root = os.path.realpath(os.path.expanduser(os.fspath(path)))
         self._root = root

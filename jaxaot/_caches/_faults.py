@@ -38,6 +38,12 @@ def write_fault_text(cause: str, exc: OSError, what: str) -> str:
             f"still read, but none are written or leased, and misses are made in this "
             f"process (first seen on {what})"
         )
+    if cause in ("ENOSPC", "EDQUOT"):
+        return (
+            f"the cache's disk is full ({cause}: {exc.strerror or exc}): entries that do not "
+            f"fit are not written (they are made in this process), until space is freed "
+            f"(first seen on {what})"
+        )
     return f"{what} skipped ({cause}: {exc})"
 
 

@@ -194,6 +194,11 @@ def _default_from_env() -> Cache | None:
     from .._caches._trust import signing
 
     signing()  # an empty $JAXAOT_CACHE_HMAC_KEY is a configuration error: raise now
+    from ._once import lease_ttl, lease_wait
+
+    # Read at a process's first miss, which may come hours in: checked now.
+    lease_wait()
+    lease_ttl()
     setting = cache_setting()
     if setting.kind == "url":
         from .._caches._tiered import TieredCache

@@ -180,12 +180,15 @@ def make_once(
             _finish(lease)
             return _loaded(value, started, digest, what, holder)
         _stats.bump("lease_takeovers")
-        logger.debug(
-            "jaxaot: took over %s %s from %s, which stopped before it was done",
-            what,
-            digest[:16],
-            holder,
+        waited = time.monotonic() - started
+        text = (
+            f"jaxaot: took over {what} {digest[:16]} from {holder}, which stopped before it was "
+            f"done, after waiting {waited:.1f} s for its lease to expire"
         )
+        if waited >= 1.0:  # a wait the user feels: said once (a lock file frees at once)
+            _stats.warn_once("lease-takeover", text + " ($JAXAOT_LEASE_TTL)")
+        else:
+            logger.debug(text)
     if started is not None:
         _stats.bump("wait_seconds", time.monotonic() - started)
     value = _make(_watched(make, what), store, lease, ttl)

@@ -153,8 +153,8 @@ def load_manifest(target: str) -> Any:
             raise CLIError(f"{target}() raised {type(e).__name__}: {e}", 2) from None
     if not isinstance(value, jaxaot.Manifest):
         raise CLIError(
-            f"{target} is a {type(value).__name__}, not a jaxaot.Manifest (or a function of "
-            "no arguments returning one)",
+            f"{target} is not a jaxaot.Manifest (or a function of no arguments returning "
+            f"one): it is of type {type(value).__name__}",
             2,
         )
     if value.name == "manifest":  # unnamed: named by where it was found
@@ -257,9 +257,16 @@ def _cache_env(spec: str | None) -> dict[str, str]:
         if spec is None:
             raise CLIError(f"$JAXAOT_CACHE: {setting!r} is not a cache setting", 2) from None
         parsed = None  # a directory path
-    if parsed is None:
-        env["JAXAOT_CACHE"] = "dir"
-        env["JAXAOT_CACHE_DIR"] = os.path.abspath(os.path.expanduser(setting))
+    if parsed is None or parsed.kind == "dir":
+        from .cache._view import open_cache
+
+        path = None if parsed is not None else os.path.abspath(os.path.expanduser(setting))
+        # A directory the workers could not use (a file, unsafe permissions) would
+        # have them cache in memory: say so here instead of "made" and status 0.
+        open_cache(argparse.Namespace(dir=path, url=None), create=True)
+        if path is not None:
+            env["JAXAOT_CACHE"] = "dir"
+            env["JAXAOT_CACHE_DIR"] = path
     elif parsed.kind in ("memory", "off"):
         raise CLIError(
             f"--cache {setting}: precompiling into a cache that no later process can read; "

@@ -8,7 +8,7 @@ import importlib.util
 import os
 import sys
 
-from .._output import CLIError, Command, Output
+from .._output import CLIError, Command, Output, positive_int
 from ._config import AXIS_TYPES, LAYOUTS, SUITES, ArgumentError, BenchConfig, ModelShape
 
 __all__ = ["BENCH", "EXTRAS", "add_arguments", "config_from_args", "missing_extras"]
@@ -57,11 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--processes",
-        type=int,
+        type=positive_int,
         default=4,
         help="fleet: cold processes started together on one new cache (default 4)",
     )
-    parser.add_argument("--layers", type=int, nargs="+", default=None, help="depths to run")
+    parser.add_argument(
+        "--layers", type=positive_int, nargs="+", default=None, help="depths to run"
+    )
     parser.add_argument("--full", action="store_true", help="warm-start: also L=8 and L=48")
     parser.add_argument(
         "--quick",
@@ -70,16 +72,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-jit-layers",
-        type=int,
+        type=positive_int,
         default=48,
         help="regional, sharded: run the whole-program jax.jit contenders (and the sharded "
         "suite's physical limit) only up to this depth (default 48)",
     )
     _add_sharded_arguments(parser)
-    parser.add_argument("--repeats", type=int, default=3, help="steady-state repeats (default 3)")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=3, help="steady-state repeats (default 3)"
+    )
     parser.add_argument(
         "--trials",
-        type=int,
+        type=positive_int,
         default=1,
         help="regional: run the contenders this many times, interleaved, each in a fresh "
         "process, and report each one's median (default 1)",
@@ -91,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ):
         parser.add_argument(
             flag,
-            type=int,
+            type=positive_int,
             default=None,
             help=f"regional, sharded, fleet, edits: {what} (default {value})",
         )
@@ -110,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_sharded_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--devices",
-        type=int,
+        type=positive_int,
         default=8,
         help="sharded: simulated CPU devices on the mesh (default 8; the 2d layout's mesh "
         "is N/2 x 2)",
@@ -173,6 +177,8 @@ def _cmd_bench(args: argparse.Namespace, out: Output) -> int:
             "(in a checkout of jaxaot; or pip install 'jaxaot[bench]')",
             2,
         )
+    if args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise CLIError(f"--out {args.out}: not a folder (the tables, JSON and plots go there)", 2)
     from . import _suites
 
     config = config_from_args(args)

@@ -109,7 +109,8 @@ CACHE = Group(
             description="Write the cache's sound entries (all, or those of the named "
             "components) into one bundle file, to import on another machine.",
             epilog="Bad entries are left out and reported. Exit status: 0 ok; 1 when a "
-            "--component NAME matched no entry (then no file is written), or the bundle "
+            "--component NAME matched no entry or there is no good entry to export (then no "
+            "file is written), or the bundle "
             "cannot be written.",
         ),
         Command(

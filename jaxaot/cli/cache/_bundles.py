@@ -37,7 +37,7 @@ def _cmd_export(args: argparse.Namespace, out: Output) -> int:
     os.close(fd)
     try:
         report = export_bundle(tmp, cache=view.cache, components=args.component)
-        if not report["unmatched"]:
+        if not report["unmatched"] and report["entries"]:
             os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -56,6 +56,17 @@ def _cmd_export(args: argparse.Namespace, out: Output) -> int:
             + f" (in {view.location}, whose components are "
             + (", ".join(held) or "none")
             + f"); nothing written to {target}"
+        )
+    if not report["entries"]:  # an empty bundle would read as a successful export
+        report["written"] = False
+        if args.json:
+            out.json(report)
+            return 1
+        bad = len(report["bad"])
+        raise CLIError(
+            f"nothing to export from {view.location}: "
+            + (f"all {entries_text(bad)} failed verification" if bad else "it holds no entries")
+            + f"; nothing written to {target}"
         )
     report["written"] = True
     if args.json:
