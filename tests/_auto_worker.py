@@ -160,12 +160,21 @@ def named(layers: int) -> tuple[Any, tuple[Any, ...]]:
 
 class LoopLayer(eqx.Module):
     """A layer with no boundary, in a plain loop: a block because its class has
-    several instances in the step's arguments."""
+    several instances in the step's arguments. The Equinox layers it holds (two
+    alike) are its parts, not blocks of their own."""
 
     w: jax.Array
+    up: eqx.nn.Linear
+    down: eqx.nn.Linear
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return _layer(self.w, x)
+        h = jax.vmap(self.down)(jnp.tanh(jax.vmap(self.up)(x)))
+        return _layer(self.w, x) + 0.1 * h
+
+
+def _loop_layer(w: jax.Array, i: int) -> LoopLayer:
+    up, down = (eqx.nn.Linear(WIDTH, WIDTH, key=k) for k in jax.random.split(jax.random.key(i)))
+    return LoopLayer(w, up, down)
 
 
 def equinox_loop(layers: int) -> tuple[Any, tuple[Any, ...]]:
@@ -175,7 +184,7 @@ def equinox_loop(layers: int) -> tuple[Any, tuple[Any, ...]]:
         return (jax.vmap(model["head"])(x) ** 2).mean()
 
     model = {
-        "layers": [LoopLayer(w) for w in _weights(layers)],
+        "layers": [_loop_layer(w, i) for i, w in enumerate(_weights(layers))],
         "head": eqx.nn.Linear(WIDTH, 2, key=jax.random.key(1)),
     }
     return jax.value_and_grad(loss), (model, _x())

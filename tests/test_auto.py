@@ -123,7 +123,10 @@ SAYS: dict[str, tuple[str, ...]] = {
         f"HBlock.__call__): {DEEP} forward",
         "in glue (called once): jit(Linear.__call__)",
     ),
-    "equinox_loop": ("block jit(LoopLayer.__call__)",),
+    "equinox_loop": (
+        "block jit(LoopLayer.__call__)",
+        "in glue (called once): jit(Linear.__call__)",  # the head; the layers' own are parts
+    ),
     "nnx_loop": ("block jit(NLoopLayer.__call__)",),
     "outer_jit": ("jit(loss): looked through",),
     # Calls holding custom_vjp rules (diffrax's adjoint, a user's own) are

@@ -25,6 +25,7 @@ by the block finder, as every block called once is.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import sys
 import types
@@ -36,7 +37,13 @@ import numpy as np
 
 from .._jax import Tracer
 
-__all__ = ["check_blocks", "jitted_call", "named_blocks", "repeated_modules"]
+__all__ = [
+    "check_blocks",
+    "from_a_framework",
+    "jitted_call",
+    "named_blocks",
+    "repeated_modules",
+]
 
 # The module frameworks whose instances are pytrees the program receives (or
 # closes over), by the module that defines their base class.
@@ -74,23 +81,61 @@ def _is_module(x: Any, bases: tuple[type, ...] | None = None) -> bool:
     return isinstance(x, bases if bases is not None else _module_bases())
 
 
-def _count_modules(obj: Any, found: dict[type, int], depth: int = 0) -> None:
-    """Counts, per class, the module instances in the pytree ``obj`` (modules
-    nested in modules included)."""
-    if depth > 64:
-        return
-    children = jax.tree_util.tree_leaves(obj, is_leaf=lambda x: x is not obj and _is_module(x))
-    for child in children:
-        if child is not obj and _is_module(child):
-            found[type(child)] = found.get(type(child), 0) + 1
-            _count_modules(child, found, depth + 1)
+class _Census:
+    """The module instances in a program's inputs, per class: how many, and the
+    classes that enclose every one of them."""
+
+    def __init__(self) -> None:
+        self.count: dict[type, int] = {}
+        self.enclosed_by: dict[type, frozenset[type]] = {}
+
+    def add(self, module: Any, enclosing: frozenset[type]) -> None:
+        cls = type(module)
+        self.count[cls] = self.count.get(cls, 0) + 1
+        self.enclosed_by[cls] = self.enclosed_by.get(cls, enclosing) & enclosing
+
+    def walk(self, obj: Any, enclosing: frozenset[type], depth: int = 0) -> None:
+        """Counts the modules nested in the pytree ``obj`` (in modules included)."""
+        if depth > 64:
+            return
+        is_leaf = lambda x: x is not obj and _is_module(x)  # noqa: E731
+        for child in jax.tree_util.tree_leaves(obj, is_leaf=is_leaf):
+            if child is not obj and _is_module(child):
+                self.add(child, enclosing)
+                self.walk(child, enclosing | {type(child)}, depth + 1)
 
 
-def repeated_modules(args: Sequence[Any], kwargs: dict[str, Any], program: Any) -> tuple[type, ...]:
+def from_a_framework(cls: type) -> bool:
+    """Whether ``cls`` is one of a framework's own layers (``eqx.nn.Linear``,
+    ``nnx.LayerNorm``): inside a user's layer, a part of it, not a layer."""
+    return getattr(cls, "__module__", "").split(".")[0] in ("equinox", "flax")
+
+
+#: Whether the trace is inside a named block's call (its body is being traced).
+_IN_BLOCK: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxaot_in_block", default=False)
+
+
+@contextlib.contextmanager
+def _in_block() -> Iterator[None]:
+    token = _IN_BLOCK.set(True)
+    try:
+        yield
+    finally:
+        _IN_BLOCK.reset(token)
+
+
+def repeated_modules(
+    args: Sequence[Any], kwargs: dict[str, Any], program: Any, named: Sequence[Any] = ()
+) -> tuple[type, ...]:
     """The Equinox and Flax NNX module classes with two or more instances in
     ``args``, ``kwargs`` and the values ``program`` closes over: the blocks of a
-    plain loop of layers, which no ``jax.jit`` or ``jax.checkpoint`` marks."""
-    found: dict[type, int] = {}
+    plain loop of layers, which no ``jax.jit`` or ``jax.checkpoint`` marks.
+
+    A class every instance of which sits inside a class of ``named`` (the
+    user's blocks) is a part of that block, not a block of its own (as a block,
+    it would make the named one a wrapper of repeated calls, looked through).
+    So are a framework's layers called inside a block (see :func:`named_blocks`)."""
+    census = _Census()
     target = getattr(program, "__wrapped__", program)
     closed = []
     for cell in getattr(target, "__closure__", None) or ():
@@ -99,13 +144,17 @@ def repeated_modules(args: Sequence[Any], kwargs: dict[str, Any], program: Any) 
         except ValueError:  # an empty cell
             continue
     for root in (*args, *kwargs.values(), *closed):
+        enclosing: frozenset[type] = frozenset()
         if _is_module(root):
-            found[type(root)] = found.get(type(root), 0) + 1
+            census.add(root, enclosing)
+            enclosing = frozenset([type(root)])
         try:
-            _count_modules(root, found)
+            census.walk(root, enclosing)
         except Exception:  # a value that is no pytree: it holds no module
             continue
-    return tuple(cls for cls, n in found.items() if n >= 2 and "__call__" in _calls(cls))
+    repeated = [c for c, n in census.count.items() if n >= 2 and "__call__" in _calls(c)]
+    outer = {c for c in named if isinstance(c, type)}
+    return tuple(c for c in repeated if not (census.enclosed_by[c] & outer))
 
 
 def _calls(cls: type) -> set[str]:
@@ -116,12 +165,15 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray | Tracer)
 
 
-def jitted_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+def jitted_call(fn: Callable[..., Any], part: bool = False) -> Callable[..., Any]:
     """``fn`` called through ``jax.jit``: its array leaves are the jit's arguments,
-    every other leaf is fixed by the call (part of the program)."""
+    every other leaf is fixed by the call (part of the program). With ``part``,
+    a call inside another block's call is a plain call (a part of that block)."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
+        if part and _IN_BLOCK.get():
+            return fn(*args, **kwargs)
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         dynamic = [i for i, leaf in enumerate(leaves) if _is_array(leaf)]
 
@@ -134,12 +186,13 @@ def jitted_call(fn: Callable[..., Any]) -> Callable[..., Any]:
 
         # Named as the user knows it (``Layer.__call__``): the block is named after it.
         body.__name__ = body.__qualname__ = getattr(fn, "__qualname__", "block")
-        return jax.jit(body)(*[leaves[i] for i in dynamic])
+        with _in_block():
+            return jax.jit(body)(*[leaves[i] for i in dynamic])
 
     return call
 
 
-def _class_call(cls: type) -> Callable[..., Any]:
+def _class_call(cls: type, part: bool) -> Callable[..., Any]:
     """The ``__call__`` ``cls`` has during the trace (see the module docstring)."""
     original = cls.__call__  # type: ignore[operator]
     if any(getattr(c, "__module__", "").startswith("flax.nnx") for c in cls.__mro__):
@@ -155,22 +208,31 @@ def _class_call(cls: type) -> Callable[..., Any]:
 
         @functools.wraps(original)
         def nnx_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return jitted(self, *args, **kwargs)
+            if part and _IN_BLOCK.get():
+                return original(self, *args, **kwargs)
+            with _in_block():
+                return jitted(self, *args, **kwargs)
 
         return nnx_call
-    return jitted_call(original)
+    return jitted_call(original, part)
 
 
 @contextlib.contextmanager
-def named_blocks(blocks: Sequence[Any], program: Callable[..., Any]) -> Iterator[None]:
+def named_blocks(
+    blocks: Sequence[Any], program: Callable[..., Any], parts: Sequence[type] = ()
+) -> Iterator[None]:
     """During the block, calls of ``blocks`` (classes and functions) are inner jit
-    calls, where ``program`` (the traced function) can reach them."""
+    calls, where ``program`` (the traced function) can reach them. Those of the
+    classes in ``parts`` (a framework's layers no user named) are so only
+    outside other blocks' calls: an ``eqx.nn.Linear`` in a user's ``Block`` is a
+    part of the block (as a block, it would make the user's a wrapper of
+    repeated calls, looked through), one in a plain loop a block."""
     undo: list[Callable[[], None]] = []
     try:
         for block in blocks:
             if isinstance(block, type):
                 previous = block.__dict__.get("__call__")
-                setattr(block, "__call__", _class_call(block))  # noqa: B010
+                setattr(block, "__call__", _class_call(block, block in parts))  # noqa: B010
                 undo.append(functools.partial(_restore_attr, block, "__call__", previous))
             else:
                 undo.extend(_rebind(block, jitted_call(block), program))

@@ -28,7 +28,7 @@ from .._component._rules import PREFETCH, component_p
 from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, has_host_callbacks, join_effects
 from . import _whole
 from ._auto import BlockFinder, finding
-from ._named import named_blocks, repeated_modules
+from ._named import from_a_framework, named_blocks, repeated_modules
 from ._placement import (
     UNSET,
     MeshContext,
@@ -136,7 +136,7 @@ def _trace(
 
     named = spec.blocks
     if spec.auto_regions:  # module classes of a plain loop of layers name themselves
-        found = repeated_modules(args, kwargs, spec.program)
+        found = repeated_modules(args, kwargs, spec.program, named)
         named = (*named, *(cls for cls in found if cls not in named))
 
     def run(jitted: Any, named: tuple[Any, ...]) -> tuple[Any, BlockFinder | None, Calls | None]:
@@ -149,7 +149,12 @@ def _trace(
             stack.enter_context(keeping_residuals(spec.whole_program))
             calls = stack.enter_context(counting()) if spec.auto_regions else None
             stack.enter_context(finding(finder))
-            stack.enter_context(named_blocks(plain, spec.program))
+            parts = [
+                b
+                for b in plain
+                if isinstance(b, type) and from_a_framework(b) and b not in spec.blocks
+            ]
+            stack.enter_context(named_blocks(plain, spec.program, parts))
             stack.enter_context(scoped_blocks(scoped))
             return jitted.trace(*args, **kwargs), finder, calls
 
