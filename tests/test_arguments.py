@@ -290,9 +290,9 @@ def test_unhashable_static_gets_jax_jits_error(value: Any) -> None:
 @pytest.mark.parametrize(
     ("args", "path", "what"),
     [
-        (({"scale": "a", "w": jnp.ones(2)}, jnp.ones(2)), r"params\['scale'\]", "str 'a'"),
-        ((EqxCfg(jnp.ones(2), jax.nn.gelu), jnp.ones(2)), r"params\.activation", "function"),
-        ((jnp.ones(2), None, object()), r"rest\[0\]", "object"),
+        (({"scale": "a", "w": jnp.ones(2)}, jnp.ones(2)), r"params\['scale'\]", "a str 'a'"),
+        ((EqxCfg(jnp.ones(2), jax.nn.gelu), jnp.ones(2)), r"params\.activation", "a function"),
+        ((jnp.ones(2), None, object()), r"rest\[0\]", "an object"),
     ],
 )
 def test_leaf_errors_name_the_path(args: tuple[Any, ...], path: str, what: str) -> None:
@@ -301,7 +301,7 @@ def test_leaf_errors_name_the_path(args: tuple[Any, ...], path: str, what: str) 
 
     comp = jaxaot.component(f)
     with pytest.raises(
-        TypeError, match=rf"jaxaot.component 'f': the argument at path {path} is a {what}"
+        TypeError, match=rf"jaxaot.component 'f': the argument at path {path} is {what}"
     ):
         comp(*args)
     with pytest.raises(TypeError, match=path):  # jax.jit names the same path

@@ -38,12 +38,14 @@ def _what(value: Any) -> str:
     which says more than an address: ``jax.nn.relu`` is a ``custom_jvp``)."""
     name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
     module = getattr(value, "__module__", None)
+    kind = type(value).__name__
+    kind = ("an " if kind[:1].lower() in "aeiou" else "a ") + kind
     if callable(value) and isinstance(name, str):
         where = f"{module}.{name}" if isinstance(module, str) else name
-        return f"{type(value).__name__} {where}"
+        return f"{kind} {where}"
     text = repr(value)
     text = text if len(text) <= 60 else text[:57] + "..."
-    return f"{type(value).__name__} {text}"
+    return f"{kind} {text}"
 
 
 def unhashable_static(who: str, name: str, value: Any, error: Exception) -> NonHashableStaticError:
@@ -52,7 +54,7 @@ def unhashable_static(who: str, name: str, value: Any, error: Exception) -> NonH
     return NonHashableStaticError(
         f"{who}: static argument {name!r} is not hashable. Non-hashable static arguments "
         "are not supported. An error occurred while trying to hash an object of type "
-        f"{type(value)}, {_what(value).split(' ', 1)[1]}. The error was:\n"
+        f"{type(value)}, {_what(value).split(' ', 2)[2]}. The error was:\n"
         f"{type(error).__name__}: {error}\n"
         "Pass a hashable value instead: a tuple for a list, a frozen dataclass or a "
         "NamedTuple for a dict or a mutable object."
@@ -70,7 +72,7 @@ def not_an_array(who: str, path: str, value: Any) -> TypeError:
             "and the rest (eqx.partition(model, eqx.is_array), then eqx.combine inside)."
         )
     return TypeError(
-        f"{who}: the argument at path {path} is a {_what(value)}, not an array. Pass "
+        f"{who}: the argument at path {path} is {_what(value)}, not an array. Pass "
         f"arrays, or mark the argument static with static_argnums/static_argnames.{hint}"
     )
 
@@ -245,9 +247,9 @@ class Arguments:
             self._texts[id(value)] = (value, text)
             return text
         where, part, why = unstable_part(value) or ("", value, "it has no stable value form")
-        inner = f"; {name}{where} is a {_what(part)}" if where else ""
+        inner = f"; {name}{where} is {_what(part)}" if where else ""
         raise TypeError(
-            f"{self.who}: static argument {name!r} is a {_what(value)}, which has no value "
+            f"{self.who}: static argument {name!r} is {_what(value)}, which has no value "
             f"form that is the same in every process{inner} ({why}), so it cannot be part of "
             "a cache key. Static arguments of components are keyed by value: None, bool, "
             "int, float, complex, str, bytes, enum members, NumPy and JAX dtypes, classes "
