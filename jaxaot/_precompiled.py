@@ -74,8 +74,11 @@ class PrecompileReport:
 
     @property
     def failed(self) -> list[ItemResult]:
-        """The signatures that could not be precompiled, each with its error."""
-        return [r for r in self.items if r.state == "failed"]
+        """The signatures that could not be precompiled, each with its error (once,
+        where two processes failed it)."""
+        done = {r.index for r in self.items if r.state != "failed"}
+        failed = {r.index: r for r in self.items if r.state == "failed" and r.index not in done}
+        return list(failed.values())
 
     @property
     def elsewhere(self) -> int:

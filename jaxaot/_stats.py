@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sys
 import threading
 from collections.abc import Hashable
 from typing import NamedTuple
@@ -75,6 +74,7 @@ class Counters:
 PROCESS = Counters()
 _PROCESS_ONLY = (
     "cache_errors",
+    "cache_write_errors",
     "corrupt_entries",
     "unusable_entries",
     "components",
@@ -97,7 +97,9 @@ def bump(name: str, n: float = 1) -> None:
 def stats() -> dict[str, float]:
     """Process-wide counts: hits, misses, traces, lowerings, compiles,
     ``cache_errors`` (cache reads, writes and leases that failed, or that a
-    remote store backing off after an outage skipped), faults of entries,
+    remote store backing off after an outage skipped), ``cache_write_errors``
+    (values a cache did not store: the write failed or was skipped), faults of
+    entries,
     entries ``loaded`` from a cache and ``compile_seconds`` (XLA's time compiling
     what jaxaot made here), and the fleet's (entries ``made_here``,
     ``loaded_after_wait`` for another process, ``wait_seconds``,
@@ -187,11 +189,15 @@ def watch_compiles() -> None:
 
 
 def _report_at_exit() -> None:
-    text = report()
-    if logger.hasHandlers() and logger.isEnabledFor(logging.INFO):
-        logger.info("%s", text)  # where the program's logging sends it, once
-    else:  # opted in: seen without the program configuring logging
-        sys.stderr.write(text + "\n")
+    # Opted in: the line is seen, through the program's own logging where it set
+    # some up (once), else through a handler of ours.
+    if not logger.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    if not logger.isEnabledFor(logging.INFO):
+        logger.setLevel(logging.INFO)
+    logger.info("%s", report())
 
 
 _warned: set[str] = set()

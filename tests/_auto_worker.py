@@ -191,12 +191,16 @@ def equinox_loop(layers: int) -> tuple[Any, tuple[Any, ...]]:
 
 
 class NLoopLayer(nnx.Module):
+    """Its Flax layers (two alike) are its parts, not blocks of their own."""
+
     def __init__(self, w: jax.Array) -> None:
         self.w = nnx.Param(w)
         self.norm = nnx.LayerNorm(WIDTH, rngs=nnx.Rngs(0))
+        self.up = nnx.Linear(WIDTH, WIDTH, rngs=nnx.Rngs(1))
+        self.down = nnx.Linear(WIDTH, WIDTH, rngs=nnx.Rngs(2))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return _layer(self.w[...], self.norm(x))
+        return _layer(self.w[...], self.norm(x)) + 0.1 * self.down(jnp.tanh(self.up(x)))
 
 
 class NLoopModel(nnx.Module):

@@ -318,6 +318,31 @@ def test_cli_a_cache_it_cannot_fill_fails_at_once(
     proc = _precompile(env, "_precompile_targets:components", "--cache", url, check=False)
     assert proc.returncode == 1 and f"cannot reach {url}" in proc.stderr, proc.stderr
     assert "precompiled" not in proc.stdout and not (tmp_path / "cache").exists()
+
+    # --cache dir is the cache directory, whatever $JAXAOT_CACHE says.
+    proc = _precompile(
+        dict(env, JAXAOT_CACHE=url),
+        "_precompile_targets:buckets",
+        "--cache",
+        "dir",
+        "--workers",
+        "1",
+    )
+    assert _counts(proc.stdout)["made"] == len(DirectoryCache(tmp_path / "cache").keys()) > 0
+    # A cache that does not store what is made (here: every entry is larger than
+    # the cache may hold) fails the run once its signatures are done.
+    proc = _precompile(
+        dict(env, JAXAOT_CACHE_MAX_BYTES="1"),
+        "_precompile_targets:components",
+        "--workers",
+        "1",
+        "--cache",
+        str(tmp_path / "tiny"),
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = proc.stdout + proc.stderr
+    assert "writes to the cache failed or were skipped" in said and "missing from it" in said
     for where, error in [("a_file", "not a directory"), ("open", "world-writable")]:
         path = tmp_path / where
         if where == "a_file":

@@ -454,7 +454,7 @@ def test_unreachable_server_never_raises(caplog: pytest.LogCaptureFixture) -> No
     cache = RedisCache(f"redis://127.0.0.1:{_free_port()}/0", timeout=0.5, backoff=0)
     caplog.set_level(logging.DEBUG, logger="jaxaot")
     key, blob = make_blob()
-    before = jaxaot.stats()["cache_errors"]
+    before, lost = jaxaot.stats()["cache_errors"], jaxaot.stats()["cache_write_errors"]
     cache.put(key, blob)
     assert cache.get(key) is None and cache.keys() == [] and cache.delete(key) is False
     cache.clear()
@@ -463,6 +463,7 @@ def test_unreachable_server_never_raises(caplog: pytest.LogCaptureFixture) -> No
     assert len(warnings_of(caplog)) == 1
     # Counted for the process too (jaxaot precompile fails on it).
     assert jaxaot.stats()["cache_errors"] - before == 6
+    assert jaxaot.stats()["cache_write_errors"] - lost == 1  # the put: its value is not stored
 
 
 # -- trust -----------------------------------------------------------------------

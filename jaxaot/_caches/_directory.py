@@ -51,7 +51,7 @@ import filelock
 
 from . import _dirlayout, _filelease, _safefs
 from ._dirlayout import QUARANTINE_MAX_FILES, TEMP_MAX_AGE
-from ._faults import WarnOnce, errno_cause, write_fault_text
+from ._faults import WarnOnce, errno_cause, lost_write, write_fault_text
 from ._protocol import (
     INDEX_ITEM_BYTES,
     INDEX_ITEMS,
@@ -379,6 +379,7 @@ class DirectoryCache(WarnOnce):
             value = bytes(value)
         if len(value) > self.max_bytes:
             self._count_fault("put_errors")
+            lost_write()
             self._warn_once(
                 "larger than max_bytes",
                 f"put of {key} skipped: {len(value)} bytes is more than the whole cache may hold "
@@ -399,11 +400,13 @@ class DirectoryCache(WarnOnce):
                     if evicted:
                         self._count("evictions", evicted)
                     if not fits:
+                        lost_write()
                         return
                     with self._shard_dir(rfd, shard, create=True) as sfd:
                         self._write(sfd, key, value)
         except filelock.Timeout:
             self._count_fault("lock_timeouts")
+            lost_write()
             self._warn_once(
                 "lock timeout",
                 f"put of {key} skipped: the writers' lock {self._lock_path} was busy "
@@ -412,10 +415,12 @@ class DirectoryCache(WarnOnce):
             return
         except _Refused as r:
             self._count_fault("put_errors")
+            lost_write()
             self._warn_once(r.cause, f"{r} (put of {key[:16]} skipped)")
             return
         except OSError as e:
             self._count_fault("put_errors")
+            lost_write()
             cause = errno_cause(e)
             self._warn_once(cause, write_fault_text(cause, e, f"put of {key}"))
             return

@@ -53,6 +53,13 @@ def store_fault_cause(cache: object, exc: BaseException) -> str:
     return f"cache {cache!r}: {errno_cause(exc)}"
 
 
+def lost_write() -> None:
+    """Counts, for the whole process, one value a cache did not store: its write
+    failed or was skipped (``jaxaot precompile`` fails where one of its entries
+    may be missing from the cache it fills)."""
+    bump("cache_write_errors")
+
+
 class WarnOnce:
     """Mixin for every backend: counters, and one warning per cause of this
     backend's (``_stats.warn_once``; later ones at DEBUG). Subclasses set ``_state_lock``,

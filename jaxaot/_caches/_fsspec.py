@@ -60,7 +60,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from . import _objlease
-from ._faults import FaultTracking, errno_cause
+from ._faults import FaultTracking, errno_cause, lost_write
 from ._fslocal import KEY_RE, TEMP_PREFIX, LocalRoot
 from ._protocol import EntryCheck, Held, Lease, check_key, is_removable
 from ._trust import Refused, signing, warn_unsigned_remote
@@ -323,8 +323,10 @@ class FsspecCache(FaultTracking):
                 f"put of {key[:16]} skipped: {len(value)} bytes is more than the whole "
                 f"store may hold (max_bytes {self.max_bytes})",
             )
+            lost_write()
             return
         if not self._available(f"put of {key[:16]}"):
+            lost_write()
             return
         try:
             if self._local:
@@ -344,9 +346,11 @@ class FsspecCache(FaultTracking):
                     self._write_moved(path, value)
         except _Refused as r:
             self._warn_once(r.cause, f"{r} (put of {key[:16]} skipped)")
+            lost_write()
             return
         except Exception as e:  # any driver's fault: the put is skipped
             self._fault(f"put of {key[:16]}", e)
+            lost_write()
             return
         self._count("puts")
 

@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import _redislease
-from ._faults import FaultTracking
+from ._faults import FaultTracking, lost_write
 from ._protocol import (
     INDEX_ITEM_BYTES,
     INDEX_ITEMS,
@@ -384,6 +384,7 @@ class RedisCache(FaultTracking):
         if not isinstance(value, bytes | bytearray | memoryview):
             raise TypeError(f"RedisCache.put: value must be bytes, got {type(value).__name__}")
         if not self._available(f"put of {key[:16]}"):
+            lost_write()
             return
         px = None if self.ttl is None else max(1, int(round(self.ttl * 1000)))
         try:
@@ -391,6 +392,7 @@ class RedisCache(FaultTracking):
                 stored = self._client.set(name, bytes(value), nx=True, px=px)
         except Exception as e:  # any server or client fault: the put is skipped
             self._fault(f"put of {key[:16]}", e)
+            lost_write()
             return
         if stored:
             self._count("puts")

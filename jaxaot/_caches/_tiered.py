@@ -23,7 +23,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from ._faults import WarnOnce
+from ._faults import WarnOnce, lost_write
 from ._protocol import (
     INDEX_ITEMS,
     BadEntry,
@@ -213,6 +213,7 @@ class TieredCache(WarnOnce):
                 tier.put(key, value)
             except Exception as e:
                 self._tier_failed(i, "put", e)
+                lost_write()
 
     def delete(self, key: str) -> bool:
         """Removes ``key`` from every tier; returns whether any tier had it."""

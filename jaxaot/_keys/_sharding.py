@@ -177,11 +177,12 @@ def type_sharding_to_json(sharding: Any) -> dict[str, Any]:
 
 
 def type_sharding_from_json(data: Any, context: Any = None) -> Any:
-    """The sharding :func:`type_sharding_to_json` wrote, over an abstract mesh of
-    its axes and devices' kind (as the values' types of the process that wrote it
-    carry them, so that a result's type and its next operand's agree); for data
-    written without the devices' kind, over the abstract mesh ``context`` (the
-    mesh in context) when its axes are the ones written.
+    """The sharding :func:`type_sharding_to_json` wrote, over the abstract mesh
+    ``context`` (the mesh in context) when its axes are the ones written, else
+    over an abstract mesh of those axes and the devices' kind written (as the
+    types of the process that wrote it carried them: with no mesh set, a
+    result's type must agree with the next operand's, which carries its
+    devices' kind).
 
     Raises:
       ValueError: malformed data.
@@ -202,12 +203,10 @@ def type_sharding_from_json(data: Any, context: Any = None) -> Any:
         types.append(AxisType[kind] if isinstance(kind, str) else AxisType.Auto)
     device = _abstract_device(data.get("device"))
     mesh = context
-    if device is not None:
+    if mesh is None or mesh.empty or _axes(mesh) != _axes_of(names, sizes, types):
         mesh = AbstractMesh(
             tuple(sizes), tuple(names), axis_types=tuple(types), abstract_device=device
         )
-    elif mesh is None or mesh.empty or _axes(mesh) != _axes_of(names, sizes, types):
-        mesh = AbstractMesh(tuple(sizes), tuple(names), axis_types=tuple(types))
     entries: list[Any] = []
     for entry in data.get("spec", []):
         if entry is None or isinstance(entry, str):

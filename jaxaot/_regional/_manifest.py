@@ -278,11 +278,18 @@ class Manifest:
             try:
                 result = _precompile_one(index, item)
             except Exception as e:
-                # Its arguments are wrong for its function: every process would fail
-                # alike, so it is done (failed), and the others go on.
+                # This signature fails (its arguments are wrong for its function, or
+                # its compile fails here); the others go on. Its claim is not
+                # released as done: another machine of the run takes it over once
+                # this process ends, and fails (or succeeds) on its own.
                 logger.debug("jaxaot precompile: %s failed", item.label, exc_info=True)
                 errors.append(e)
                 result = ItemResult(index, item.label, "failed", note=_error_text(e))
+                report.items.append(result)
+                notify("done", result)
+                if lease is not None:
+                    drop(lease)
+                return
             except BaseException:
                 # Not released: "done" would tell the others to skip it. The lease
                 # unlocks when this process ends (or expires), and is taken over.
@@ -361,7 +368,7 @@ class Manifest:
         if errors and raise_errors:
             if n > 1:
                 errors[0].add_note(
-                    f"jaxaot.Manifest.precompile: {len(errors)} of {n} signatures failed; "
+                    f"jaxaot.Manifest.precompile: {len(report.failed)} of {n} signatures failed; "
                     "the others were precompiled"
                 )
             raise errors[0]

@@ -149,10 +149,15 @@ def _trace(
             stack.enter_context(keeping_residuals(spec.whole_program))
             calls = stack.enter_context(counting()) if spec.auto_regions else None
             stack.enter_context(finding(finder))
+            # Classes found, not named, are parts of the blocks they sit in: the
+            # framework's layers (an eqx.nn.Linear in a user's Block), and any
+            # inside a class the user named.
             parts = [
                 b
                 for b in plain
-                if isinstance(b, type) and from_a_framework(b) and b not in spec.blocks
+                if isinstance(b, type)
+                and b not in spec.blocks
+                and (bool(spec.blocks) or from_a_framework(b))
             ]
             stack.enter_context(named_blocks(plain, spec.program, parts))
             stack.enter_context(scoped_blocks(scoped))

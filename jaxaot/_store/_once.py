@@ -183,10 +183,13 @@ def make_once(
         waited = time.monotonic() - started
         text = (
             f"jaxaot: took over {what} {digest[:16]} from {holder}, which stopped before it was "
-            f"done, after waiting {waited:.1f} s for its lease to expire"
+            f"done; waited {waited:.1f} s for it"
         )
         if waited >= 1.0:  # a wait the user feels: said once (a lock file frees at once)
-            _stats.warn_once("lease-takeover", text + " ($JAXAOT_LEASE_TTL)")
+            _stats.warn_once(
+                "lease-takeover",
+                text + " (a lease that expires: $JAXAOT_LEASE_TTL after it stopped)",
+            )
         else:
             logger.debug(text)
     if started is not None:

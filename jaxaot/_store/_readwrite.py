@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import _stats
 from .._caches import Cache, Quarantining
-from .._caches._faults import store_fault_cause
+from .._caches._faults import lost_write, store_fault_cause
 from .._jax import CallbacksNotRebindable, serialize_with_callbacks
 from .._keys._key import ComponentKey
 from . import _entry
@@ -110,6 +110,7 @@ def write(cache: Cache, entry: Entry) -> None:
         cache.put(entry.key.digest, blob)
     except Exception as e:
         _stats.bump("cache_errors")
+        lost_write()
         _stats.warn_once(
             store_fault_cause(cache, e),
             f"jaxaot: writing to {cache!r} failed ({type(e).__name__}: {e}); continuing without it",

@@ -150,7 +150,10 @@ def load_manifest(target: str) -> Any:
         try:
             value = value()
         except Exception as e:
-            raise CLIError(f"{target}() raised {type(e).__name__}: {e}", 2) from None
+            raise CLIError(
+                f"{target}() raised {type(e).__name__}: {e} (call it in Python for the traceback)",
+                2,
+            ) from None
     if not isinstance(value, jaxaot.Manifest):
         raise CLIError(
             f"{target} is not a jaxaot.Manifest (or a function of no arguments returning "
@@ -213,7 +216,7 @@ def worker_main(argv: list[str]) -> int:
         _report(out, "manifest", count=len(manifest))
         from .. import _stats
 
-        faults = _stats.stats()["cache_errors"]
+        lost = _stats.stats()["cache_write_errors"]
         manifest.precompile(
             worker=worker,
             workers=workers,
@@ -222,13 +225,14 @@ def worker_main(argv: list[str]) -> int:
             finished=finished,
             raise_errors=False,  # each failed signature is reported, and the others done
         )
-        faults = _stats.stats()["cache_errors"] - faults
-        if faults:
+        lost = _stats.stats()["cache_write_errors"] - lost
+        if lost:
             # A fault was warned about once; a precompile that says nothing more
             # would leave a deployment to find the entries missing.
             raise CLIError(
-                f"{int(faults)} cache operation{'s' if faults != 1 else ''} failed or were "
-                "skipped (see the warning above): entries may be missing from the cache",
+                f"{int(lost)} write{'s' if lost != 1 else ''} to the cache failed or "
+                f"{'were' if lost != 1 else 'was'} skipped (see the warning above): entries "
+                "are missing from it",
                 1,
             )
     except CLIError as e:
@@ -258,15 +262,16 @@ def _cache_env(spec: str | None) -> dict[str, str]:
             raise CLIError(f"$JAXAOT_CACHE: {setting!r} is not a cache setting", 2) from None
         parsed = None  # a directory path
     if parsed is None or parsed.kind == "dir":
+        from .._store._active import default_cache_dir
         from .cache._view import open_cache
 
-        path = None if parsed is not None else os.path.abspath(os.path.expanduser(setting))
+        if parsed is None:  # a path
+            env["JAXAOT_CACHE_DIR"] = os.path.abspath(os.path.expanduser(setting))
+        env["JAXAOT_CACHE"] = "dir"
+        path = env.get("JAXAOT_CACHE_DIR") or default_cache_dir()
         # A directory the workers could not use (a file, unsafe permissions) would
         # have them cache in memory: say so here instead of "made" and status 0.
         open_cache(argparse.Namespace(dir=path, url=None), create=True)
-        if path is not None:
-            env["JAXAOT_CACHE"] = "dir"
-            env["JAXAOT_CACHE_DIR"] = path
     elif parsed.kind in ("memory", "off"):
         raise CLIError(
             f"--cache {setting}: precompiling into a cache that no later process can read; "
@@ -484,7 +489,8 @@ def _run(args: argparse.Namespace, out: Output) -> int:
     if report.failed:
         raise CLIError(
             f"{len(report.failed)} of {total} signature{'s' if total != 1 else ''} failed "
-            "(see FAILED above)",
+            "(see FAILED above; the manifest's precompile() in Python raises the first, with "
+            "its traceback)",
             1,
         )
     if any(w.error for w in failed):
@@ -502,7 +508,8 @@ PRECOMPILE = Command(
     "signatures through the cache's leases; several machines pointed at one shared cache "
     "split them the same way, and a worker that dies has its signatures taken over.",
     epilog="Exit status: 0 when every signature was precompiled (here or by another "
-    "process on the cache); 1 when one failed or was left undone, the cache had a fault, or the "
-    "manifest lists none; 2 for a bad MANIFEST or --target.",
+    "process on the cache); 1 when one failed or was left undone, the cache is unusable or did "
+    "not store an entry, or the manifest lists none; 2 for a bad MANIFEST, --target, or a "
+    "--cache of memory or off.",
     uses_cache=False,
 )

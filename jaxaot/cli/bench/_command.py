@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-jit-layers",
-        type=positive_int,
+        type=int,
         default=48,
         help="regional, sharded: run the whole-program jax.jit contenders (and the sharded "
         "suite's physical limit) only up to this depth (default 48)",
