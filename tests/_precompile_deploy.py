@@ -7,6 +7,7 @@ Run: ``python _precompile_deploy.py module:attr``; prints one JSON line.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -37,6 +38,16 @@ def _materialize(args: Any, seed: int) -> Any:
     return jax.tree.map(make, args)
 
 
+def _in_mesh(item: Any) -> Any:
+    """Inside the mesh the signature was added under, as the deployment calls it."""
+    return jax.set_mesh(item.mesh) if item.mesh is not None else contextlib.nullcontext()
+
+
+def _call(item: Any, args: Any) -> Any:
+    with _in_mesh(item):
+        return jax.block_until_ready(item.function(*args, **item.kwargs))
+
+
 def main() -> None:
     manifest = load_manifest(sys.argv[1])
     calls = []
@@ -55,14 +66,15 @@ def main() -> None:
     # DEPLOY_CALLS calls of each: a jaxaot.jit program's later calls may switch to
     # its whole-program form (made in the background: waited for here).
     for _ in range(int(os.environ.get("DEPLOY_CALLS", "1"))):
-        outs = [jax.block_until_ready(item.function(*a, **item.kwargs)) for item, a, _ in calls]
+        outs = [_call(item, a) for item, a, _ in calls]
     jaxaot._regional.wait_for_background()
     jax.monitoring.unregister_event_duration_listener(listener)
     after = jaxaot.stats()
     equal = []
     for (item, _, b), out in zip(calls, outs, strict=True):
         plain = jax.jit(functools.partial(item.function.__wrapped__, **item.kwargs))
-        want = plain(*b)
+        with _in_mesh(item):
+            want = plain(*b)
         same = jax.tree.map(
             lambda u, v: bool(u.dtype == v.dtype and np.allclose(u, v, rtol=1e-5, atol=1e-6)),
             out,

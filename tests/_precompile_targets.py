@@ -158,6 +158,18 @@ def sharded_explicit() -> jaxaot.Manifest:
     )
 
 
+def explicit_in_set_mesh() -> jaxaot.Manifest:
+    """Built inside ``jax.set_mesh`` (the deployment calls inside it too), its
+    parameters' ShapeDtypeStructs over the abstract mesh (as ``jax.eval_shape``
+    gives them there): precompiled inside the same mesh, on its devices."""
+    data, _ = _mesh(explicit=True)
+    mesh = data.mesh
+    x = jax.ShapeDtypeStruct((16, WIDTH), jnp.float32, sharding=data)
+    with jax.set_mesh(mesh):
+        abstract = NamedSharding(mesh.abstract_mesh, PartitionSpec())
+        return jaxaot.manifest().add(evaluate, _params(2, sharding=abstract), x, x)
+
+
 # -- a worker killed while it holds a signature -----------------------------------------
 
 

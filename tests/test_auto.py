@@ -385,3 +385,24 @@ def _chain(layer: Any, ws: Any, x: jax.Array) -> jax.Array:
     for w in ws:
         x = layer(w, x)
     return x
+
+
+@pytest.mark.parametrize("policy", [None, jax.checkpoint_policies.dots_saveable])
+def test_checkpointed_layers_holding_a_custom_vjp_are_blocks_under_grad(policy: Any) -> None:
+    """``jax.checkpoint`` around a layer with a custom-gradient activation (its body
+    an open jaxpr): under grad, each call is a forward and a backward block, with
+    jax.jit's values (it fell back to plain jax.jit)."""
+
+    @jax.custom_vjp
+    def act(x: jax.Array) -> jax.Array:
+        return jnp.tanh(x)
+
+    act.defvjp(lambda x: (jnp.tanh(x), x), lambda x, g: (g * (1 - jnp.tanh(x) ** 2),))
+    layer = jax.checkpoint(lambda w, x: x + act(x @ w) @ w, policy=policy)
+    step = jax.value_and_grad(lambda ws, x: (_chain(layer, ws, x) ** 2).sum())
+    ws = [jnp.eye(8) * 0.2 * (i + 1) for i in range(3)]
+    x = jnp.ones((2, 8))
+    regional = jaxaot.jit(step)
+    _close(regional(ws, x), jax.jit(step)(ws, x))
+    said = regional.explain(ws, x)
+    assert "forward: 3 call" in said and "backward: 3 call" in said, said

@@ -226,3 +226,28 @@ def test_big_executables_are_written_in_the_background(
     jaxaot.wait_for_writes()
     assert len(_exe_entries(fresh_cache)) == 1
     assert not _executables._pending
+
+
+def test_an_executable_that_cannot_be_serialized_is_said_once(
+    fresh_cache: jaxaot.MemoryCache,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An executable that cannot be written (a host callback only its lowering adds,
+    as lineax's solves do) runs, and one warning says that a new process compiles
+    it again."""
+
+    def unpicklable(exe: Any) -> Any:
+        raise AttributeError("Can't pickle local object '_wrapped_callback'")
+
+    monkeypatch.setattr(_executables, "serialize_executable", unpicklable)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+
+    @jaxaot.component
+    def unserialized(x: jax.Array) -> jax.Array:
+        return jnp.sin(x) * 3
+
+    for n in (3, 4):
+        np.testing.assert_allclose(unserialized(jnp.ones(n)), np.sin(np.ones(n)) * 3, rtol=1e-6)
+    said = [r.getMessage() for r in caplog.records if "not written to the cache" in r.getMessage()]
+    assert len(said) == 1 and "'unserialized'" in said[0] and "compiles it again" in said[0], said

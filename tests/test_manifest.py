@@ -176,7 +176,10 @@ def test_precompiled_deployment_compiles_nothing(
         }
 
 
-@pytest.mark.parametrize(("target", "n"), [("sharded_components", 1), ("sharded_explicit", 2)])
+@pytest.mark.parametrize(
+    ("target", "n"),
+    [("sharded_components", 1), ("sharded_explicit", 2), ("explicit_in_set_mesh", 1)],
+)
 def test_sharded_components_on_eight_devices(
     target: str, n: int, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:

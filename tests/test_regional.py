@@ -1021,3 +1021,32 @@ def test_a_deep_sharded_step_on_cpu_devices_runs(subprocess_env: dict[str, str])
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_a_program_it_cannot_plan_runs_under_jax_jit_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where jaxaot cannot plan a program, it runs under plain jax.jit (jax.jit's
+    values) and one warning says so and why; a program whose own code fails
+    raises jax.jit's error, with no such warning."""
+    import logging
+
+    from jaxaot import _stats
+    from jaxaot._regional import _jit
+
+    def cannot(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("a primitive jaxaot does not know")
+
+    monkeypatch.setattr(_jit, "build_plan", cannot)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    _stats.reset_warnings()
+    f = jaxaot.jit(lambda x: jnp.sin(x) * 2)
+    for n in (3, 4, 3):
+        np.testing.assert_allclose(f(jnp.ones(n)), np.sin(np.ones(n)) * 2, rtol=1e-6)
+    said = [r.getMessage() for r in caplog.records if "runs under plain jax.jit" in r.getMessage()]
+    assert len(said) == 1 and "NotImplementedError: a primitive jaxaot does not know" in said[0]
+    caplog.clear()
+    broken = jaxaot.jit(lambda x: x @ jnp.ones((5, 5)))
+    with pytest.raises(TypeError):
+        broken(jnp.ones((2, 3)))
+    assert not [r for r in caplog.records if "runs under plain jax.jit" in r.getMessage()]

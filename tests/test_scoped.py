@@ -95,6 +95,18 @@ def test_pure_linen_layers_of_a_plain_loop_are_blocks() -> None:
     assert "block jit(Pure.__call__): 3 forward, 3 linear/transpose" in regional.explain(*args)
 
 
+def test_explain_before_the_first_call_leaves_the_plan_alone() -> None:
+    """``explain`` first, then the call: the call's plan is the one a call alone
+    makes (JAX's trace cache must not give it a trace that counted no module)."""
+    step, args = _linen(Pure)
+    regional = jaxaot.jit(step, whole_program=False)
+    before = regional.explain(*args)
+    _same(regional(*args), jax.jit(step)(*args))
+    after = regional.explain(*args)
+    assert "block jit(Pure.__call__): 3 forward" in before, before
+    assert after == before, (before, after)
+
+
 class Stateful(hk.Module):
     """Draws a key and counts its calls in Haiku state: both threaded through the block."""
 

@@ -551,3 +551,37 @@ def test_an_explicit_mesh_step_warm_starts_and_another_mesh_compiles(
     if context == "set_mesh":
         other = _counts(run_devices(script, devices=4, cache=cache))
         assert other["compiles"] > 0, other
+
+
+CONSTRAINED_GRAD = """
+from jaxaot._regional import _programs
+mesh = auto_mesh((2, 4), ("data", "model"))
+layer = jaxaot.component(lambda w, x: jax.lax.with_sharding_constraint(
+    jnp.tanh(x @ w), NamedSharding(mesh, P("data", None))))
+plain = lambda w, x: jax.lax.with_sharding_constraint(
+    jnp.tanh(x @ w), NamedSharding(mesh, P("data", None)))
+
+def loss(body, w, x, y):
+    return jnp.mean((body(w, body(w, x)) - y) ** 2)
+
+w = jax.device_put(np.eye(8, dtype=np.float32) * 0.5, NamedSharding(mesh, P(None, "model")))
+x = jax.device_put(np.ones((16, 8), np.float32), NamedSharding(mesh, P("data")))
+y = jax.device_put(np.zeros((16, 8), np.float32), NamedSharding(mesh, P("data")))
+step = jaxaot.jit(jax.value_and_grad(lambda w, x, y: loss(layer, w, x, y)))
+same(step(w, x, y), jax.jit(jax.value_and_grad(lambda w, x, y: loss(plain, w, x, y)))(w, x, y),
+     "step")
+jaxaot.wait_for_writes()
+info, glue = layer.cache_info(), _programs.GLUE.counters.info()
+print(f"lowerings={info.lowerings} compiles={info.compiles + glue.compiles}")
+"""
+
+
+def test_a_body_constraining_its_result_to_a_mesh_warm_starts_its_glue(tmp_path: Path) -> None:
+    """A component whose body names a mesh (Auto axes) types its results with that
+    mesh: a process that loads its entries types them alike, so autodiff's glue is
+    the program the making process compiled (not one with an extra cast): a warm
+    process compiles nothing, and the processes of a job run one program."""
+    cold = _counts(run_devices(CONSTRAINED_GRAD, cache=tmp_path / "cache"))
+    assert cold["lowerings"] > 0 and cold["compiles"] > 0, cold
+    warm = _counts(run_devices(CONSTRAINED_GRAD, cache=tmp_path / "cache"))
+    assert warm == {"lowerings": 0, "compiles": 0}, warm

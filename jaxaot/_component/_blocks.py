@@ -187,7 +187,8 @@ class _VjpBlocks(NamedTuple):
 def _vjp_blocks(call: BoundCall, avals: tuple[Any, ...], name: str) -> _VjpBlocks:
     kind, params = call.kind, call.params
     wrt = tuple(is_differentiable(a.dtype) for a in avals)
-    out_avals = [v.aval for v in call_jaxpr(call).jaxpr.outvars]
+    body = call_jaxpr(call)  # closed (jit) or open (checkpoint)
+    out_avals = [v.aval for v in getattr(body, "jaxpr", body).outvars]
     out_wrt = tuple(is_differentiable(a.dtype) for a in out_avals)
     # The residuals' structure: the vjp function's, as the forward trace made it.
     made: dict[str, Any] = {}

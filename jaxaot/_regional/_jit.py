@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .. import _stats
 from .._component._arguments import Arguments
 from .._component._types import ARRAY_SCALARS
 from .._jax import (
@@ -431,6 +432,7 @@ class RegionalFunction:
 
     def _give_up(self, sig: Any, error: Exception) -> None:
         logger.debug("jaxaot.jit %s: not split (%s); using jax.jit", self.__name__, error)
+        self._say_unsplit(error)
         with self._lock:
             self._plans[sig] = None
             self._last = None
@@ -516,7 +518,23 @@ class RegionalFunction:
                 type(e).__name__,
                 e,
             )
+            try:
+                self._jitted.trace(*args, **kwargs)
+            except Exception:
+                return None  # the program's own error: the call raises it, as jax.jit does
+            self._say_unsplit(e)
             return None
+
+    def _say_unsplit(self, error: Exception) -> None:
+        """Says once per function and cause that a program jaxaot cannot plan runs
+        under plain ``jax.jit`` (silence would read as a cached program)."""
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        _stats.warn_once(
+            f"jit-unsplit:{self.__name__}:{type(error).__name__}",
+            f"jaxaot.jit {self.__name__}: runs under plain jax.jit, neither split nor cached "
+            f"({type(error).__name__}: {first}); a limitation or a bug of jaxaot's, worth "
+            "reporting",
+        )
 
 
 def jit(

@@ -27,6 +27,7 @@ precompiles only those.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import secrets
@@ -39,6 +40,7 @@ import jax
 from .. import _stats
 from .._caches import Held, Lease, Leasing
 from .._component import Component
+from .._keys._sharding import concrete_mesh, mesh_text
 from .._precompiled import ItemResult, PrecompileReport
 from .._store._active import get_cache
 from .._store._executables import wait_for_writes
@@ -57,12 +59,50 @@ _LABEL_CHARS = 100
 
 
 class Signature(NamedTuple):
-    """One call a deployment will make: ``function(*args, **kwargs)``."""
+    """One call a deployment will make: ``function(*args, **kwargs)``, inside
+    ``jax.set_mesh(mesh)`` where ``mesh`` is set (the mesh in context when the
+    call was added)."""
 
     function: Any
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     label: str
+    mesh: Any = None
+
+
+def _on_concrete_meshes(tree: Any, context: Any) -> Any:
+    """``tree`` with each ShapeDtypeStruct whose sharding names an abstract mesh
+    (as ``jax.eval_shape`` gives them under ``jax.set_mesh``) placed on the
+    concrete mesh of the same axes: the mesh in ``context``, or one another
+    argument names. A deployment's arrays are on a concrete mesh, and their
+    placement is part of the keys."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    meshes = [context] if context is not None else []
+    for leaf in leaves:
+        mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
+        if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty:
+            meshes.append(mesh)
+
+    def placed(leaf: Any) -> Any:
+        sharding = getattr(leaf, "sharding", None)
+        if not (
+            isinstance(leaf, jax.ShapeDtypeStruct)
+            and isinstance(sharding, jax.sharding.NamedSharding)
+            and isinstance(sharding.mesh, jax.sharding.AbstractMesh)
+            and not sharding.mesh.empty
+        ):
+            return leaf
+        for mesh in meshes:
+            if mesh.abstract_mesh.shape_tuple == sharding.mesh.shape_tuple and tuple(
+                mesh.axis_types
+            ) == tuple(sharding.mesh.axis_types):
+                concrete = jax.sharding.NamedSharding(mesh, sharding.spec)
+                return jax.ShapeDtypeStruct(
+                    leaf.shape, leaf.dtype, sharding=concrete, weak_type=leaf.weak_type
+                )
+        return leaf
+
+    return jax.tree_util.tree_map(placed, tree)
 
 
 def _leaf_text(leaf: Any) -> str:
@@ -144,15 +184,22 @@ class Manifest:
         (with the shardings the deployment's arrays will have) or arrays; static
         arguments are their values. Returns the manifest.
 
+        Added inside ``with jax.set_mesh(mesh):``, the call is precompiled inside
+        it too, as a deployment that calls it there (the mesh in context is part
+        of the keys); ``ShapeDtypeStruct``s over an abstract mesh of that mesh's
+        axes (``jax.eval_shape``'s under it) are placed on it.
+
         Raises:
           TypeError: ``function`` is neither a component nor a ``jaxaot.jit`` function.
         """
         _check_function(function, "add")
+        mesh = concrete_mesh()
+        args, kwargs = _on_concrete_meshes((tuple(args), dict(kwargs)), mesh)
         text = [_arg_text(a) for a in args] + [f"{k}={_arg_text(v)}" for k, v in kwargs.items()]
         label = f"{_function_name(function)}({', '.join(text)})"
         if len(label) > _LABEL_CHARS:
             label = label[: _LABEL_CHARS - 2] + "…)"
-        self._items.append(Signature(function, tuple(args), dict(kwargs), label))
+        self._items.append(Signature(function, tuple(args), dict(kwargs), label, mesh))
         return self
 
     def buckets(
@@ -204,6 +251,7 @@ class Manifest:
                 str(len(self._items)),
                 str(index),
                 _function_name(item.function),
+                mesh_text(item.mesh),
                 str(tree),
                 *map(_leaf_identity, leaves),
             ]
@@ -396,7 +444,8 @@ def _precompile_one(index: int, item: Signature) -> ItemResult:
     start = time.perf_counter()
     # A jaxaot.jit plan's form is decided by its program: precompile makes
     # what the deployment's calls will run, the whole-program form included.
-    item.function.precompile(*item.args, **item.kwargs)
+    with jax.set_mesh(item.mesh) if item.mesh is not None else contextlib.nullcontext():
+        item.function.precompile(*item.args, **item.kwargs)
     wait_for_background()
     wait_for_writes()
     seconds = time.perf_counter() - start

@@ -165,7 +165,11 @@ def _trace(
 
     token = PREFETCH.set(prefetch) if prefetch_entries else None
     try:
-        traced, finder, calls = run(spec.jitted, named)
+        # A jit of its own for each plan: JAX would give an earlier plan's trace of
+        # this signature (``explain``'s) from its cache, without running the
+        # program, and so without counting its module calls or finding its blocks.
+        first = spec.retracer() if spec.retracer is not None else spec.jitted
+        traced, finder, calls = run(first, named)
         more = () if calls is None else tuple(c for c in calls.repeated() if c not in named)
         if more and spec.retracer is not None and not _repeats_blocks(traced.jaxpr):
             # Linen or Haiku layers repeat, and no boundary marked them: traced

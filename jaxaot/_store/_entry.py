@@ -215,16 +215,26 @@ def _header(entry: Entry, sections: list[tuple[str, bytes]]) -> dict[str, Any]:
 
 def _type_shardings(entry: Entry) -> dict[str, Any]:
     """``in_shardings``/``out_shardings``: for each input and output, the sharding
-    its type carries (explicit mesh axes), or ``None``; absent when no type carries
-    one (so entries without sharded types are as they always were)."""
-    if not any(sharded_type(a) for a in (*entry.in_avals, *entry.out_avals)):
+    its type carries (explicit mesh axes), or the mesh it names (a body that
+    constrains its result to a mesh's devices: its type is of that mesh, as the
+    caller's values are), or ``None``; absent when no type carries one (so
+    entries without them are as they always were). A process that loads the
+    entry then types its results as the process that made it did, and its glue
+    (autodiff's casts between types included) is the same program."""
+    if not any(_mesh_typed(a) for a in (*entry.in_avals, *entry.out_avals)):
         return {}
     return {
         f"{what}_shardings": [
-            type_sharding_to_json(a.sharding) if sharded_type(a) else None for a in avals
+            type_sharding_to_json(a.sharding) if _mesh_typed(a) else None for a in avals
         ]
         for what, avals in (("in", entry.in_avals), ("out", entry.out_avals))
     }
+
+
+def _mesh_typed(aval: Any) -> bool:
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    return sharded_type(aval) or (mesh is not None and not mesh.empty)
 
 
 def encode(entry: Entry) -> bytes:

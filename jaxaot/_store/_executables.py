@@ -257,7 +257,15 @@ def store_executable(
             extra={**(extra or {}), "cost_analysis": costs, **_in_tree_json(in_tree)},
         )
     except Exception as e:
-        logger.debug("jaxaot: not caching the executable of %s: %s", root.name, e)
+        # Silence would read as a warm start to come: say once per program that
+        # the next process compiles it again, and why (a host callback that only
+        # its lowering adds, as lineax's solves do, cannot be serialized).
+        _stats.warn_once(
+            f"not-serializable:{root.name}",
+            f"jaxaot: the executable of {root.name!r} is not written to the cache "
+            f"({type(e).__name__}: {e}); it stays in this process, so a new process "
+            "compiles it again",
+        )
         return
     write(cache, entry)
     # A multi-process target: one entry per process (the same bytes).
