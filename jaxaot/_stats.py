@@ -95,11 +95,9 @@ def bump(name: str, n: float = 1) -> None:
 
 
 def stats() -> dict[str, float]:
-    """Process-wide counts: hits, misses, traces, lowerings, compiles,
-    ``cache_errors`` (cache reads, writes and leases that failed, or that a
-    remote store backing off after an outage skipped), ``cache_write_errors``
-    (values a cache did not store: the write failed or was skipped), faults of
-    entries,
+    """Process-wide counts: hits, misses, traces, lowerings, compiles, faults
+    (``cache_write_errors``: values a cache did not store, the write failed or
+    was skipped),
     entries ``loaded`` from a cache and ``compile_seconds`` (XLA's time compiling
     what jaxaot made here), and the fleet's (entries ``made_here``,
     ``loaded_after_wait`` for another process, ``wait_seconds``,

@@ -454,7 +454,7 @@ def test_unreachable_server_never_raises(caplog: pytest.LogCaptureFixture) -> No
     cache = RedisCache(f"redis://127.0.0.1:{_free_port()}/0", timeout=0.5, backoff=0)
     caplog.set_level(logging.DEBUG, logger="jaxaot")
     key, blob = make_blob()
-    before, lost = jaxaot.stats()["cache_errors"], jaxaot.stats()["cache_write_errors"]
+    lost = jaxaot.stats()["cache_write_errors"]
     cache.put(key, blob)
     assert cache.get(key) is None and cache.keys() == [] and cache.delete(key) is False
     cache.clear()
@@ -462,7 +462,6 @@ def test_unreachable_server_never_raises(caplog: pytest.LogCaptureFixture) -> No
     assert stats["entries"] is None and stats["errors"] == 6
     assert len(warnings_of(caplog)) == 1
     # Counted for the process too (jaxaot precompile fails on it).
-    assert jaxaot.stats()["cache_errors"] - before == 6
     assert jaxaot.stats()["cache_write_errors"] - lost == 1  # the put: its value is not stored
 
 

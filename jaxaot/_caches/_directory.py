@@ -378,7 +378,7 @@ class DirectoryCache(WarnOnce):
         if not isinstance(value, bytes):
             value = bytes(value)
         if len(value) > self.max_bytes:
-            self._count_fault("put_errors")
+            self._count("put_errors")
             lost_write()
             self._warn_once(
                 "larger than max_bytes",
@@ -405,7 +405,7 @@ class DirectoryCache(WarnOnce):
                     with self._shard_dir(rfd, shard, create=True) as sfd:
                         self._write(sfd, key, value)
         except filelock.Timeout:
-            self._count_fault("lock_timeouts")
+            self._count("lock_timeouts")
             lost_write()
             self._warn_once(
                 "lock timeout",
@@ -414,12 +414,12 @@ class DirectoryCache(WarnOnce):
             )
             return
         except _Refused as r:
-            self._count_fault("put_errors")
+            self._count("put_errors")
             lost_write()
             self._warn_once(r.cause, f"{r} (put of {key[:16]} skipped)")
             return
         except OSError as e:
-            self._count_fault("put_errors")
+            self._count("put_errors")
             lost_write()
             cause = errno_cause(e)
             self._warn_once(cause, write_fault_text(cause, e, f"put of {key}"))

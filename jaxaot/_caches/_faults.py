@@ -76,13 +76,6 @@ class WarnOnce:
         with self._state_lock:
             self._counters[name] += n
 
-    def _count_fault(self, name: str) -> None:
-        """Counts ``name`` and, for the whole process, one more ``cache_errors``: a
-        read, write or lease that failed or was skipped (``jaxaot precompile``
-        fails where one of its writes may not have reached the cache)."""
-        self._count(name)
-        bump("cache_errors")
-
     def _warn_once(self, cause: str, message: str) -> None:
         warn_once(cause, f"jaxaot {self._log_prefix()}: {message}", self._warned)
 
@@ -120,7 +113,6 @@ class FaultTracking(WarnOnce):
             if down:
                 self._counters["skipped_offline"] += 1
         if down:
-            bump("cache_errors")
             logger.debug(
                 "jaxaot %s cache %s: %s skipped (%s unreachable)",
                 self._kind,
@@ -132,7 +124,7 @@ class FaultTracking(WarnOnce):
 
     def _fault(self, what: str, e: BaseException) -> None:
         cause = self._cause(e)
-        self._count_fault("errors")
+        self._count("errors")
         action = "skipped"
         if self._is_outage(e) and self.backoff > 0:
             with self._state_lock:

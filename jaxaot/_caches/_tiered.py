@@ -107,7 +107,7 @@ class TieredCache(WarnOnce):
         return "tiered cache"
 
     def _tier_failed(self, i: int, what: str, e: Exception) -> None:
-        self._count_fault("tier_errors")
+        self._count("tier_errors")
         self._warn_once(
             f"{what}:{i}:{type(e).__name__}",
             f"{what} on tier {i} ({self.tiers[i]!r}) raised {type(e).__name__}: {e}; "

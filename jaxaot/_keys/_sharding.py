@@ -38,6 +38,7 @@ __all__ = [
     "input_sharding_sig",
     "is_sharding_value",
     "leaf_sharding",
+    "mesh_axes",
     "mesh_text",
     "region_sharding_parts",
     "sharded_type",
@@ -71,7 +72,9 @@ def _enum(value: Any) -> str:
     return value.name if isinstance(value, enum.Enum) else str(value)
 
 
-def _axes(mesh: Any) -> str:
+def mesh_axes(mesh: Any) -> str:
+    """A mesh's axes as text (``name=size:type``, comma-separated): concrete and
+    abstract meshes of one shape and axis types give the same."""
     names = tuple(str(n) for n in mesh.axis_names)
     sizes = tuple(int(s) for s in mesh.axis_sizes)
     types = tuple(_enum(t) for t in (getattr(mesh, "axis_types", None) or ()))
@@ -104,7 +107,7 @@ def mesh_text(mesh: Any) -> str:
         if mesh.empty:
             return "mesh()"
         devices = list(np.asarray(mesh.devices).flat)
-        return f"mesh({_axes(mesh)};{_devices_text(devices)})"
+        return f"mesh({mesh_axes(mesh)};{_devices_text(devices)})"
     if isinstance(mesh, AbstractMesh):
         if mesh.empty:
             return "abstract_mesh()"
@@ -114,7 +117,7 @@ def mesh_text(mesh: Any) -> str:
             if device is not None
             else ""
         )
-        return f"abstract_mesh({_axes(mesh)};{where})"
+        return f"abstract_mesh({mesh_axes(mesh)};{where})"
     return f"{type(mesh).__qualname__}:{mesh!r}"
 
 
@@ -142,7 +145,7 @@ def spec_text(spec: Any) -> str:
 def type_sharding_text(sharding: Any) -> str:
     """The sharding a type carries (explicit mesh axes) as text: the mesh's axes
     (name=size:type) and the spec."""
-    return f"{{{_axes(sharding.mesh)}}}{spec_text(sharding.spec)}"
+    return f"{{{mesh_axes(sharding.mesh)}}}{spec_text(sharding.spec)}"
 
 
 def _spec_entry_to_json(entry: Any) -> Any:
@@ -203,7 +206,7 @@ def type_sharding_from_json(data: Any, context: Any = None) -> Any:
         types.append(AxisType[kind] if isinstance(kind, str) else AxisType.Auto)
     device = _abstract_device(data.get("device"))
     mesh = context
-    if mesh is None or mesh.empty or _axes(mesh) != _axes_of(names, sizes, types):
+    if mesh is None or mesh.empty or mesh_axes(mesh) != _axes_of(names, sizes, types):
         mesh = AbstractMesh(
             tuple(sizes), tuple(names), axis_types=tuple(types), abstract_device=device
         )

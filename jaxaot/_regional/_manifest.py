@@ -40,7 +40,7 @@ import jax
 from .. import _stats
 from .._caches import Held, Lease, Leasing
 from .._component import Component
-from .._keys._sharding import concrete_mesh, mesh_text
+from .._keys._sharding import concrete_mesh, mesh_axes, mesh_text
 from .._precompiled import ItemResult, PrecompileReport
 from .._store._active import get_cache
 from .._store._executables import wait_for_writes
@@ -93,9 +93,7 @@ def _on_concrete_meshes(tree: Any, context: Any) -> Any:
         ):
             return leaf
         for mesh in meshes:
-            if mesh.abstract_mesh.shape_tuple == sharding.mesh.shape_tuple and tuple(
-                mesh.axis_types
-            ) == tuple(sharding.mesh.axis_types):
+            if mesh_axes(mesh) == mesh_axes(sharding.mesh):
                 concrete = jax.sharding.NamedSharding(mesh, sharding.spec)
                 return jax.ShapeDtypeStruct(
                     leaf.shape, leaf.dtype, sharding=concrete, weak_type=leaf.weak_type
@@ -327,17 +325,10 @@ class Manifest:
                 result = _precompile_one(index, item)
             except Exception as e:
                 # This signature fails (its arguments are wrong for its function, or
-                # its compile fails here); the others go on. Its claim is not
-                # released as done: another machine of the run takes it over once
-                # this process ends, and fails (or succeeds) on its own.
+                # its compile fails here); the others go on.
                 logger.debug("jaxaot precompile: %s failed", item.label, exc_info=True)
                 errors.append(e)
                 result = ItemResult(index, item.label, "failed", note=_error_text(e))
-                report.items.append(result)
-                notify("done", result)
-                if lease is not None:
-                    drop(lease)
-                return
             except BaseException:
                 # Not released: "done" would tell the others to skip it. The lease
                 # unlocks when this process ends (or expires), and is taken over.
@@ -348,6 +339,10 @@ class Manifest:
             notify("done", result)  # before the others can see it done
             if lease is not None:
                 drop(lease)
+                if result.state == "failed":
+                    # Not released as done either: another machine of the run takes
+                    # it over once this process ends, and fails (or succeeds) itself.
+                    return
                 try:
                     lease.release()
                 except Exception as e:  # it expires, or unlocks, by itself
