@@ -307,3 +307,69 @@ def test_a_donating_train_step_keeps_its_layers_as_loops() -> None:
         assert "while" in plan.whole.result().as_text()
     close(got, want)
     assert all(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(blocks))
+
+
+def test_a_run_goes_on_past_equations_that_read_nothing_it_makes() -> None:
+    """A value built between two layers from the program's inputs alone (autodiff's
+    zero cotangents between backward layers) does not end the run: it is made
+    before the loop. One that reads a layer's output does end it."""
+    layer = jaxaot.component(lambda w, z, v: jnp.tanh(v @ w) + z)
+    w = jnp.eye(3) * 0.5
+
+    def free(v: jax.Array, s: jax.Array) -> jax.Array:
+        for i in range(4):
+            v = layer(w, jnp.full((2, 3), s * (i + 1)), v)
+        return v
+
+    def bound(v: jax.Array, s: jax.Array) -> jax.Array:
+        for _ in range(4):
+            v = layer(w, v * s, v)
+        return v
+
+    args = (jnp.ones((2, 3)), jnp.float32(0.1))
+    for f, looped in ((free, True), (bound, False)):
+        closed = jax.make_jaxpr(f)(*args)
+        items = _whole.runs(closed.jaxpr.eqns)
+        lengths = [len(i.eqns) for i in items if isinstance(i, _whole._Run)]
+        assert lengths == ([4] if looped else []), (f.__name__, lengths)
+        fn, calls = _whole.program(closed.jaxpr)
+        assert calls == (1 if looped else 4)
+        close(jax.jit(fn)(*args, *closed.consts)[0], f(*args))
+
+
+def test_an_nnx_plain_loop_is_two_loops_under_grad(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An NNX model's layers in a plain Python loop, under ``value_and_grad``: each
+    backward layer gets zeros for the layer's state it hands back, built between
+    the layers. The layers still make one forward and one backward loop (two
+    component calls, so the program runs whole where at most two are allowed),
+    with jax.jit's values."""
+    from flax import nnx
+
+    class Layer(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.lin = nnx.Linear(8, 8, rngs=rngs)
+            self.norm = nnx.LayerNorm(8, rngs=rngs)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return x + jnp.tanh(self.lin(self.norm(x)))
+
+    class Model(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.layers = nnx.List([Layer(rngs) for _ in range(4)])
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    def loss(model: Any, x: jax.Array) -> jax.Array:
+        return (model(x) ** 2).mean()
+
+    model, x = Model(nnx.Rngs(0)), jax.random.normal(jax.random.key(1), (4, 8))
+    monkeypatch.setattr(_whole, "MAX_WHOLE_CALLS", 2)
+    step = jaxaot.jit(jax.value_and_grad(loss))
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        got = step(model, x)
+        (plan,) = step._plans.values()
+        assert plan.mode == _plan.WHOLE, step.explain(model, x)
+    close(got, jax.jit(jax.value_and_grad(loss))(model, x))

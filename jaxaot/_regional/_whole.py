@@ -34,7 +34,7 @@ from .._component._rules import component_p
 from .._jax import DropVar, Literal, bind_equation
 
 # Part of the whole program's cache key: bump when the rewrite below changes.
-WHOLE_VERSION = 4
+WHOLE_VERSION = 5
 
 # A program whose component calls each do less work than this (``_cost.work``:
 # two per multiply-add, one per element written) runs as one program. Entering
@@ -72,34 +72,58 @@ def _carry(prev: Any, eqn: Any) -> tuple[tuple[int, int], ...] | None:
 
 def runs(eqns: Sequence[Any], min_length: int = 2) -> list[Any]:
     """``eqns`` with each run of at least ``min_length`` chained calls of one entry
-    replaced by a ``_Run``."""
+    replaced by a ``_Run``.
+
+    Equations between two members that read nothing the run makes (the zero
+    cotangents autodiff builds for each backward layer, for outputs nothing
+    reads) do not end it: they are moved before the run, whose loop then stacks
+    their values like any other per-layer input."""
     items: list[Any] = []
     i = 0
     while i < len(eqns):
         first = eqns[i]
-        j = i + 1
+        members, moved = [first], []
         carry: tuple[tuple[int, int], ...] | None = None
+        j = i + 1
         if first.primitive is component_p:
             earlier: set[Any] = set()  # outputs of members before the previous one
+            made = set(first.outvars)  # outputs of the members
+            between: list[Any] = []  # equations since the last member
             while j < len(eqns):
                 eqn = eqns[j]
-                if eqn.primitive is not component_p or eqn.params["call"] != first.params["call"]:
+                if eqn.primitive is not component_p:
+                    if eqn.effects or any(_made(v, made) for v in eqn.invars):
+                        break
+                    between.append(eqn)
+                    j += 1
+                    continue
+                if eqn.params["call"] != first.params["call"]:
                     break
-                pairs = _carry(eqns[j - 1], eqn)
+                pairs = _carry(members[-1], eqn)
                 if pairs is None or (carry is not None and pairs != carry):
                     break
-                if any(not isinstance(v, Literal) and v in earlier for v in eqn.invars):
+                if any(_made(v, earlier) for v in eqn.invars):
                     break
                 carry = pairs
-                earlier.update(eqns[j - 1].outvars)
+                earlier.update(members[-1].outvars)
+                made.update(eqn.outvars)
+                members.append(eqn)
+                moved += between
+                between = []
                 j += 1
-        if carry is not None and j - i >= min_length:
-            items.append(_Run(list(eqns[i:j]), carry))
+            j -= len(between)  # those after the last member stay after the run
+        if carry is not None and len(members) >= min_length:
+            items += moved
+            items.append(_Run(members, carry))
             i = j
         else:
             items.append(first)
             i += 1
     return items
+
+
+def _made(v: Any, variables: set[Any]) -> bool:
+    return not isinstance(v, Literal) and v in variables
 
 
 def _used_outside(items: Sequence[Any], outvars: Sequence[Any]) -> set[Any]:
