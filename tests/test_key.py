@@ -282,8 +282,24 @@ def test_explicit_keys_refuse_arrays_through_closures_defaults_and_partials() ->
     table = {"w": np.zeros((2, 2))}
     with pytest.raises(ClosureError, match=r"free variable 'table'\['w'\].*\(2, 2\)"):
         refuse_closed_arrays(lambda x: x * table["w"], "f")
-    # An object that is not a pytree is opaque here; a pytree's arrays are found.
-    refuse_closed_arrays(Holder().__call__, "f")
+    # What a method's object or a callable object holds is what it computes with:
+    # its attributes (no pytree), or the leaves of a pytree (an Equinox module).
+    for fun in (Holder().__call__, Holder()):
+        with pytest.raises(ClosureError, match=r"self\.w, shape \(4,\)"):
+            refuse_closed_arrays(fun, "f")
+
+    import equinox as eqx
+
+    class Module(eqx.Module):
+        w: jax.Array
+
+        def __call__(self, x: Any) -> Any:
+            return x * self.w
+
+    for fun in (Module(jnp.ones(3)), Module(jnp.ones(3)).__call__):
+        with pytest.raises(ClosureError, match=r"self\.w, shape \(3,\)"):
+            refuse_closed_arrays(fun, "f")
+    refuse_closed_arrays(Holder, "f")  # a class: what it computes with is its arguments
     params = {"layers": [{"w": jnp.ones(3)}]}
     with pytest.raises(ClosureError, match=r"\['layers'\]\[0\]\['w'\]"):
         refuse_closed_arrays(lambda x: x * params["layers"][0]["w"], "f")

@@ -118,3 +118,65 @@ def test_closure_over_a_typed_key_is_keyed_by_content() -> None:
     x = jnp.zeros(3)
     assert not np.array_equal(make(0)(x), make(1)(x))
     np.testing.assert_array_equal(make(1)(x), jax.random.normal(jax.random.key(1), (3,)))
+
+
+def _custom_vmap_with(shift: float) -> object:
+    from jax.custom_batching import custom_vmap
+
+    @custom_vmap
+    def f(x: jax.Array) -> jax.Array:
+        return jnp.cos(x)
+
+    @f.def_vmap
+    def rule(axis_size: int, in_batched: list[bool], xs: jax.Array) -> tuple[jax.Array, bool]:
+        return jnp.cos(xs) + shift, in_batched[0]
+
+    return f
+
+
+def test_a_batching_rule_is_part_of_the_key() -> None:
+    """A ``custom_vmap`` function's batching rule is traced (every input batched):
+    a rule that computes something else (a value it closes over) changes the key,
+    though the program unbatched is the same."""
+    one, two, one_again = (_custom_vmap_with(s) for s in (0.0, 100.0, 0.0))
+    a, b, c = (_parts(f, jnp.ones(3)) for f in (one, two, one_again))
+    assert a["program"] == b["program"]
+    assert a["rules"] != b["rules"]
+    assert a == c
+
+
+def _nested_rules(scale: float) -> object:
+    """``f``, whose JVP calls ``g``, whose JVP calls ``h``, whose JVP uses ``scale``:
+    only a third derivative sees ``scale``."""
+
+    @jax.custom_jvp
+    def h(x: jax.Array) -> jax.Array:
+        return jnp.sin(x)
+
+    h.defjvp(lambda p, t: (jnp.sin(p[0]), scale * jnp.cos(p[0]) * t[0]))
+
+    @jax.custom_jvp
+    def g(x: jax.Array) -> jax.Array:
+        return jnp.sin(x)
+
+    g.defjvp(lambda p, t: (jnp.sin(p[0]), h(p[0] + 1.0) * t[0]))
+
+    @jax.custom_jvp
+    def f(x: jax.Array) -> jax.Array:
+        return jnp.sin(x)
+
+    f.defjvp(lambda p, t: (jnp.sin(p[0]), g(p[0] + 1.0) * t[0]))
+    return f
+
+
+def test_rules_calling_rules_are_part_of_the_key() -> None:
+    """A rule that changes three rules deep (what a third derivative runs) changes
+    the key; a rule calling its own function (``_custom_jvp_with``'s) is keyed
+    once, not traced again and again."""
+    one, two, one_again = (_nested_rules(s) for s in (1.0, 7.0, 1.0))
+    a, b, c = (_parts(f, 0.3) for f in (one, two, one_again))
+    assert a["program"] == b["program"]
+    assert a["rules"] != b["rules"]
+    assert a == c
+    assert len(a["rules"]) == 3  # f's, g's and h's
+    assert len(_parts(_custom_jvp_with(1.0), jnp.float32(0.3))["rules"]) == 1

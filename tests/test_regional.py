@@ -19,7 +19,7 @@ from jax import lax
 
 import jaxaot
 from jaxaot import _regional
-from jaxaot._regional import _planner, _programs
+from jaxaot._regional import _plan, _planner, _programs
 from jaxaot.cli import _model
 
 
@@ -428,6 +428,50 @@ def test_calls_whose_plan_runs_the_whole_program_dispatch_in_cpp() -> None:
         assert len(misses) == len(others)  # its fast path stayed
         close(jax.jit(regional)(ws, v, strong), plain(ws, v, strong))  # inside a trace
         assert len(misses) == len(others) + 1
+
+
+def test_static_arguments_and_typed_keys_dispatch_in_cpp_keyed_by_their_values() -> None:
+    """A decode step with static arguments (by name and by position) and a typed
+    PRNG key: once its plan runs the whole program, its calls go from JAX's C++
+    dispatcher to the executable, the static values keying it as under jax.jit
+    (each value its own program, its fast path kept), with jax.jit's results."""
+    layer = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
+
+    def step(ws: Any, v: jax.Array, key: jax.Array, scale: float, greedy: bool = True) -> Any:
+        for w in ws:
+            v = layer(w, v) * scale
+        noise = 0.0 if greedy else jax.random.normal(key, v.shape)
+        return v + noise, jax.random.split(key)[0]
+
+    ws = [jax.random.normal(jax.random.key(i), (4, 4)) * 0.5 for i in range(3)]
+    v, key = jax.random.normal(jax.random.key(9), (2, 4)), jax.random.key(3)
+    regional = jaxaot.jit(step, static_argnums=(3,), static_argnames=("greedy",))
+    plain = jax.jit(step, static_argnums=(3,), static_argnames=("greedy",))
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        misses: list[Any] = []
+        slow = regional._call_slow
+
+        def counted(args: Any, kwargs: Any, *rest: Any, **more: Any) -> Any:
+            misses.append((args[3], kwargs.get("greedy")))
+            return slow(args, kwargs, *rest, **more)
+
+        regional._call_slow = counted  # type: ignore[method-assign]
+        calls = [(0.5, True), (0.5, False), (2.0, True)]
+        for scale, greedy in calls:  # each signature's plan, then its fast path's executable
+            regional(ws, v, key, scale, greedy=greedy)
+            _regional.wait_for_background()
+            regional(ws, v, key, scale, greedy=greedy)
+        assert all(p is not None and p.mode == _plan.WHOLE for p in regional._plans.values())
+        misses.clear()
+        for _ in range(2):
+            for scale, greedy in calls:
+                got = regional(ws, v, key, scale, greedy=greedy)
+                want = plain(ws, v, key, scale, greedy=greedy)
+                close(got[0], want[0])
+                assert jax.random.key_data(got[1]).tolist() == jax.random.key_data(want[1]).tolist()
+        assert misses == []  # in C++, each static value its own program
+        close(regional(ws, v, key, 3.0)[0], plain(ws, v, key, 3.0)[0])  # a new value: Python
+        assert misses == [(3.0, None)]
 
 
 def test_calls_of_a_split_program_skip_the_cpp_dispatcher() -> None:

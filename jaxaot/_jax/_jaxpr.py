@@ -18,6 +18,7 @@ from jax._src import effects as _effects  # noqa: E402
 from jax._src.ad_util import Zero  # noqa: E402
 from jax._src.callback import io_callback_p, pure_callback_p  # noqa: E402
 from jax._src.debugging import debug_callback_p  # noqa: E402
+from jax._src.random import prng as _prng  # noqa: E402
 
 __all__ = [
     "CALL_PRIMITIVES",
@@ -31,6 +32,7 @@ __all__ = [
     "Primitive",
     "ShapedArray",
     "ArrayImpl",
+    "PRNGKeyArray",
     "Tracer",
     "Zero",
     "apply_primitive",
@@ -53,6 +55,8 @@ Tracer = _core.Tracer
 #: The type of a concrete ``jax.Array`` (named without computing one: an array
 #: made at import time would be an XLA compile in every process).
 ArrayImpl = _array.ArrayImpl
+#: The type of a concrete typed PRNG key array (``jax.random.key``).
+PRNGKeyArray = _prng.PRNGKeyArray
 # 0.10: ClosedJaxpr(jaxpr, consts) wraps a Jaxpr; 0.11+: a Jaxpr carries its
 # consts and Jaxpr(jaxpr, consts) builds the closed one (0.12 drops the name).
 ClosedJaxpr: Any = getattr(_core, "ClosedJaxpr", _core.Jaxpr)

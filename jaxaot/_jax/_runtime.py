@@ -165,10 +165,30 @@ def deserialize_executable(payload: bytes, in_tree: Any, out_tree: Any) -> Any:
     return _se.deserialize_and_load(payload, in_tree, out_tree)
 
 
-def cpp_dispatcher(name: str, cache_miss: Callable[..., Any]) -> Callable[..., Any]:
+def device_zeros(shape: Sequence[int], dtype: Any) -> jax.Array:
+    """Zeros of ``shape`` and ``dtype`` on the default device, made on the host and
+    put there (no XLA compile); typed PRNG keys over zero key data."""
+    import numpy as np
+    from jax._src.random import prng as _prng
+
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        impl = dtype._impl
+        data = jax.device_put(np.zeros((*shape, *impl.key_shape), np.uint32))
+        return _prng.PRNGKeyArray(impl, data)  # type: ignore[no-any-return]
+    return jax.device_put(np.zeros(shape, dtype))
+
+
+def cpp_dispatcher(
+    name: str,
+    cache_miss: Callable[..., Any],
+    static_argnums: Sequence[int] = (),
+    static_argnames: Sequence[str] = (),
+) -> Callable[..., Any]:
     """A C++ dispatcher (as ``jax.jit`` uses) over many executables: calls with a
-    signature it has seen run in C++; the others go to ``cache_miss``, which
-    returns ``(outputs, fastpath_data_or_None, False)`` (see ``fastpath_miss``)."""
+    signature it has seen (static arguments at ``static_argnums`` and
+    ``static_argnames`` included, by hash and equality) run in C++; the others go
+    to ``cache_miss``, which returns ``(outputs, fastpath_data_or_None, False)``
+    (see ``fastpath_miss``; the executable takes the dynamic arguments alone)."""
     from jax._src import tree_util as _tree_util
     from jax._src.interpreters import pxla as _pxla
     from jax._src.lib import _jax
@@ -177,8 +197,8 @@ def cpp_dispatcher(name: str, cache_miss: Callable[..., Any]) -> Callable[..., A
         name,
         None,
         cache_miss,
-        [],
-        [],
+        list(static_argnums),
+        list(static_argnames),
         _pxla.JitGlobalCppCacheKeys(),
         _tree_util.dispatch_registry,
         _pxla.cc_shard_arg,

@@ -125,6 +125,16 @@ def _named_values(fun: Any) -> Iterable[tuple[str, Any]]:
         wrapped = getattr(f, "__wrapped__", None)
         if wrapped is not None and wrapped is not f:
             stack.append(wrapped)
+        elif callable(f) and not isinstance(
+            f, type | types.FunctionType | types.BuiltinFunctionType
+        ):
+            # A callable object (an Equinox module, a class with ``__call__``): it
+            # computes with what it holds, and its ``__call__``'s own closure.
+            yield "self", f
+            call = type(f).__dict__.get("__call__") or getattr(type(f), "__call__", None)  # noqa: B004
+            if isinstance(call, types.FunctionType):
+                stack.append(call)
+            continue
         code = getattr(f, "__code__", None)
         if not isinstance(f, types.FunctionType) or code is None:
             continue
@@ -150,13 +160,7 @@ def refuse_closed_arrays(fun: Any, component: str) -> None:
     explicit key would not cover its value."""
     import jax
 
-    for where, value in _named_values(fun):
-        if (
-            isinstance(value, types.ModuleType | type)
-            or callable(value)
-            and not _is_pytree_node(value)
-        ):
-            continue
+    for where, value in _held(fun):
         try:
             leaves = jax.tree_util.tree_leaves_with_path(value)
         except Exception:  # not a pytree we can walk
@@ -172,6 +176,28 @@ def refuse_closed_arrays(fun: Any, component: str) -> None:
                     "array's value, so a cached result could belong to another array. Pass "
                     "it to the component as an argument instead."
                 )
+
+
+def _held(fun: Any) -> Iterable[tuple[str, Any]]:
+    """The values ``fun`` computes with that an explicit key does not cover: those
+    it sees by name (modules, classes and functions left out), and the attributes
+    of the object a method or callable object is bound to, where that object is no
+    pytree (a pytree is walked whole)."""
+    for where, value in _named_values(fun):
+        if isinstance(value, types.ModuleType | type):
+            continue
+        if _is_pytree_node(value):
+            yield where, value
+            continue
+        if where == "self":
+            attributes = getattr(value, "__dict__", None)
+            if isinstance(attributes, dict):
+                for name, attribute in attributes.items():
+                    if not callable(attribute) or _is_pytree_node(attribute):
+                        yield f"{where}.{name}", attribute
+            continue
+        if not callable(value):
+            yield where, value
 
 
 def _is_pytree_node(value: Any) -> bool:
@@ -196,9 +222,19 @@ def code_digest(fun: Any) -> str:
         if isinstance(f, types.MethodType):
             stack.append(f.__func__)
             continue
+        # Through partials, decorators and JAX's own wrapped functions (``.f``).
         inner = getattr(f, "func", None) or getattr(f, "__wrapped__", None)
+        if inner is None and hasattr(f, "transforms"):
+            inner = getattr(f, "f", None)
         if inner is not None and inner is not f:
             stack.append(inner)
+        for cell in getattr(f, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(value) and not isinstance(value, type):  # (a wrapper's own function)
+                stack.append(value)
         code = getattr(f, "__code__", None)
         if not isinstance(f, types.FunctionType) or code is None or not _is_project_code(code):
             continue

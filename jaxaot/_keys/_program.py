@@ -11,10 +11,14 @@ reduces a closed jaxpr to key parts that are the same in every process:
   nested jaxprs included; no source locations, no memory addresses;
 * ``consts``: each constant's type and a digest of its content
   (``f32[3]:<digest>``), in order;
-* ``rules``: for each ``custom_jvp``/``custom_vjp`` function the program
-  calls, a digest of the jaxpr of its JVP (for ``custom_jvp``) or of its VJP,
-  forward and backward (for ``custom_vjp``): the rules are traced, so a rule
-  that changes changes the key.
+* ``rules``: for each ``custom_jvp``/``custom_vjp``/``custom_vmap`` function
+  the program calls, a digest of the jaxpr of its JVP (for ``custom_jvp``), of
+  its VJP, forward and backward (for ``custom_vjp``), or of its batching rule
+  with every input batched (for ``custom_vmap``): the rules are traced, so a
+  rule that changes changes the key. So are the rules those rules call, down
+  to a rule already being traced (a rule calling its own function); past
+  :data:`_MAX_RULE_DEPTH` levels, by their code. A Python function held in a
+  parameter is keyed by its name and its code.
 
 The parts are separate so that :meth:`ComponentKey.explain` can say which of
 them changed. The ``program`` part also carries explanation data (a
@@ -49,16 +53,20 @@ from .._jax import (
     named_shardings,
 )
 from ._callbacks import callback_text, register_callbacks
-from ._closure import ClosureError
+from ._closure import ClosureError, code_digest
 from ._key import ComponentKey, Described
 from ._sharding import sharded_type, sharding_text, value_text
 from ._text import jax_type_text, strip_addresses
 
 __all__ = ["content_digest", "program_parts"]
 
-_RULE_PRIMITIVES = ("custom_jvp_call", "custom_vjp_call")
+_RULE_PRIMITIVES = ("custom_jvp_call", "custom_vjp_call", "custom_vmap_call")
+#: Where each rule primitive holds its rule (for its name and code).
+_RULE_PARAMS = ("jvp_jaxpr_fun", "bwd", "rule")
 _COMPONENT_PRIMITIVE = "jaxaot_component"
-_MAX_RULE_DEPTH = 2
+# Rules calling rules are traced this deep (a third derivative is three levels);
+# a rule calling its own function stops at once (see ``_Canonical.rule``).
+_MAX_RULE_DEPTH = 6
 #: Bounds on the explanation data a program key carries: equations listed, and
 #: characters of a constant's value text.
 _ABOUT_EQNS = 512
@@ -91,6 +99,12 @@ def _callable_name(fun: Any) -> str:
     return f"{module}.{qualname}"
 
 
+def _source(fun: Any) -> str:
+    """Where ``fun`` (a function, a wrapped function or a jaxpr) was defined, as
+    its debug info says (``f_jvp at model.py:12``); ``""`` where it says nothing."""
+    return str(getattr(getattr(fun, "debug_info", None), "func_src_info", None) or "")
+
+
 def _sds(aval: Any, dtype: Any = None) -> jax.ShapeDtypeStruct:
     sharding = aval.sharding if sharded_type(aval) else None  # a sharding the type carries
     return jax.ShapeDtypeStruct(
@@ -99,12 +113,16 @@ def _sds(aval: Any, dtype: Any = None) -> jax.ShapeDtypeStruct:
 
 
 def _rule_jaxpr(eqn: Any) -> Any:
-    """The jaxpr of an equation's JVP (custom_jvp) or VJP (custom_vjp): the program of
-    its derivative rules, traced."""
+    """The jaxpr of an equation's JVP (custom_jvp), VJP (custom_vjp) or batching rule
+    with every input batched (custom_vmap): the program of its rules, traced."""
     in_avals = [v.aval for v in eqn.invars]
 
     def run(*args: Any) -> list[Any]:
         return bind_equation(eqn, args)
+
+    if eqn.primitive.name == "custom_vmap_call":
+        batched = [jax.ShapeDtypeStruct((2, *a.shape), a.dtype) for a in in_avals]
+        return jax.make_jaxpr(jax.vmap(run))(*batched)
 
     primals = [_sds(a) for a in in_avals]
     if eqn.primitive.name == "custom_jvp_call":
@@ -126,6 +144,8 @@ class _Canonical:
         self.consts: list[str] = []
         self.rules: list[tuple[str, str]] = []
         self.depth = 0
+        # The rules being traced, outermost first (shared with the inner forms).
+        self.tracing: list[tuple[str, ...]] = []
         # Callback equations, in the order visited: rebound by index when an
         # executable with host callbacks is loaded (``_jax._callbacks``).
         self.callbacks: list[Any] = []
@@ -223,13 +243,35 @@ class _Canonical:
             self.rule(eqn)
 
     def rule(self, eqn: Any) -> None:
+        fun = next((eqn.params[p] for p in _RULE_PARAMS if p in eqn.params), None)
+        name = "" if fun is None else _callable_name(fun)
+        # Which rule of which function, for which types (in this process: the
+        # wrappers' names are JAX's, their debug info names the user's code).
+        code = "" if fun is None else code_digest(fun)
+        body = next(
+            (eqn.params[p] for p in ("call_jaxpr", "call", "fun_jaxpr") if p in eqn.params), None
+        )
+        this = (
+            eqn.primitive.name,
+            _source(fun),
+            _source(getattr(body, "jaxpr", body)),
+            code,
+            ",".join(jax_type_text(v.aval) for v in eqn.invars),
+        )
+        if this in self.tracing:
+            # A rule calling its own function, for the same types: that rule is
+            # the one being traced, and is keyed by it.
+            self.emit("rule-recursion", str(self.tracing.index(this)))
+            return
         if self.depth >= _MAX_RULE_DEPTH:
-            self.emit("rule-depth")
+            self.emit("rule-depth", name, code)
             return
         self.depth += 1
+        self.tracing.append(this)
         try:
             inner = _Canonical(self.component)
             inner.depth = self.depth
+            inner.tracing = self.tracing
             try:
                 inner.closed(_rule_jaxpr(eqn))
                 digest = inner.hash.hexdigest()[:32]
@@ -237,18 +279,12 @@ class _Canonical:
                 raise
             except Exception as e:  # a rule that cannot be traced for these types
                 digest = f"untraceable:{type(e).__name__}:{strip_addresses(str(e))[:200]}"
-            name = next(
-                (
-                    _callable_name(eqn.params[p])
-                    for p in ("jvp_jaxpr_fun", "bwd")
-                    if p in eqn.params
-                ),
-                "",
-            )
+                digest += f":{code}"
             self.rules.append((f"{eqn.primitive.name}:{name}", digest))
             self.rules.extend(inner.rules)
             self.emit("rule", str(len(self.rules)))  # its digest is in ``rules``
         finally:
+            self.tracing.pop()
             self.depth -= 1
 
     def param(self, value: Any) -> None:
@@ -296,14 +332,17 @@ class _Canonical:
                 inner.sort()
             return f"{type(value).__name__}(" + ",".join(inner) + ")"
         if isinstance(value, types.FunctionType | types.MethodType | functools.partial):
-            return f"callable:{_callable_name(value)}"
+            return f"callable:{_callable_name(value)}:{code_digest(value)}"
         key = getattr(value, "key", None)
         if isinstance(key, ComponentKey):  # a component call: by its entry's key
             self.callbacks.extend(called_callbacks(value))  # lowered inline with it
             return f"component:{key.digest}"
         if callable(value) and hasattr(value, "f") and hasattr(value, "transforms"):
-            return f"wrapped:{_callable_name(value)}"
-        return f"{type(value).__qualname__}:{strip_addresses(repr(value))}"
+            return f"wrapped:{_callable_name(value)}:{code_digest(value)}"
+        text = f"{type(value).__qualname__}:{strip_addresses(repr(value))}"
+        # A callable object (a custom_vmap rule, a custom_partitioning callback)
+        # prints its function by name at most: its code tells edits apart.
+        return f"{text}:{code_digest(value)}" if callable(value) else text
 
 
 def program_parts(closed: Any, component: str) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from .._component._arguments import Arguments
 from .._component._types import ARRAY_SCALARS
 from .._jax import (
     ArrayImpl,
+    PRNGKeyArray,
     Tracer,
     active_target,
     cpp_dispatcher,
@@ -63,7 +64,8 @@ logger = logging.getLogger("jaxaot")
 
 _AVAL = operator.attrgetter("aval")
 _SHARDING = operator.attrgetter("sharding")
-_ARRAY_TYPES = {ArrayImpl}
+# Concrete arrays (typed PRNG keys included): no tracer, a type and sharding each.
+_ARRAY_TYPES = {ArrayImpl, PRNGKeyArray}
 _NOT_LOOKED_UP = object()
 # Inputs that are arrays without asking jax.typeof.
 _LEAF_TYPES = (jax.Array, np.ndarray, Tracer, *ARRAY_SCALARS)
@@ -146,11 +148,11 @@ class RegionalFunction:
         )
         # Calls of plain arguments whose plan runs its whole-program form go
         # through JAX's C++ dispatcher straight to that executable (see
-        # ``_dispatch_miss``); not with static arguments or placements. (Donated
-        # inputs are donated by the executable itself, as under jax.jit's C++ path.)
+        # ``_dispatch_miss``), static arguments keyed by it as under jax.jit;
+        # not with placements. (Donated inputs are donated by the executable
+        # itself, as under jax.jit's C++ path.)
         self._simple = (
-            not self._static_argnums
-            and not self._static_argnames
+            all(i >= 0 for i in self._arguments.static_argnums)
             and in_shardings is UNSET
             and out_shardings is UNSET
         )
@@ -256,8 +258,16 @@ class RegionalFunction:
         """A fresh C++ dispatcher: it knows no executable (calls skip it until a
         plan runs its whole program)."""
         self._hot = False
+        arguments = self._arguments
         self._dispatch = (
-            cpp_dispatcher(self.__name__, self._dispatch_miss) if self._simple else None
+            cpp_dispatcher(
+                self.__name__,
+                self._dispatch_miss,
+                arguments.static_argnums,
+                arguments.static_argnames,
+            )
+            if self._simple
+            else None
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -285,7 +295,9 @@ class RegionalFunction:
             if plan is not None and plan.mode is WHOLE_MODE:
                 exe = plan.structured(treedef)
                 if exe is not None:
-                    return fastpath_miss(exe, args, kwargs)  # type: ignore[no-any-return]
+                    # (It takes the dynamic arguments: the dispatcher keys the static ones.)
+                    dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+                    return fastpath_miss(exe, dyn_args, dyn_kwargs)  # type: ignore[no-any-return]
         # No fast path for this signature yet: the dispatcher forgets it (True),
         # so that a later call can give it one.
         return self._call_slow(args, kwargs, *parts, plan=found), None, True

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
 
 from ._pool import submit_background
 
@@ -161,7 +160,7 @@ class Plan:
                 out_tree = self.out_tree
 
                 def load() -> Any:
-                    from .._jax import deserialize_executable, serialize_executable
+                    from .._jax import deserialize_executable, device_zeros, serialize_executable
 
                     data = payload(flat)
                     if data is None:
@@ -170,9 +169,8 @@ class Plan:
                     # Run once on zeros before any call relies on it: an executable
                     # loaded from the cache and serialized again can lack its
                     # kernels on XLA:CPU ("Function ... not found" when it runs).
-                    # (Made on the host and put on the device: no XLA compile.)
                     zeros = [
-                        jax.device_put(np.zeros(info.shape, info.dtype))
+                        device_zeros(info.shape, info.dtype)
                         for info in jax.tree_util.tree_leaves(flat.args_info)
                     ]
                     args, kwargs = jax.tree_util.tree_unflatten(in_tree, zeros)
