@@ -369,8 +369,19 @@ def test_glue_recompiles_are_explained(
     np.testing.assert_allclose(run(ws, jnp.ones((2, 4))), jax.jit(model)(ws, jnp.ones((2, 4))))
     explaining.clear()
     np.testing.assert_allclose(run(ws, jnp.ones((3, 4))), jax.jit(model)(ws, jnp.ones((3, 4))))
-    glue = [m for m in warnings_of(explaining) if "jaxaot.jit's glue program missed" in m]
+    glue = [m for m in warnings_of(explaining) if "jaxaot.jit model's glue program missed" in m]
     assert glue, warnings_of(explaining)
     assert any("float32[2,4] → float32[3,4]" in m for m in glue), glue
     layer = misses_of(explaining, "glued_layer")
     assert len(layer) == 1 and "argument x: float32[2,4] → float32[3,4]" in layer[0], layer
+    # The whole-program form, and a program served whole, are named as such.
+    for run, kind in [
+        (jaxaot.jit(model), "whole program"),
+        (jaxaot.jit(jnp.sin), "program (served whole)"),
+    ]:
+        args = (ws, jnp.ones((5, 4))) if kind == "whole program" else (jnp.ones(7),)
+        explaining.clear()
+        run(*args)
+        name = run.__name__
+        said = [m for m in warnings_of(explaining) if f"jaxaot.jit {name}'s {kind} missed" in m]
+        assert said, warnings_of(explaining)

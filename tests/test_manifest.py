@@ -358,6 +358,34 @@ def test_cli_a_cache_it_cannot_fill_fails_at_once(
         assert "precompiled" not in proc.stdout
 
 
+def test_cli_refuses_a_cache_directory_it_cannot_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cache directory that exists but takes no file (a read-only mount: here its
+    error, injected) is refused before any worker starts, with exit status 1:
+    every entry would be made, then lost."""
+    import errno
+    import tempfile
+
+    path = tmp_path / "mounted"
+    path.mkdir(mode=0o700)
+    real = tempfile.TemporaryFile
+
+    def read_only(*args: Any, **kwargs: Any) -> Any:
+        if str(kwargs.get("dir")) == str(path):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    monkeypatch.chdir(TESTS)
+    monkeypatch.syspath_prepend(str(TESTS))
+    rc = main(["precompile", "_precompile_targets:components", "--cache", str(path)])
+    out, err = capsys.readouterr()
+    assert rc == 1, out + err
+    assert f"cannot write to the cache directory {path}: Read-only file system" in err, err
+    assert "precompiled" not in out and list(path.iterdir()) == []
+
+
 def test_cli_parent_leaves_jax_to_its_workers(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:

@@ -210,7 +210,8 @@ def _closed(invars: Any, outvars: Any, eqns: Any, effects: Any, debug_info: Any)
     return ClosedJaxpr(jaxpr, ())
 
 
-def _maker(region: Region, debug_info: Any) -> _Maker:
+def _maker(region: Region, debug_info: Any, name: str) -> _Maker:
+    """How region ``region`` of jaxaot.jit function ``name`` gets its executable."""
     if region.kind == "component":
         call = region.eqns[0].params["call"]
         # A call donating inputs runs an executable of its own (the same entry,
@@ -221,7 +222,9 @@ def _maker(region: Region, debug_info: Any) -> _Maker:
     glue = _closed(region.invars, region.outvars, region.eqns, effects, debug_info)
     text = str(glue)
     return _Maker(
-        lambda shardings: GLUE.get(glue, region.donate, shardings, text),
+        lambda shardings: GLUE.get(
+            glue, region.donate, shardings, text, f"jaxaot.jit {name}'s glue program"
+        ),
         (text, tuple(glue.in_avals), region.donate),
         "glue",
     )
@@ -426,15 +429,19 @@ def build_plan(
         spec.said.add(why)
         logger.info("jaxaot.jit %s: served whole, as one cached program (%s)", spec.name, why)
     if why is not None and not sharded:
-        return _one_program(spec, cut, tuple(donated), _served(cut, tuple(donated)), (False, None))
+        return _one_program(
+            spec, cut, tuple(donated), _served(cut, tuple(donated), spec.name), (False, None)
+        )
     sharded = _sharded(cut)
     form = _whole_form(spec, cut, tuple(donated))
     if form[0]:
         for f in early.values():
             f.cancel()  # (its component executables are not needed)
-        return _one_program(spec, cut, tuple(donated), _whole_job(jaxpr, tuple(donated)), form)
+        return _one_program(
+            spec, cut, tuple(donated), _whole_job(jaxpr, tuple(donated), spec.name), form
+        )
     slots = _Slots(jaxpr, consts, regions)
-    makers = [_maker(region, jaxpr.debug_info) for region in regions]
+    makers = [_maker(region, jaxpr.debug_info, spec.name) for region in regions]
     step_ins = [tuple(slots(v) for v in region.invars) for region in regions]
     step_outs = [slots.outs(region) for region in regions]
     if sharded:
@@ -495,7 +502,7 @@ def _whole_form(spec: PlanSpec, cut: _Cut, donated: Sequence[int]) -> tuple[bool
     return _whole.form(cut.jaxpr, donated)
 
 
-def _served(cut: _Cut, donated: tuple[int, ...]) -> tuple[Any, bool]:
+def _served(cut: _Cut, donated: tuple[int, ...], name: str) -> tuple[Any, bool]:
     """The job of a program served whole (one executable of the whole program, its
     inputs then its constants, cached like a glue program), and whether it calls
     back into Python."""
@@ -503,11 +510,12 @@ def _served(cut: _Cut, donated: tuple[int, ...]) -> tuple[Any, bool]:
     invars = [*jaxpr.invars, *jaxpr.constvars]
     program = _closed(invars, jaxpr.outvars, jaxpr.eqns, jaxpr.effects, jaxpr.debug_info)
     text = str(program)
-    job = submit_jobs({"whole": lambda: GLUE.get(program, donated, None, text)})["whole"]
+    what = f"jaxaot.jit {name}'s program (served whole)"
+    job = submit_jobs({"whole": lambda: GLUE.get(program, donated, None, text, what)})["whole"]
     return job, has_host_callbacks(program)
 
 
-def _whole_job(jaxpr: Any, donated: tuple[int, ...]) -> tuple[Any, bool]:
+def _whole_job(jaxpr: Any, donated: tuple[int, ...], name: str) -> tuple[Any, bool]:
     """The job of the whole-program form of ``jaxpr`` (its inputs, then its
     constants: repeated layers as loops), and whether it calls back into Python."""
     fn, _ = _whole.program(jaxpr, donated)
@@ -521,7 +529,13 @@ def _whole_job(jaxpr: Any, donated: tuple[int, ...]) -> tuple[Any, bool]:
 
     def job() -> Any:
         return WHOLE.program(
-            _whole.digest(jaxpr), avals, out_avals, donated, fn, lambda: calls_back
+            _whole.digest(jaxpr),
+            avals,
+            out_avals,
+            donated,
+            fn,
+            lambda: calls_back,
+            what=f"jaxaot.jit {name}'s whole program",
         )
 
     return submit_jobs({"whole": job})["whole"], calls_back

@@ -108,9 +108,11 @@ class ProgramCache:
         donate: tuple[int, ...],
         shardings: tuple[Any, ...] | None = None,
         text: str | None = None,
+        what: str | None = None,
     ) -> Any:
         """The executable of a glue program (a closed jaxpr, whose text is ``text``)
-        for inputs with ``shardings`` (see ``program``).
+        for inputs with ``shardings`` (see ``program``; ``what``: what a
+        miss's explanation calls it).
 
         A glue program's host callbacks (diffrax's and Equinox's error checks)
         name their Python functions in its digest (a jaxpr's text names them
@@ -131,6 +133,7 @@ class ProgramCache:
             jaxpr_as_fun(closed),
             lambda: has_host_callbacks(closed),
             shardings,
+            what,
         )
 
     def program(
@@ -142,12 +145,14 @@ class ProgramCache:
         fn: Callable[..., Any],
         callbacks: Callable[[], bool],
         shardings: tuple[Any, ...] | None = None,
+        what: str | None = None,
     ) -> Any:
         """The executable of ``fn`` (flat arrays to a flat list) at ``avals``, whose
         content ``digest`` names: from this process, else the cache, else compiled
         (and stored unless it calls back into Python). ``shardings``: the sharding
         each input is compiled for (``None``: none needed); all ``None`` outside a
-        mesh, or no ``shardings``, is the unsharded executable."""
+        mesh, or no ``shardings``, is the unsharded executable. ``what``: what a
+        miss's explanation calls it (``jaxaot.jit step's glue program``)."""
         shardings, memo_key = _placed(shardings, (digest, avals, donate))
 
         def load(cache: Cache, key: ComponentKey) -> Any:
@@ -165,7 +170,9 @@ class ProgramCache:
         def save(cache: Cache, key: ComponentKey, exe: Any) -> None:
             self._store(cache, key, exe, avals, out_avals, callbacks)
 
-        label = self.kind if self.kind.endswith("program") else f"{self.kind} program"
+        if what is None:
+            label = self.kind if self.kind.endswith("program") else f"{self.kind} program"
+            what = f"jaxaot.jit's {label}"
         return get_or_make(
             self._exes,
             memo_key,
@@ -174,7 +181,7 @@ class ProgramCache:
             Codec(f"{self.kind} executable", load, save),
             make,
             self.counters,
-            lambda key, cache: _explain.miss(self.kind, key, cache, label=f"jaxaot.jit's {label}"),
+            lambda key, cache: _explain.miss(self.kind, key, cache, label=what),
         )
 
     def _store(

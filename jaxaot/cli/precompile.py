@@ -36,6 +36,7 @@ import queue
 import secrets
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -272,6 +273,13 @@ def _cache_env(spec: str | None) -> dict[str, str]:
         # A directory the workers could not use (a file, unsafe permissions) would
         # have them cache in memory: say so here instead of "made" and status 0.
         open_cache(argparse.Namespace(dir=path, url=None), create=True)
+        try:  # (a read-only directory: every entry would be made, then lost)
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        except OSError as e:
+            raise CLIError(
+                f"cannot write to the cache directory {path}: {e.strerror or e}"
+            ) from None
     elif parsed.kind in ("memory", "off"):
         raise CLIError(
             f"--cache {setting}: precompiling into a cache that no later process can read; "
