@@ -27,7 +27,7 @@ def test_small_components_run_as_one_program_from_the_first_call() -> None:
     gradients and optimizer state equal jax.jit's, steps in a row too."""
     plain, optimizer = train_step_factory(_model.block)
     step, _ = train_step_factory(block)
-    blocks, x = setup(4)
+    blocks, x = setup(_whole.MIN_LOOP)
     state = optimizer.init(blocks)
     regional = jaxaot.jit(step)
     a, b = regional(blocks, state, x), jax.jit(plain)(blocks, state, x)

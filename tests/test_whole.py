@@ -42,9 +42,10 @@ def test_whole_program_compiles_one_layer_whatever_the_depth(compiles: list[str]
     assert shallow == deep == (1, 1), (shallow, deep)
 
 
-def test_runs_of_one_entry_become_one_loop() -> None:
+def test_runs_of_one_entry_become_one_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chained calls of one entry are a run; a call of another entry, or one that
-    reads an older member's output, ends it."""
+    reads an older member's output, ends it. (Here runs of 3 are loops.)"""
+    monkeypatch.setattr(_whole, "MIN_LOOP", 3)
     a = jaxaot.component(lambda w, v: jnp.tanh(v @ w))
     b = jaxaot.component(lambda w, v: jnp.sin(v @ w))
     w = jnp.eye(3) * 0.5
@@ -255,7 +256,7 @@ def test_a_decode_step_updates_its_donated_caches_in_place_through_the_fast_path
     donated cache to its output, calls after the first run in JAX's C++ path, and
     values and donation match jax.jit's."""
     layer = jaxaot.component(_decode_layer)
-    n, b, t, w = 4, 2, 8, 4
+    n, b, t, w = _whole.MIN_LOOP, 2, 8, 4
 
     def step(params: list[Any], x: jax.Array, caches: list[jax.Array], pos: jax.Array) -> Any:
         new = []
@@ -296,7 +297,7 @@ def test_a_donating_train_step_keeps_its_layers_as_loops() -> None:
     handed back by a layer: the train step's layers stay loops (its compile does
     not grow with depth)."""
     step, optimizer = train_step_factory(block)
-    blocks, x = setup(4)
+    blocks, x = setup(_whole.MIN_LOOP)
     state = optimizer.init(blocks)
     want = jax.jit(step)(blocks, state, x)
     fast = jaxaot.jit(step, donate_argnums=(0, 1))
@@ -317,12 +318,12 @@ def test_a_run_goes_on_past_equations_that_read_nothing_it_makes() -> None:
     w = jnp.eye(3) * 0.5
 
     def free(v: jax.Array, s: jax.Array) -> jax.Array:
-        for i in range(4):
+        for i in range(5):
             v = layer(w, jnp.full((2, 3), s * (i + 1)), v)
         return v
 
     def bound(v: jax.Array, s: jax.Array) -> jax.Array:
-        for _ in range(4):
+        for _ in range(5):
             v = layer(w, v * s, v)
         return v
 
@@ -331,9 +332,9 @@ def test_a_run_goes_on_past_equations_that_read_nothing_it_makes() -> None:
         closed = jax.make_jaxpr(f)(*args)
         items = _whole.runs(closed.jaxpr.eqns)
         lengths = [len(i.eqns) for i in items if isinstance(i, _whole._Run)]
-        assert lengths == ([4] if looped else []), (f.__name__, lengths)
+        assert lengths == ([5] if looped else []), (f.__name__, lengths)
         fn, calls = _whole.program(closed.jaxpr)
-        assert calls == (1 if looped else 4)
+        assert calls == (1 if looped else 5)
         close(jax.jit(fn)(*args, *closed.consts)[0], f(*args))
 
 
@@ -355,7 +356,7 @@ def test_an_nnx_plain_loop_is_two_loops_under_grad(monkeypatch: pytest.MonkeyPat
 
     class Model(nnx.Module):
         def __init__(self, rngs: nnx.Rngs) -> None:
-            self.layers = nnx.List([Layer(rngs) for _ in range(4)])
+            self.layers = nnx.List([Layer(rngs) for _ in range(_whole.MIN_LOOP)])
 
         def __call__(self, x: jax.Array) -> jax.Array:
             for layer in self.layers:
@@ -373,3 +374,21 @@ def test_an_nnx_plain_loop_is_two_loops_under_grad(monkeypatch: pytest.MonkeyPat
         (plan,) = step._plans.values()
         assert plan.mode == _plan.WHOLE, step.explain(model, x)
     close(got, jax.jit(jax.value_and_grad(loss))(model, x))
+
+
+def test_a_few_layers_stay_unrolled_and_more_are_a_loop() -> None:
+    """Runs shorter than ``MIN_LOOP`` layers are unrolled in the whole program (for
+    a few layers it compiles sooner, and runs as fast); from ``MIN_LOOP`` on they
+    are loops. Both give jax.jit's values."""
+    grad = jax.value_and_grad(lambda bs, x: loss(bs, x, block))
+    for layers, looped in ((_whole.MIN_LOOP - 1, False), (_whole.MIN_LOOP, True)):
+        blocks, x = setup(layers)
+        fast = jaxaot.jit(grad)
+        with jaxaot.using_cache(jaxaot.MemoryCache()):
+            got = fast(blocks, x)
+            (plan,) = fast._plans.values()
+            assert plan.mode == _plan.WHOLE
+            assert ("while" in plan.whole.result().as_text()) == looped, layers
+            said = "its repeated layers as loops" if looped else "its layers unrolled"
+            assert said in fast.explain(blocks, x), fast.explain(blocks, x)
+        close(got, jax.value_and_grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x))

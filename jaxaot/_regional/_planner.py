@@ -405,7 +405,14 @@ def _described(cut: _Cut, form: tuple[bool, str | None]) -> str:
     if why is None:
         said = []
     elif whole:
-        said = [f"  runs as one program, its repeated layers as loops ({why})"]
+        donated = [i for i, v in enumerate(cut.jaxpr.invars) if v in cut.donated_vars]
+        if _whole.looped(cut.jaxpr, donated):
+            said = [f"  runs as one program, its repeated layers as loops ({why})"]
+        else:
+            said = [
+                f"  runs as one program, its layers unrolled ({why}; fewer than "
+                f"{_whole.MIN_LOOP} in a row)"
+            ]
     else:
         said = [f"  runs split, each component compiled once ({why})"]
     return "\n".join([_summary(cut.regions, cut.counts, cut.nested), *said, *not_blocks])

@@ -5,7 +5,8 @@ small, the cost of entering and leaving each executable (its inputs and,
 above all, its outputs) dominates the step. The whole-program form is one
 executable for the entire program, in which every run of consecutive calls of
 the same entry that hand a value from one to the next (the layers of a
-network, forward or backward) is a ``lax.scan`` over that entry: XLA compiles
+network, forward or backward), from :data:`MIN_LOOP` layers on, is a
+``lax.scan`` over that entry: XLA compiles
 one layer, not an unrolled copy per layer, so its compile time does not grow
 with depth, and a step costs what a scan over stacked layers costs. A run whose
 layers each update a donated input of their own and hand it back (a decode
@@ -34,7 +35,7 @@ from .._component._rules import component_p
 from .._jax import DropVar, Literal, bind_equation
 
 # Part of the whole program's cache key: bump when the rewrite below changes.
-WHOLE_VERSION = 5
+WHOLE_VERSION = 6
 
 # A program whose component calls each do less work than this (``_cost.work``:
 # two per multiply-add, one per element written) runs as one program. Entering
@@ -45,6 +46,13 @@ WHOLE_VERSION = 5
 # side of it (``--width 32``, ``--width 256``) against its scan contender; the
 # benchmark's layers of width 64 to 128 are of about this work.
 WHOLE_BELOW = 3e7
+# Runs of fewer layers than this stay unrolled in the whole program: for a few
+# layers, XLA compiles the unrolled program sooner than a loop over stacked
+# layers (with their stacking and slicing), and it runs as fast; deeper runs are
+# loops, so that compile time does not grow with depth. Measured by
+# ``python benchmarks/real_models.py --layers 4 8`` (Haiku and linen blocks
+# under grad, against jax.jit) and ``jaxaot bench regional --width 32``.
+MIN_LOOP = 5
 # A whole program binding more component calls than this once its runs are
 # loops (calls that do not repeat in a chain) is not made: it would compile a
 # program as big as the split program's regions together.
@@ -346,13 +354,19 @@ def _loops(jaxpr: Any, donated: Sequence[int]) -> tuple[list[Any], bool]:
     results = frozenset(v for v in jaxpr.outvars if not isinstance(v, Literal))
     items: list[Any] = []
     unrolled = False
-    for item in runs(jaxpr.eqns):
+    for item in runs(jaxpr.eqns, MIN_LOOP):
         if isinstance(item, _Run) and pinned and _updates_in_place(item, pinned, results):
             items.extend(item.eqns)
             unrolled = True
         else:
             items.append(item)
     return items, unrolled
+
+
+def looped(jaxpr: Any, donated: Sequence[int] = ()) -> bool:
+    """Whether the whole program of ``jaxpr`` has a loop (a run of at least
+    :data:`MIN_LOOP` layers), or has its layers unrolled."""
+    return any(isinstance(item, _Run) for item in _loops(jaxpr, donated)[0])
 
 
 def program(jaxpr: Any, donated: Sequence[int] = ()) -> tuple[Callable[..., list[Any]], int]:
