@@ -187,3 +187,42 @@ def test_a_model_under_nn_jit_splits_in_every_program_of_the_process() -> None:
         said = regional.explain(variables, x)
         assert f"block jit(Pure.__call__): {calls}" in said, said
         assert "jit(JitModel.__call__): looked through" in said, said
+
+
+def test_layers_each_called_once_start_no_executable_when_traced_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Remat'd linen layers drawing dropout: each layer's stream is its own, so
+    each is called once, and the program is served whole. Its second trace (its
+    layer class found repeating, left inline for its random streams) sees each
+    layer's entries again, which is no repetition: no layer's executable is
+    started in the background (warm processes compiled some each, never used)."""
+    from jaxaot import _regional
+    from jaxaot._regional import _planner, _whole
+
+    monkeypatch.setattr(_whole, "WHOLE_BELOW", 1.0)  # every call big: entries start early
+    remat = nn.remat(Dropped)
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for _ in range(3):
+                x = remat()(x)
+            return x
+
+    model, x = Model(), jnp.ones((2, WIDTH))
+    variables = model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x)
+
+    def loss(variables: Any, x: jax.Array) -> jax.Array:
+        return (model.apply(variables, x, rngs={"dropout": jax.random.key(2)}) ** 2).mean()
+
+    step = jax.value_and_grad(loss)
+    regional = jaxaot.jit(step)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        _, started, _ = _planner._trace(regional._spec, (variables, x), {}, True)
+        for future in started.values():
+            future.cancel()
+        assert started == {}  # no layer's executable
+        _same(regional(variables, x), jax.jit(step)(variables, x))
+        _regional.wait_for_background()
+        assert "called once" in regional.explain(variables, x), regional.explain(variables, x)

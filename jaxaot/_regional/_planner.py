@@ -180,6 +180,9 @@ def _trace(
                 spec.name,
                 ", ".join(c.__qualname__ for c in more),
             )
+            # (Its calls are counted afresh: a block called once in each trace is
+            # still called once, and starts no executable.)
+            seen.clear()
             traced, finder, _ = run(spec.retracer(), (*named, *more))
     finally:
         if token is not None:
@@ -603,7 +606,11 @@ def _summary(regions: Sequence[Region], counts: collections.Counter[Any], nested
             entry or "call"
         ] += 1
     lines = [
-        f"  {name}: " + ", ".join(f"{n} {entry}" for entry, n in sorted(entries.items()))
+        f"  {name}: "
+        + ", ".join(
+            f"{n} {entry}s" if entry.endswith("call") and n != 1 else f"{n} {entry}"
+            for entry, n in sorted(entries.items())
+        )
         for name, entries in sorted(calls.items())
     ]
     glue = sum(r.kind == "glue" for r in regions)
