@@ -102,6 +102,34 @@ def test_manifest_refuses_what_it_cannot_precompile() -> None:
     assert len(m) == 0
 
 
+def test_progress_labels_show_every_argument() -> None:
+    """A long static value (a config's repr) is cut shorter, so that the arguments
+    after it still tell two signatures apart in the progress lines."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        vocab: int = 256
+        width: int = 96
+        heads: int = 4
+        layers: int = 4
+        temperature: float = 0.7
+
+    def step(params: Any, caches: Any, token: Any, slot: Any, cfg: Any, greedy: bool) -> Any:
+        return token
+
+    decode = jaxaot.jit(step, static_argnames=("cfg", "greedy"))
+    params = {"w": jax.ShapeDtypeStruct((96, 96), jnp.float32)}
+    caches = [jax.ShapeDtypeStruct((4, 128, 96), jnp.float32)] * 4
+    token, slot = jax.ShapeDtypeStruct((4,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)
+    m = jaxaot.manifest()
+    for greedy in (True, False):
+        m.add(decode, params, caches, token, slot, cfg=Config(), greedy=greedy)
+    labels = [item.label for item in m]
+    assert labels[0].endswith("greedy=True)") and labels[1].endswith("greedy=False)"), labels
+    assert all(len(label) <= 100 and "cfg=" in label for label in labels), labels
+
+
 def test_buckets_and_claims() -> None:
     f = jaxaot.jit(lambda x: x * 2)
     m = jaxaot.manifest("serving").buckets(

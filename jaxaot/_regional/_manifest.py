@@ -103,7 +103,7 @@ def _on_concrete_meshes(tree: Any, context: Any) -> Any:
     return jax.tree_util.tree_map(placed, tree)
 
 
-def _leaf_text(leaf: Any) -> str:
+def _leaf_text(leaf: Any, width: int = 40) -> str:
     shape = getattr(leaf, "shape", None)
     dtype = getattr(leaf, "dtype", None)
     if shape is not None and dtype is not None:
@@ -114,16 +114,16 @@ def _leaf_text(leaf: Any) -> str:
         short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "int32": "i32"}
         return f"{short.get(name, name)}[{','.join(map(str, shape))}]"
     text = (repr(leaf).strip().splitlines() or [""])[0]
-    return text if len(text) <= 40 else text[:39] + "…"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _arg_text(arg: Any) -> str:
-    """An argument in a progress line: an array's type, a static value's text, or
-    a tree's type and how many leaves it holds."""
+def _arg_text(arg: Any, width: int = 40) -> str:
+    """An argument in a progress line: an array's type, a static value's text (cut
+    to ``width`` characters), or a tree's type and how many leaves it holds."""
     leaves = jax.tree_util.tree_leaves(arg)
     if (len(leaves) == 1 and leaves[0] is arg) or not leaves:
-        return _leaf_text(arg)
-    return f"<{type(arg).__name__} of {len(leaves)} leaves>"
+        return _leaf_text(arg, width)
+    return f"<{type(arg).__name__} of {len(leaves)} {'leaf' if len(leaves) == 1 else 'leaves'}>"
 
 
 def _leaf_identity(leaf: Any) -> str:
@@ -193,8 +193,12 @@ class Manifest:
         _check_function(function, "add")
         mesh = concrete_mesh()
         args, kwargs = _on_concrete_meshes((tuple(args), dict(kwargs)), mesh)
-        text = [_arg_text(a) for a in args] + [f"{k}={_arg_text(v)}" for k, v in kwargs.items()]
-        label = f"{_function_name(function)}({', '.join(text)})"
+        for width in (40, 20, 10):  # long static values cut shorter, so every argument shows
+            text = [_arg_text(a, width) for a in args]
+            text += [f"{k}={_arg_text(v, width)}" for k, v in kwargs.items()]
+            label = f"{_function_name(function)}({', '.join(text)})"
+            if len(label) <= _LABEL_CHARS:
+                break
         if len(label) > _LABEL_CHARS:
             label = label[: _LABEL_CHARS - 2] + "…)"
         self._items.append(Signature(function, tuple(args), dict(kwargs), label, mesh))
