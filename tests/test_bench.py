@@ -84,7 +84,7 @@ def test_bench_all_writes_tables_ratios_json_and_plots(
             "/ jax.jit = 1.00; warm jaxaot.jit / warm jit+JAX cache = 0.21; "
             "steady step / best of jit and scan = 0.80, / jax.jit = 0.80"
         ) in text
-    assert "jaxaot.jit runs the whole program: one executable, its layers as loops" in text
+    assert "jaxaot.jit runs the whole program: one executable" in text
     for name in ("warm_start", "regional"):
         assert (out / f"{name}.md").read_text().startswith(("Warm-start", "Regional"))
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -125,7 +125,7 @@ def steady_state_line(regional: Row | None) -> list[str]:
     if not regional or not regional.get("mode"):
         return []
     if regional["mode"] == "whole":
-        return ["  - jaxaot.jit runs the whole program: one executable, its layers as loops"]
+        return ["  - jaxaot.jit runs the whole program: one executable"]
     return [f"  - jaxaot.jit runs the split program: {regional.get('steps')} executables"]
 
 
