@@ -450,6 +450,24 @@ def test_refused_writes_warn_once_and_the_program_goes_on(
     assert remote.get(k) == b
 
 
+def test_a_value_of_another_type_under_an_entry_name_is_replaced(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A list where an entry belongs (``WRONGTYPE`` to a GET) is no entry: a miss,
+    said once, and removed, so that the entry made next is stored (``SET NX``
+    would skip it forever) and read back."""
+    prefix = unique_prefix()
+    remote = RedisCache(server.url, prefix=prefix)
+    key, blob = make_blob(tag=7)
+    server.client().rpush(prefix + key, b"not an entry")
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    assert remote.get(key) is None
+    remote.put(key, blob)
+    assert remote.get(key) == blob
+    said = warnings_of(caplog)
+    assert len(said) == 1 and "WRONGTYPE" in said[0], said
+
+
 def test_unreachable_server_never_raises(caplog: pytest.LogCaptureFixture) -> None:
     cache = RedisCache(f"redis://127.0.0.1:{_free_port()}/0", timeout=0.5, backoff=0)
     caplog.set_level(logging.DEBUG, logger="jaxaot")

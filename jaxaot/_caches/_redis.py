@@ -370,6 +370,8 @@ class RedisCache(FaultTracking):
                 raise _ProtocolError(f"GET answered a {type(value).__name__}, not a string")
         except Exception as e:  # any server or client fault: a miss
             self._fault(f"get of {key[:16]}", e)
+            if isinstance(e, self._refusal) and str(e).startswith("WRONGTYPE"):
+                self._drop_foreign(name)
             self._count("misses")
             return None
         if value is None:
@@ -377,6 +379,15 @@ class RedisCache(FaultTracking):
             return None
         self._count("hits")
         return value
+
+    def _drop_foreign(self, name: str) -> None:
+        """Removes a value of another type (a list, a hash) under an entry's name:
+        no entry, and while it stays no entry can be stored there (``SET NX``)."""
+        try:
+            with self._within(self._call_deadline()):
+                self._client.delete(name)
+        except Exception:  # best effort: the next get tries again
+            logger.debug("jaxaot: could not remove %s from %s", name, self.url, exc_info=True)
 
     def put(self, key: str, value: bytes | bytearray | memoryview) -> None:
         """Stores ``value`` under ``key`` unless an entry is already there; faults skip it."""
