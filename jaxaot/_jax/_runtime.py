@@ -169,12 +169,13 @@ def device_zeros(shape: Sequence[int], dtype: Any) -> jax.Array:
     """Zeros of ``shape`` and ``dtype`` on the default device, made on the host and
     put there (no XLA compile); typed PRNG keys over zero key data."""
     import numpy as np
-    from jax._src.random import prng as _prng
+
+    from ._jaxpr import PRNGKeyArray
 
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
         impl = dtype._impl
         data = jax.device_put(np.zeros((*shape, *impl.key_shape), np.uint32))
-        return _prng.PRNGKeyArray(impl, data)  # type: ignore[no-any-return]
+        return PRNGKeyArray(impl, data)  # type: ignore[no-any-return]
     return jax.device_put(np.zeros(shape, dtype))
 
 

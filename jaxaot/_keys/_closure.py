@@ -131,7 +131,7 @@ def _named_values(fun: Any) -> Iterable[tuple[str, Any]]:
             # A callable object (an Equinox module, a class with ``__call__``): it
             # computes with what it holds, and its ``__call__``'s own closure.
             yield "self", f
-            call = type(f).__dict__.get("__call__") or getattr(type(f), "__call__", None)  # noqa: B004
+            call = getattr(type(f), "__call__", None)  # noqa: B004 (the class's function)
             if isinstance(call, types.FunctionType):
                 stack.append(call)
             continue
