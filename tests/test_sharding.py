@@ -315,6 +315,51 @@ def test_warm_processes_load_only_executables_made_for_their_shardings(tmp_path:
         assert other["compiles"] == 1, (devices, argv, other)
 
 
+PLACED = """
+d = np.array(jax.devices())
+meshes = {
+    "last four": jax.sharding.Mesh(d[4:].reshape(2, 2), ("data", "model")),
+    "reversed": jax.sharding.Mesh(d[::-1].reshape(4, 2), ("data", "model")),
+}
+
+@jaxaot.component
+def block(w, x):
+    return x + jnp.tanh(x @ w)
+
+@jaxaot.component
+def calling(x):  # a host callback: its executable is rebound to this process's
+    y = jax.pure_callback(lambda a: np.asarray(a) * 2, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return jnp.sin(y)
+
+step = jaxaot.jit(lambda w, x: block(w, block(w, x)).sum())
+w, x = np.full((8, 8), 0.1, np.float32), np.arange(64, dtype=np.float32).reshape(8, 8) / 64
+cases = [(name, NamedSharding(m, P()), NamedSharding(m, P("data"))) for name, m in meshes.items()]
+one = jax.sharding.SingleDeviceSharding(d[3])
+cases.append(("device 3", one, one))
+jit_block = jax.jit(block.__wrapped__)
+for name, ws, xs in cases:
+    wp, xp = jax.device_put(w, ws), jax.device_put(x, xs)
+    same(block(wp, xp), jit_block(wp, xp), name)
+    same(jax.jit(block)(wp, xp), jit_block(wp, xp), name + " in jax.jit")
+    same(step(wp, xp), jax.jit(step.__wrapped__)(wp, xp), name + " jaxaot.jit")
+    same(calling(xp), jax.jit(calling.__wrapped__)(xp), name + " callback")
+s = jaxaot.stats()
+print(f"compiles={s['compiles']} lowerings={s['lowerings']} loaded={s['loaded']}")
+"""
+
+
+def test_warm_processes_load_executables_for_any_devices_in_any_order(tmp_path: Path) -> None:
+    """Executables for a mesh over some of the devices, over all of them in another
+    order, or for one device other than the first: a warm process loads each onto
+    those devices (it ran them on all the devices in their default order, and
+    aborted), with ``jax.jit``'s values and shardings."""
+    cold = _counts(run_devices(PLACED, cache=tmp_path / "cache"))
+    assert cold["compiles"] >= 9, cold
+    warm = _counts(run_devices(PLACED, cache=tmp_path / "cache"))
+    assert warm["compiles"] == 0 and warm["lowerings"] == 0, warm
+    assert warm["loaded"] >= 9, warm
+
+
 def test_jax_jit_of_components_with_any_shardings() -> None:
     run_devices(
         """

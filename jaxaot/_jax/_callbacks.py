@@ -234,14 +234,21 @@ def _rebound_callback(component: str, program: str, index: int) -> Callable[...,
 
 
 def _rebound_executable(
-    payload: bytes, component: str, program: str, indices: tuple[int, ...]
+    payload: bytes,
+    component: str,
+    program: str,
+    indices: tuple[int, ...],
+    device_ids: tuple[int, ...] | None = None,
 ) -> Any:
     """Unpickling the XLA executable: deserialized with this process's callbacks
-    bound (on the default backend and its devices, as ``deserialize_and_load``)."""
+    bound, on the default backend's devices it was compiled for (all of them, in
+    their order, for an entry that does not name them)."""
     eqns = _registered(component, program)
     callbacks = [_host_function(eqns[i]) for i in indices]
     backend = jax.devices()[0].client
-    devices = _xc.DeviceList(tuple(backend.devices()))
+    by_id = {d.id: d for d in backend.devices()}
+    chosen = backend.devices() if device_ids is None else [by_id[i] for i in device_ids]
+    devices = _xc.DeviceList(tuple(chosen))
     return backend.deserialize_executable(payload, devices, None, callbacks)
 
 
@@ -338,6 +345,7 @@ def serialize_with_callbacks(compiled: Any, component: str, program: str) -> byt
     if compiled._params.const_args:
         raise CallbacksNotRebindable("the executable has constant arguments")
     args_info_flat, _ = jax.tree_util.tree_flatten(compiled.args_info)
+    device_ids = tuple(d.id for d in unloaded.device_list)
 
     class Pickler(_se._JaxPjrtPickler):  # type: ignore[misc,name-defined]
         def persistent_id(self, obj: Any) -> Any:
@@ -348,7 +356,7 @@ def serialize_with_callbacks(compiled: Any, component: str, program: str) -> byt
         def reducer_override(self, obj: Any) -> Any:
             if isinstance(obj, _xc.LoadedExecutable):
                 blob = obj.serialize()
-                return _rebound_executable, (blob, component, program, indices)
+                return _rebound_executable, (blob, component, program, indices, device_ids)
             index = by_id.get(id(obj))
             if index is not None:
                 return _rebound_callback, (component, program, index)

@@ -27,6 +27,7 @@ __all__ = [
     "cpp_dispatcher",
     "default_platform",
     "deserialize_executable",
+    "executable_devices",
     "distributed_client",
     "explicit_mesh_axes_in_scope",
     "fastpath_miss",
@@ -156,13 +157,47 @@ def serialize_executable(compiled: Any) -> tuple[bytes, Any, Any]:
 
 
 def deserialize_executable(payload: bytes, in_tree: Any, out_tree: Any) -> Any:
-    """A loaded ``jax.stages.Compiled`` from ``serialize_executable``'s payload.
+    """A loaded ``jax.stages.Compiled`` from ``serialize_executable``'s payload (or
+    ``serialize_with_callbacks``'), on the devices it was compiled for.
 
     The payload is JAX's own format (it includes a pickle of the executable's
     metadata): call this only on bytes whose checksum or signature verified."""
     from jax.experimental import serialize_executable as _se
 
-    return _se.deserialize_and_load(payload, in_tree, out_tree)
+    devices = executable_devices(payload)
+    return _se.deserialize_and_load(payload, in_tree, out_tree, execution_devices=devices)
+
+
+def executable_devices(payload: bytes) -> list[Any]:
+    """The devices, in order, of the executable serialized in ``payload``.
+
+    ``deserialize_and_load`` otherwise loads an executable onto all the devices of
+    the backend, in their default order: one compiled for a few of them, another
+    order of them, or one device other than the first then fails (or aborts the
+    process) when it runs. Read from the pickled metadata, without loading the
+    executable (nor rebinding callbacks)."""
+    import io
+
+    from jax.experimental import serialize_executable as _se
+
+    backend = jax.devices()[0].client
+
+    class Devices(_se._JaxPjrtUnpickler):  # type: ignore[misc,name-defined]
+        def persistent_load(self, pid: Any) -> Any:
+            return None if pid[0] == "exec" else super().persistent_load(pid)
+
+        def find_class(self, module: str, name: str) -> Any:
+            if module == f"{__package__}._callbacks" and name.startswith("_rebound_"):
+                return _nothing
+            return super().find_class(module, name)
+
+    unloaded = Devices(io.BytesIO(payload), backend).load()[0]
+    devices = list(getattr(unloaded, "device_list", None) or ())
+    return devices or list(backend.devices())
+
+
+def _nothing(*args: Any) -> None:
+    return None
 
 
 def device_zeros(shape: Sequence[int], dtype: Any) -> jax.Array:
