@@ -381,6 +381,40 @@ def test_a_custom_vjp_block_that_cannot_be_differentiated_alone_stays_in_its_glu
     assert "could not be differentiated alone" in said and "RuntimeError: no vjp today" in said
 
 
+def test_rules_that_fail_alone_leave_jax_jit_and_the_program_working() -> None:
+    """Differentiating diffrax's checkpointed loop (a solve saving at given times)
+    alone fails, and the failed attempt left JAX's traces of its rules unusable:
+    jaxaot.jit and every later ``jax.jit`` of the process raised ``Store empty``.
+    The program is now traced afresh without the attempt, and runs with
+    ``jax.jit``'s values; so does a ``jax.jit`` after it."""
+    diffrax = pytest.importorskip("diffrax")
+    eqx = pytest.importorskip("equinox")
+
+    class Field(eqx.Module):
+        mlp: Any
+
+        def __call__(self, t: Any, y: jax.Array, args: Any) -> jax.Array:
+            return self.mlp(y)
+
+    field = Field(eqx.nn.MLP(2, 2, 4, 1, key=jax.random.PRNGKey(0)))
+    params, static = eqx.partition(field, eqx.is_array)
+
+    def loss(params: Any, y0: jax.Array) -> jax.Array:
+        term = diffrax.ODETerm(eqx.combine(params, static))
+        saveat = diffrax.SaveAt(ts=jnp.linspace(0.0, 1.0, 3))
+        sol = diffrax.diffeqsolve(
+            term, diffrax.Tsit5(), 0.0, 1.0, 0.1, y0, saveat=saveat, max_steps=16
+        )
+        return sol.ys.sum()
+
+    step = jax.value_and_grad(loss)
+    y0 = jnp.ones(2)
+    regional = jaxaot.jit(step)
+    got = regional(params, y0)
+    _close(got, jax.jit(lambda p, y: step(p, y))(params, y0))
+    assert "could not be differentiated alone" in regional.explain(params, y0)
+
+
 def _chain(layer: Any, ws: Any, x: jax.Array) -> jax.Array:
     for w in ws:
         x = layer(w, x)

@@ -27,6 +27,8 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import jax
+
 from .._component._blocks import Block, block_call, block_name, vjp_call
 from .._component._rules import bind, component_p
 from .._jax import (
@@ -49,6 +51,7 @@ from .._jax import (
 __all__ = [
     "MIN_EQUATIONS",
     "BlockFinder",
+    "StaleTrace",
     "finding",
     "module_ended",
     "note",
@@ -86,6 +89,29 @@ LOOKED_THROUGH = "looked through (it wraps repeated layers)"
 CUSTOM_VJP_FAILED = (
     "a custom_vjp rule under grad that could not be differentiated alone (kept in its glue)"
 )
+
+
+#: Why the custom_vjp rules of a call could not be differentiated alone, by the
+#: call (see :func:`_rules_of`). A failed attempt can leave JAX's traces of the
+#: rules unusable (diffrax's checkpointed loops: a rule's store is never filled,
+#: and every later trace, ``jax.jit``'s too, fails), so JAX's caches are cleared
+#: (its in-memory executables go with them) and the program is traced again
+#: without trying them (``_planner._trace``).
+_UNDIFFERENTIABLE: dict[tuple[Any, ...], str] = {}
+_UNDIFFERENTIABLE_MAX = 1024
+
+
+def _rules_of(call: BoundCall, name: str) -> tuple[Any, ...]:
+    """A call holding custom_vjp rules, as the next trace binds it again: its
+    name, the function's source and its operand types."""
+    closed = call_jaxpr(call)
+    info = getattr(getattr(closed, "jaxpr", closed), "debug_info", None)
+    types = tuple(str(getattr(a, "aval", type(a).__name__)) for a in call.args)
+    return (name, getattr(info, "func_src_info", None), types)
+
+
+class StaleTrace(Exception):
+    """A rule failed to differentiate alone: the program is traced afresh."""
 
 
 def _why_not(call: BoundCall) -> str | None:
@@ -172,11 +198,12 @@ class BlockFinder:
             closed = call_jaxpr(call)
             return evaluate(closed.jaxpr, closed.consts, call.args)
         why = _why_not(call)
-        if (
-            why is None
-            and current_trace() is not self.root
-            and uses_primitive(call_jaxpr(call), _CUSTOM_VJP)
-        ):
+        rules = why is None and uses_primitive(call_jaxpr(call), _CUSTOM_VJP)
+        held = _rules_of(call, self._name(call) or block_name(call)) if rules else ()
+        if held in _UNDIFFERENTIABLE:  # nor a block where the program binds it itself
+            self.note(call, f"{CUSTOM_VJP_FAILED} ({_UNDIFFERENTIABLE[held]})")
+            return None
+        if rules and current_trace() is not self.root:
             # A custom_vjp rule traced by the program (diffrax's adjoints,
             # optimistix, lineax) cannot be differentiated again outside the
             # trace that made it: under grad, the call is differentiated whole,
@@ -189,8 +216,11 @@ class BlockFinder:
                 with not_intercepting():
                     return vjp_call(call, self._name(call))
             except Exception as e:  # its rules cannot be differentiated alone: kept in glue
-                self.note(call, f"{CUSTOM_VJP_FAILED} ({type(e).__name__}: {e})")
-                return None
+                if len(_UNDIFFERENTIABLE) >= _UNDIFFERENTIABLE_MAX:
+                    _UNDIFFERENTIABLE.clear()
+                _UNDIFFERENTIABLE[held] = f"{type(e).__name__}: {e}"
+                jax.clear_caches()
+                raise StaleTrace(held[0]) from e
         if why is not None:
             self.note(call, why)
             return None

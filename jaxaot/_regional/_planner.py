@@ -27,7 +27,7 @@ from .._component._cost import keeping_residuals
 from .._component._rules import PREFETCH, component_p
 from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, has_host_callbacks, join_effects
 from . import _whole
-from ._auto import BlockFinder, finding
+from ._auto import BlockFinder, StaleTrace, finding
 from ._named import from_a_framework, named_blocks, repeated_modules
 from ._placement import (
     UNSET,
@@ -169,7 +169,13 @@ def _trace(
         # this signature (``explain``'s) from its cache, without running the
         # program, and so without counting its module calls or finding its blocks.
         first = spec.retracer() if spec.retracer is not None else spec.jitted
-        traced, finder, calls = run(first, named)
+        try:
+            traced, finder, calls = run(first, named)
+        except StaleTrace as stale:
+            logger.debug("jaxaot.jit %s: traced again without trying %s", spec.name, stale)
+            seen.clear()
+            first = spec.retracer() if spec.retracer is not None else spec.jitted
+            traced, finder, calls = run(first, named)
         more = () if calls is None else tuple(c for c in calls.repeated() if c not in named)
         if more and spec.retracer is not None and not _repeats_blocks(traced.jaxpr):
             # Linen or Haiku layers repeat, and no boundary marked them: traced
