@@ -63,29 +63,81 @@ def _linen(block: type[nn.Module], **apply: Any) -> tuple[Any, tuple[Any, ...]]:
     return jax.value_and_grad(loss), (variables, x)
 
 
-@pytest.mark.parametrize(
-    ("block", "apply", "says"),
-    [
-        (
-            Dropped,
-            {"rngs": {"dropout": jax.random.key(2)}},
-            "Dropped.__call__: left inline: its scope has random streams",
-        ),
-        (
-            Normed,
-            {"mutable": ["batch_stats"]},
-            "Normed.__call__: left inline: its scope has mutable collections",
-        ),
-    ],
-)
-def test_linen_layers_with_random_streams_or_mutable_state_stay_inline_and_say_why(
-    block: type[nn.Module], apply: dict[str, Any], says: str
-) -> None:
-    step, args = _linen(block, **apply)
+def test_linen_layers_with_mutable_state_stay_inline_and_say_why() -> None:
+    step, args = _linen(Normed, mutable=["batch_stats"])
     regional = jaxaot.jit(step)
     _same(regional(*args), jax.jit(step)(*args))
     explained = regional.explain(*args)
+    says = "Normed.__call__: left inline: its scope has mutable collections"
     assert "not blocks:" in explained and says in explained, explained
+
+
+class Drawing(nn.Module):
+    """Draws in its own scope (twice) and in a child's."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + 0.1 * jax.random.normal(self.make_rng("dropout"), x.shape)
+        x = nn.Dropout(0.5, deterministic=False)(nn.Dense(WIDTH)(x))
+        return x + 0.1 * jax.random.normal(self.make_rng("dropout"), x.shape)
+
+
+class Direct(nn.Module):
+    """Makes its key from its scope's stream itself, not by ``make_rng``."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        key = self.scope.rngs["dropout"].as_jax_rng()
+        return x + jax.random.normal(key, x.shape) * nn.Dense(WIDTH)(x)
+
+
+@pytest.mark.parametrize("key", [jax.random.key, jax.random.PRNGKey])
+@pytest.mark.parametrize("shared", [False, True])
+def test_linen_layers_drawing_random_numbers_are_blocks_with_jax_jit_draws(
+    key: Any, shared: bool
+) -> None:
+    """Layers drawing from the scope's streams (dropout, their own ``make_rng``)
+    are one block, called with keys made where each layer sits: the draws, loss
+    and gradients are ``jax.jit``'s. A layer called again (``shared``) draws on
+    from where its first call left off, as inline, and so does a fresh layer."""
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            x = nn.Dropout(0.1, deterministic=False)(x)
+            first = Drawing()
+            for layer in (first, Drawing(), first, Drawing()) if shared else [Drawing()] * 0:
+                x = layer(x)
+            for _ in range(0 if shared else 4):
+                x = Drawing()(x)
+            return nn.Dense(1)(x)
+
+    model, x = Model(), jnp.ones((2, WIDTH))
+    variables = model.init({"params": key(0), "dropout": key(1)}, x)
+
+    def loss(variables: Any, x: jax.Array, k: jax.Array) -> jax.Array:
+        return (model.apply(variables, x, rngs={"dropout": k}) ** 2).mean()
+
+    step, args = jax.value_and_grad(loss), (variables, x, key(5))
+    regional = jaxaot.jit(step, whole_program=False)
+    got, want = regional(*args), jax.jit(step)(*args)
+    _same(got, want)
+    explained = regional.explain(*args)
+    assert "block jit(Drawing.__call__): 4 forward, 4 linear/transpose" in explained, explained
+    assert "left inline" not in explained, explained
+    # Other keys draw other numbers (the draws are inputs of the block, not constants).
+    other = (variables, x, key(6))
+    assert not np.allclose(regional(*other)[0], got[0])
+    _same(regional(*other), jax.jit(step)(*other))
+
+
+def test_a_linen_layer_whose_keys_flax_makes_otherwise_stays_inline() -> None:
+    step, args = _linen(Direct, rngs={"dropout": jax.random.key(2)})
+    regional = jaxaot.jit(step, whole_program=False)
+    _same(regional(*args), jax.jit(step)(*args))
+    explained = regional.explain(*args)
+    says = "Direct.__call__: left inline: it makes random keys other than by make_rng"
+    assert says in explained, explained
 
 
 def test_pure_linen_layers_of_a_plain_loop_are_blocks() -> None:

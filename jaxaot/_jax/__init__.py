@@ -62,6 +62,7 @@ from ._intercept import (
     is_plain_jit,
     not_intercepting,
     pruned,
+    used_inputs,
     within,
 )
 from ._interpret import bind_equation, evaluate
@@ -208,6 +209,7 @@ __all__ = [
     "is_inline",
     "is_plain_jit",
     "pruned",
+    "used_inputs",
     "is_ordered_effect",
     "jaxpr_as_fun",
     "jaxprs_in_params",

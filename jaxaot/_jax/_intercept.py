@@ -40,6 +40,7 @@ __all__ = [
     "is_plain_jit",
     "pruned",
     "not_intercepting",
+    "used_inputs",
     "within",
 ]
 
@@ -131,14 +132,9 @@ def pruned(call: BoundCall) -> tuple[BoundCall, tuple[bool, ...]]:
     state into each layer's checkpoint) then has the inputs and the body of every
     other such layer. The call computes the same: only unused inputs go."""
     closed = call.params["jaxpr"]
-    jaxpr = getattr(closed, "jaxpr", closed)
     if getattr(closed, "consts", ()):
         return call, (True,) * len(call.args)
-    try:
-        new, used = _pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=False)
-    except Exception:  # a body JAX cannot prune: kept whole
-        return call, (True,) * len(call.args)
-    keep = tuple(bool(u) for u in used)
+    new, keep = used_inputs(closed)
     if all(keep):
         return call, keep
     params = dict(call.params)
@@ -150,6 +146,18 @@ def pruned(call: BoundCall) -> tuple[BoundCall, tuple[bool, ...]]:
             params[name] = tuple(p for p, k in zip(params[name], keep, strict=True) if k)
     args = tuple(a for a, k in zip(call.args, keep, strict=True) if k)
     return BoundCall(call.kind, params, args), keep
+
+
+def used_inputs(closed: Any) -> tuple[Any, tuple[bool, ...]]:
+    """The jaxpr of ``closed`` (closed or open) without the equations its outputs
+    do not need, and which of its inputs it still reads. A jaxpr JAX cannot prune
+    reads them all."""
+    jaxpr = getattr(closed, "jaxpr", closed)
+    try:
+        new, used = _pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=False)
+    except Exception:  # a body JAX cannot prune: kept whole
+        return jaxpr, (True,) * len(jaxpr.invars)
+    return new, tuple(bool(u) for u in used)
 
 
 def call_jaxpr(call: BoundCall) -> Any:

@@ -38,6 +38,7 @@ import numpy as np
 from .._jax import Tracer
 
 __all__ = [
+    "array_body",
     "check_blocks",
     "from_a_framework",
     "jitted_call",
@@ -165,6 +166,26 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray | Tracer)
 
 
+def array_body(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Callable[..., Any], list[Any]]:
+    """``fn``'s call on ``args`` and ``kwargs`` as a function of their array leaves
+    (returned with it): every other leaf is fixed by the call."""
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    dynamic = [i for i, leaf in enumerate(leaves) if _is_array(leaf)]
+
+    def body(*arrays: Any) -> Any:
+        full = list(leaves)
+        for i, a in zip(dynamic, arrays, strict=True):
+            full[i] = a
+        a, k = jax.tree_util.tree_unflatten(treedef, full)
+        return fn(*a, **k)
+
+    # Named as the user knows it (``Layer.__call__``): the block is named after it.
+    body.__name__ = body.__qualname__ = getattr(fn, "__qualname__", "block")
+    return body, [leaves[i] for i in dynamic]
+
+
 def jitted_call(fn: Callable[..., Any], part: bool = False) -> Callable[..., Any]:
     """``fn`` called through ``jax.jit``: its array leaves are the jit's arguments,
     every other leaf is fixed by the call (part of the program). With ``part``,
@@ -174,20 +195,9 @@ def jitted_call(fn: Callable[..., Any], part: bool = False) -> Callable[..., Any
     def call(*args: Any, **kwargs: Any) -> Any:
         if part and _IN_BLOCK.get():
             return fn(*args, **kwargs)
-        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-        dynamic = [i for i, leaf in enumerate(leaves) if _is_array(leaf)]
-
-        def body(*arrays: Any) -> Any:
-            full = list(leaves)
-            for i, a in zip(dynamic, arrays, strict=True):
-                full[i] = a
-            a, k = jax.tree_util.tree_unflatten(treedef, full)
-            return fn(*a, **k)
-
-        # Named as the user knows it (``Layer.__call__``): the block is named after it.
-        body.__name__ = body.__qualname__ = getattr(fn, "__qualname__", "block")
+        body, arrays = array_body(fn, args, kwargs)
         with _in_block():
-            return jax.jit(body)(*[leaves[i] for i in dynamic])
+            return jax.jit(body)(*arrays)
 
     return call
 

@@ -17,9 +17,9 @@ them. Both frameworks let a caller see every module method call
 
   - linen: the module unbound from its scope and applied to its own variables.
     Only where that computes what the scope would: not while initializing, not
-    with mutable collections or random streams in the scope (a module's random
-    draws depend on its place in the scope; such a call is left inline, with a
-    DEBUG reason).
+    with mutable collections in the scope (such a call is left inline, with a
+    DEBUG reason). A scope's random streams are made where the layer is called
+    and passed in (``_draws``), so its draws are those it makes inline.
   - Haiku: the call with the transform's state (parameters, state, random
     sequence) threaded in and out, as ``hk.remat`` threads it; the inputs a
     block does not use are pruned before it is keyed (``_component._blocks``).
@@ -44,6 +44,7 @@ from typing import Any
 import jax
 
 from ._auto import module_ended, note
+from ._draws import Refused, drawn_call
 from ._named import jitted_call
 
 __all__ = ["Calls", "counting", "is_scoped", "scoped_blocks"]
@@ -173,8 +174,6 @@ def _linen_refusal(module: Any) -> str | None:
         return "the module is not bound to a scope"
     if module.is_initializing():
         return "its variables are being initialized"
-    if scope.rngs:
-        return "its scope has random streams (its draws depend on its place in the scope)"
     if scope.mutable:
         return "its scope has mutable collections"
     return None
@@ -184,6 +183,11 @@ def _linen_call(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: A
     module = context.module
     cls = type(module)
     refusal = _linen_refusal(module)
+    if refusal is None and module.scope.rngs:
+        try:
+            return drawn_call(module, args, kwargs, lambda body: _inside(_named(body, cls)))
+        except Refused as why:
+            refusal = str(why)
     if refusal is not None:
         note(f"{cls.__qualname__}.__call__", f"left inline: {refusal}")
         return next_fun(*args, **kwargs)
