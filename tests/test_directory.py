@@ -288,7 +288,19 @@ def test_refuses_group_or_world_writable_dir(tmp_path: Path, bad_mode: int) -> N
     assert isinstance(info.value, PermissionError)
     assert str(root) in str(info.value)
     assert "\n" not in str(info.value)
+    assert f"chmod 700 {root}" in str(info.value)
     assert list(root.iterdir()) == []  # nothing written into it
+
+
+def test_a_shared_sticky_dir_is_refused_without_advice_to_change_it(tmp_path: Path) -> None:
+    """A directory such as /tmp (world-writable and sticky) is shared on purpose:
+    the error names a directory of the user's own, never ``chmod`` on it."""
+    root = tmp_path / "tmp"
+    root.mkdir()
+    root.chmod(0o1777)
+    with pytest.raises(UnsafeCacheDirError, match="writable") as info:
+        DirectoryCache(root)
+    assert "chmod" not in str(info.value) and "a directory of your own" in str(info.value)
 
 
 def test_refuses_symlink_to_world_writable_dir(tmp_path: Path) -> None:

@@ -115,9 +115,15 @@ def _check_safe(root: str) -> None:
             f"jaxaot cache directory {root} is {why}; refusing to load code another user "
             "could write (or set $JAXAOT_CACHE_HMAC_KEY so that entries are signed)"
         )
+    # A sticky directory (/tmp) is shared on purpose: never advise changing it.
+    fix = (
+        "choose a directory of your own (a subdirectory of it, say)"
+        if st.st_mode & stat.S_ISVTX
+        else f"run `chmod 700 {root}` or choose another path"
+    )
     raise UnsafeCacheDirError(
-        f"jaxaot cache directory {root} is {why}; run `chmod 700 {root}` or choose another "
-        "path (or set $JAXAOT_CACHE_HMAC_KEY so that entries are signed)"
+        f"jaxaot cache directory {root} is {why}; {fix} "
+        "(or set $JAXAOT_CACHE_HMAC_KEY so that entries are signed)"
     )
 
 
