@@ -251,3 +251,45 @@ def test_an_executable_that_cannot_be_serialized_is_said_once(
         np.testing.assert_allclose(unserialized(jnp.ones(n)), np.sin(np.ones(n)) * 3, rtol=1e-6)
     said = [r.getMessage() for r in caplog.records if "not written to the cache" in r.getMessage()]
     assert len(said) == 1 and "'unserialized'" in said[0] and "compiles it again" in said[0], said
+
+
+LINALG = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np, jaxaot
+
+    @jaxaot.component
+    def solve(m, b):
+        return jnp.linalg.solve(m, b), jnp.linalg.cholesky(m @ m.T + jnp.eye(3))
+
+    m = jnp.eye(3) * 2.0 + 0.1
+    b = jnp.arange(3.0)
+    got = solve(m, b)  # first: nothing in this process has lowered a LAPACK call
+    made = jaxaot.stats()["compiles"]
+    want = jax.jit(solve.__wrapped__)(m, b)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    print(made, jaxaot.stats()["loaded"])
+    """
+)
+
+
+def test_an_executable_calling_lapack_runs_in_a_process_that_lowered_none(
+    subprocess_env: dict[str, str],
+) -> None:
+    """A program calling LAPACK (``jnp.linalg``) loaded in a fresh process, before
+    anything there lowered a LAPACK call: it called a kernel JAX had not set up
+    yet, and the process crashed. It runs, with ``jax.jit``'s values."""
+
+    def run() -> list[int]:
+        proc = subprocess.run(
+            [sys.executable, "-c", LINALG],
+            env=subprocess_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+        return [int(v) for v in proc.stdout.split()]
+
+    assert run()[0] == 1  # cold: compiled
+    assert run() == [0, 1]  # warm: loaded and ran

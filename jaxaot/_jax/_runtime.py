@@ -8,8 +8,10 @@ compiler flags that key an executable.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +20,8 @@ from jax._src import xla_bridge as _xb
 from jax.sharding import Sharding
 
 from ._target import target_platform
+
+logger = logging.getLogger("jaxaot")
 
 __all__ = [
     "EXCLUDED_FLAGS",
@@ -164,8 +168,28 @@ def deserialize_executable(payload: bytes, in_tree: Any, out_tree: Any) -> Any:
     metadata): call this only on bytes whose checksum or signature verified."""
     from jax.experimental import serialize_executable as _se
 
+    _lapack_ready()
     devices = executable_devices(payload)
     return _se.deserialize_and_load(payload, in_tree, out_tree, execution_devices=devices)
+
+
+_LAPACK = threading.Event()
+
+
+def _lapack_ready() -> None:
+    """XLA:CPU programs call LAPACK (``jnp.linalg``, a Newton solve's LU) through
+    kernels JAX sets up when it first lowers such an op: an executable loaded in
+    a process that lowered none called an unset kernel and crashed the process.
+    They are set up before any load, as JAX's own export does."""
+    if _LAPACK.is_set():
+        return
+    try:
+        from jax._src.lax import linalg as _linalg
+
+        _linalg.initialize_lapack()
+    except Exception:  # pragma: no cover - a JAX without LAPACK kernels to set up
+        logger.debug("jaxaot: LAPACK kernels not set up", exc_info=True)
+    _LAPACK.set()
 
 
 def executable_devices(payload: bytes) -> list[Any]:
