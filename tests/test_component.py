@@ -690,3 +690,27 @@ def test_layers_of_one_type_derive_their_keys_once() -> None:
                 np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=2e-2, atol=1e-2
             )
     assert _parts._derived_key.cache_info().misses == 9
+
+
+def test_debug_nans_and_disable_jit_work_as_under_jax_jit() -> None:
+    """``jax_debug_nans``: a NaN raises ``FloatingPointError`` (found op by op, as
+    ``jax.jit`` does), not JAX's internal signal. ``jax.disable_jit``: the function
+    runs as Python on concrete values (it raised "Disable jit is not supported in
+    the AOT path")."""
+    seen: list[Any] = []
+
+    @jaxaot.component
+    def f(x: jax.Array) -> jax.Array:
+        seen.append(type(x))
+        return jnp.log(x) * 2
+
+    x = jnp.array([1.0, -1.0])
+    f(jnp.ones(2))  # compiled first: the next calls take the C++ path
+    with jax.debug_nans(True):
+        with pytest.raises(FloatingPointError, match="invalid value"):
+            f(x)
+    seen.clear()
+    with jax.disable_jit():
+        out = f(x)
+    assert seen and all(not issubclass(t, jax.core.Tracer) for t in seen), seen
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(jnp.log(x) * 2))

@@ -1094,3 +1094,27 @@ def test_a_program_it_cannot_plan_runs_under_jax_jit_and_says_so_once(
     with pytest.raises(TypeError):
         broken(jnp.ones((2, 3)))
     assert not [r for r in caplog.records if "runs under plain jax.jit" in r.getMessage()]
+
+
+def test_debug_nans_and_disable_jit_work_as_under_jax_jit() -> None:
+    """As under ``jax.jit``: a NaN under ``jax_debug_nans`` raises
+    ``FloatingPointError``, on the C++ path too; under ``jax.disable_jit`` the
+    function runs once, as Python, on concrete values (it was traced first)."""
+    seen: list[Any] = []
+
+    def f(x: jax.Array) -> jax.Array:
+        seen.append(type(x))
+        return jnp.log(x) * 2
+
+    regional = jaxaot.jit(f)
+    x = jnp.array([1.0, -1.0])
+    for _ in range(2):  # the second call takes the C++ path
+        regional(jnp.ones(2))
+    with jax.debug_nans(True):
+        with pytest.raises(FloatingPointError, match="invalid value"):
+            regional(x)
+    seen.clear()
+    with jax.disable_jit():
+        out = regional(x)
+    assert len(seen) == 1 and not issubclass(seen[0], jax.core.Tracer), seen
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(jnp.log(x) * 2))

@@ -37,6 +37,8 @@ from .._jax import (
     fastpath_miss,
     has_host_callbacks,
     jaxpr_as_fun,
+    jit_disabled,
+    nan_found,
     on_target,
     refuse_call,
     trace_context,
@@ -122,7 +124,11 @@ class Component(Generic[P, R]):
         self._keys: dict[tuple[Any, ...], tuple[ComponentKey, Any, tuple[Any, ...], Devices]] = {}
         self._annotation = f"jaxaot:{self.name}"
         simple = self._args.simple and not callable(key)
-        self._dispatch = cpp_dispatcher(self.name, self._dispatch_miss) if simple else None
+        self._dispatch = (
+            cpp_dispatcher(self.name, self._dispatch_miss, function=self.__wrapped__)
+            if simple
+            else None
+        )
 
         @functools.wraps(fun)
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -421,11 +427,25 @@ class Component(Generic[P, R]):
         return jax.tree_util.tree_unflatten(call.entry.out_tree, outs)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        if self._dispatch is not None and trace_state_clean() and not _TraceAnnotation.is_enabled():
-            # Hot path: JAX's C++ dispatcher, over this component's executables
-            # (one per signature, compiled here or loaded from the cache).
-            return self._dispatch(*args, **kwargs)  # type: ignore[no-any-return]
-        return self._call_slow(args, kwargs)  # type: ignore[arg-type]
+        try:
+            if (
+                self._dispatch is not None
+                and trace_state_clean()
+                and not _TraceAnnotation.is_enabled()
+            ):
+                # Hot path: JAX's C++ dispatcher, over this component's executables
+                # (one per signature, compiled here or loaded from the cache).
+                return self._dispatch(*args, **kwargs)  # type: ignore[no-any-return]
+            return self._call_slow(args, kwargs)  # type: ignore[arg-type]
+        except Exception as error:
+            if not nan_found(error):
+                raise
+        # A NaN under jax_debug_nans: jax.jit of the function finds where, op by op.
+        return jax.jit(  # type: ignore[no-any-return]
+            self.__wrapped__,
+            static_argnums=self._static_argnums,
+            static_argnames=self._static_argnames,
+        )(*args, **kwargs)
 
     def _refuse_under_target(self) -> None:
         refuse_call(f"jaxaot.component {self.name!r}", "Component.precompile")
@@ -441,6 +461,8 @@ class Component(Generic[P, R]):
         return fastpath_miss(exe, dyn_args, dyn_kwargs)
 
     def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if jit_disabled():  # as jax.jit does: the function runs as plain Python
+            return self.__wrapped__(*args, **kwargs)
         dyn_args, dyn_kwargs, statics = self._args.split(args, kwargs)
         leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds=False)
         if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
@@ -588,7 +610,9 @@ class Component(Generic[P, R]):
             self.store.clear()
             self._keys.clear()
             if self._dispatch is not None:  # a fresh dispatcher: it knows no executable
-                self._dispatch = cpp_dispatcher(self.name, self._dispatch_miss)
+                self._dispatch = cpp_dispatcher(
+                    self.name, self._dispatch_miss, function=self.__wrapped__
+                )
             # A fresh jax.jit too: its own trace cache would otherwise skip the body
             # that makes (and writes) the root entry.
             self._jitted = self._make_jitted()

@@ -31,6 +31,8 @@ __all__ = [
     "cpp_dispatcher",
     "default_platform",
     "deserialize_executable",
+    "jit_disabled",
+    "nan_found",
     "executable_devices",
     "distributed_client",
     "explicit_mesh_axes_in_scope",
@@ -243,19 +245,22 @@ def cpp_dispatcher(
     cache_miss: Callable[..., Any],
     static_argnums: Sequence[int] = (),
     static_argnames: Sequence[str] = (),
+    function: Callable[..., Any] | None = None,
 ) -> Callable[..., Any]:
     """A C++ dispatcher (as ``jax.jit`` uses) over many executables: calls with a
     signature it has seen (static arguments at ``static_argnums`` and
     ``static_argnames`` included, by hash and equality) run in C++; the others go
     to ``cache_miss``, which returns ``(outputs, fastpath_data_or_None, False)``
-    (see ``fastpath_miss``; the executable takes the dynamic arguments alone)."""
+    (see ``fastpath_miss``; the executable takes the dynamic arguments alone).
+    Under ``jax.disable_jit`` it calls ``function`` (the user's), as ``jax.jit``
+    does."""
     from jax._src import tree_util as _tree_util
     from jax._src.interpreters import pxla as _pxla
     from jax._src.lib import _jax
 
     return _jax.pjit(  # type: ignore[no-any-return]
         name,
-        None,
+        function,
         cache_miss,
         list(static_argnums),
         list(static_argnames),
@@ -263,6 +268,21 @@ def cpp_dispatcher(
         _tree_util.dispatch_registry,
         _pxla.cc_shard_arg,
     )
+
+
+def jit_disabled() -> bool:
+    """Whether ``jax.disable_jit`` is on: functions then run as plain Python."""
+    return bool(jax.config.jax_disable_jit)
+
+
+def nan_found(error: BaseException) -> bool:
+    """Whether ``error`` is JAX's signal (under ``jax_debug_nans`` or
+    ``jax_debug_infs``) that an executable produced a NaN or an infinity: ``jax.jit``
+    then runs the function again op by op to raise ``FloatingPointError`` where it
+    happened, and so does jaxaot."""
+    from jax._src.api_util import InternalFloatingPointError
+
+    return isinstance(error, InternalFloatingPointError)
 
 
 def fastpath_miss(

@@ -39,6 +39,8 @@ from .._jax import (
     active_target,
     cpp_dispatcher,
     fastpath_miss,
+    jit_disabled,
+    nan_found,
     refuse_call,
     trace_context,
     trace_state_clean,
@@ -265,18 +267,27 @@ class RegionalFunction:
                 self._dispatch_miss,
                 arguments.static_argnums,
                 arguments.static_argnames,
+                self.__wrapped__,
             )
             if self._simple
             else None
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        dispatch = self._dispatch
-        if dispatch is not None and self._hot and trace_state_clean():
-            # Hot path: a signature seen before whose plan runs the whole program
-            # runs in C++; every other call comes back to ``_dispatch_miss``.
-            return dispatch(*args, **kwargs)
-        return self._call_slow(args, kwargs, *self._dynamic(args, kwargs))
+        try:
+            dispatch = self._dispatch
+            if dispatch is not None and self._hot and trace_state_clean():
+                # Hot path: a signature seen before whose plan runs the whole program
+                # runs in C++; every other call comes back to ``_dispatch_miss``.
+                return dispatch(*args, **kwargs)
+            if jit_disabled():  # as jax.jit does: the function runs as plain Python
+                return self.__wrapped__(*args, **kwargs)
+            return self._call_slow(args, kwargs, *self._dynamic(args, kwargs))
+        except Exception as error:
+            if not nan_found(error):
+                raise
+        # A NaN under jax_debug_nans: jax.jit of the function finds where, op by op.
+        return self._jitted(*args, **kwargs)
 
     def _dispatch_miss(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
         """A call the C++ dispatcher has no fast path for. It gets one (the
