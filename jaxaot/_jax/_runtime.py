@@ -272,7 +272,9 @@ def cpp_dispatcher(
 
 def jit_disabled() -> bool:
     """Whether ``jax.disable_jit`` is on: functions then run as plain Python."""
-    return bool(jax.config.jax_disable_jit)
+    from jax._src import config as _config
+
+    return bool(_config.disable_jit.value)
 
 
 def nan_found(error: BaseException) -> bool:
