@@ -1118,3 +1118,21 @@ def test_debug_nans_and_disable_jit_work_as_under_jax_jit() -> None:
         out = regional(x)
     assert len(seen) == 1 and not issubclass(seen[0], jax.core.Tracer), seen
     np.testing.assert_array_equal(np.asarray(out), np.asarray(jnp.log(x) * 2))
+
+
+def test_a_decorated_method_binds_its_instance_as_under_jax_jit() -> None:
+    """``@jaxaot.jit`` on a method of a pytree class (an Equinox module): the
+    instance is the first argument, as under ``jax.jit`` (it was left out: "missing
+    a required positional argument")."""
+    eqx = pytest.importorskip("equinox")
+
+    class Net(eqx.Module):
+        w: jax.Array
+
+        @jaxaot.jit
+        def apply(self, x: jax.Array) -> jax.Array:
+            return jnp.tanh(x @ self.w)
+
+    net, x = Net(jnp.eye(3) * 0.5), jnp.ones((2, 3))
+    np.testing.assert_array_equal(np.asarray(net.apply(x)), np.asarray(jnp.tanh(x @ net.w)))
+    assert isinstance(Net.apply, jaxaot.RegionalFunction)  # unbound: the function itself

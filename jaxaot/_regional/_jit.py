@@ -170,6 +170,13 @@ class RegionalFunction:
         self.__doc__ = getattr(fun, "__doc__", None)
         self._reset_dispatch()
 
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        # A method decorated with jaxaot.jit binds its instance, as under jax.jit
+        # (the instance is then the first argument: a pytree, or static).
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
     def __repr__(self) -> str:
         return f"<jaxaot.jit {self.__name__}>"
 
