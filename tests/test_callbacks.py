@@ -370,7 +370,7 @@ def test_a_jaxaot_jit_program_with_callbacks_warm_starts_with_them_bound(
     assert other["compiles"] == 0 and other["seen"] == [6.0, 6.0] and other["raised"]
 
 
-def test_an_ordered_callback_program_is_not_stored_and_runs_in_a_new_process(
+def test_an_ordered_callback_program_is_not_stored_says_so_and_runs_in_a_new_process(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     # An ordered callback takes and gives a token: it is never rebound, so the
@@ -405,6 +405,10 @@ def test_an_ordered_callback_program_is_not_stored_and_runs_in_a_new_process(
             "out": [2.0, 2.0, 2.0],
             "log": [3.0],
         }
+        # Said once in each process (it was at DEBUG alone: silence read as a warm
+        # start to come).
+        said = "not written to the cache (the program has an ordered callback)"
+        assert proc.stderr.count(said) == 1, proc.stderr[-3000:]
 
 
 def test_values_a_partial_binds_are_part_of_the_callback_key() -> None:

@@ -203,7 +203,13 @@ class ProgramCache:
                 digest = str(key.parts["component"]).partition(":")[2]
                 payload = serialize_with_callbacks(exe, self.kind, digest)
             except CallbacksNotRebindable as e:
-                logger.debug("jaxaot: %s program %s not stored (%s)", self.kind, key.digest[:16], e)
+                # Said once: silence would read as a warm start to come.
+                _stats.warn_once(
+                    f"program-not-stored:{self.kind}:{e}",
+                    f"jaxaot: a jaxaot.jit {self.kind} program with host callbacks is not "
+                    f"written to the cache ({e}); it stays in this process, so a new "
+                    "process compiles it again",
+                )
                 return
         record = Entry(
             key=key,
