@@ -91,8 +91,7 @@ class Direct(nn.Module):
         return x + jax.random.normal(key, x.shape) * nn.Dense(WIDTH)(x)
 
 
-@pytest.mark.parametrize("key", [jax.random.key, jax.random.PRNGKey])
-@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize(("key", "shared"), [(jax.random.key, False), (jax.random.PRNGKey, True)])
 def test_linen_layers_drawing_random_numbers_are_blocks_with_jax_jit_draws(
     key: Any, shared: bool
 ) -> None:
