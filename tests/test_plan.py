@@ -51,7 +51,7 @@ def test_big_components_run_split_from_the_first_call(monkeypatch: pytest.Monkey
     grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
     said = grad.explain(blocks, x)
     assert "runs split, each component compiled once (component calls of work up to" in said
-    close(grad(blocks, x), jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x))
+    close(grad(blocks, x), jax.jit(jax.grad(lambda bs, x: loss(bs, x, _model.block)))(blocks, x))
     plan = _plan_of(grad)
     assert plan.mode == _plan.SPLIT and len(plan.steps) > 3 and plan.whole is None
     assert grad.explain(blocks, x) == said
@@ -84,7 +84,7 @@ def test_a_failed_whole_program_gives_jax_jit_results(monkeypatch: pytest.Monkey
     monkeypatch.setattr(_programs.WHOLE, "program", broken)
     blocks, x = setup(2)
     grad = jaxaot.jit(jax.grad(lambda bs, x: loss(bs, x, block)))
-    want = jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x)
+    want = jax.jit(jax.grad(lambda bs, x: loss(bs, x, _model.block)))(blocks, x)
     for _ in range(2):
         close(grad(blocks, x), want)
     assert list(grad._plans.values()) == [None]  # given up for jax.jit, once
