@@ -125,3 +125,53 @@ def test_static_argnames_passed_by_position_is_static() -> None:
         expected = jax.jit(f, static_argnames="cfg")(x, cfg)
         np.testing.assert_allclose(jitted(x, cfg), expected)
         np.testing.assert_allclose(jitted(x, cfg=cfg), expected)
+
+
+@pytest.mark.parametrize("wrap", [jaxaot.jit, jaxaot.component], ids=["jit", "component"])
+def test_errors_show_the_users_frames_not_jaxaots(wrap: Any) -> None:
+    """As under ``jax.jit``: an error in the function is shown from the caller's
+    line to the function's, without jaxaot's frames (2 to 11 of them were shown),
+    and a leaked tracer names the user's lines, not jaxaot's."""
+    import os
+    import traceback
+
+    package = os.path.dirname(jaxaot.__file__) + os.sep
+
+    def bad(x: jax.Array) -> jax.Array:
+        return x @ jnp.ones((4, 2))
+
+    with pytest.raises(TypeError, match="dot_general") as info:
+        wrap(bad)(jnp.ones((2, 3)))
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert not [f for f in frames if f.filename.startswith(package)], frames
+    assert any(f.name == "bad" for f in frames), frames
+
+    leaked: list[Any] = []
+
+    def leak(x: jax.Array) -> jax.Array:
+        y = x * 2
+        leaked.append(y)
+        return y
+
+    wrap(leak)(jnp.ones(3))
+    with pytest.raises(jax.errors.UnexpectedTracerError) as error:
+        leaked[0] + 1
+    said = str(error.value)
+    assert package not in said and f"{__file__}:" in said, said
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_shape_dtype_struct_argument_is_refused_by_its_path(static: bool) -> None:
+    """A ``jax.ShapeDtypeStruct`` in a call (meant for ``precompile``): one
+    ``TypeError`` naming the argument, before anything is compiled (it compiled,
+    then failed inside JAX's argument handling)."""
+    f = jaxaot.jit(lambda x, n=2: x * n, static_argnums=(1,) if static else ())
+    args = (
+        (jax.ShapeDtypeStruct((3,), jnp.float32), 2)
+        if static
+        else (jax.ShapeDtypeStruct((3,), jnp.float32),)
+    )
+    before = jaxaot.stats()["compiles"]
+    with pytest.raises(TypeError, match=r"path x is a ShapeDtypeStruct.*precompile"):
+        f(*args)
+    assert jaxaot.stats()["compiles"] == before

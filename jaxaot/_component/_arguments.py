@@ -71,6 +71,11 @@ def not_an_array(who: str, path: str, value: Any) -> TypeError:
             "pass the function as a static argument, or split the module into its arrays "
             "and the rest (eqx.partition(model, eqx.is_array), then eqx.combine inside)."
         )
+    if isinstance(value, jax.ShapeDtypeStruct):
+        hint = (
+            " A jax.ShapeDtypeStruct describes an argument: calls take arrays, and "
+            "ShapeDtypeStructs go to .precompile(...) (or jax.jit(f).trace)."
+        )
     return TypeError(
         f"{who}: the argument at path {path} is {_what(value)}, not an array. Pass "
         f"arrays, or mark the argument static with static_argnums/static_argnames.{hint}"

@@ -32,6 +32,7 @@ from .. import _stats
 from .._jax import (
     Tracer,
     active_target,
+    api_boundary,
     cpp_dispatcher,
     default_platform,
     fastpath_miss,
@@ -446,6 +447,9 @@ class Component(Generic[P, R]):
             static_argnums=self._static_argnums,
             static_argnames=self._static_argnames,
         )(*args, **kwargs)
+
+    # Errors are reported as jax.jit's are: without JAX's frames, nor jaxaot's.
+    __call__ = api_boundary(__call__)  # type: ignore[assignment]
 
     def _refuse_under_target(self) -> None:
         refuse_call(f"jaxaot.component {self.name!r}", "Component.precompile")

@@ -109,6 +109,7 @@ from ._primitive import (
 from ._runtime import (
     EXCLUDED_FLAGS,
     KNOWN_PLATFORMS,
+    api_boundary,
     canonical_platform,
     compile_flags,
     cpp_dispatcher,
@@ -118,6 +119,7 @@ from ._runtime import (
     distributed_client,
     explicit_mesh_axes_in_scope,
     fastpath_miss,
+    hide_internal_frames,
     jit_disabled,
     named_shardings,
     nan_found,
@@ -143,6 +145,7 @@ from ._target import (
 )
 
 one_auto_layout()
+hide_internal_frames()
 
 __all__ = [
     "EXTRA",
@@ -200,6 +203,8 @@ __all__ = [
     "default_platform",
     "deserialize_executable",
     "device_zeros",
+    "api_boundary",
+    "hide_internal_frames",
     "jit_disabled",
     "nan_found",
     "distributed_client",

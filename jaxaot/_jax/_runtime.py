@@ -30,7 +30,9 @@ __all__ = [
     "compile_flags",
     "cpp_dispatcher",
     "default_platform",
+    "api_boundary",
     "deserialize_executable",
+    "hide_internal_frames",
     "jit_disabled",
     "nan_found",
     "executable_devices",
@@ -268,6 +270,26 @@ def cpp_dispatcher(
         _tree_util.dispatch_registry,
         _pxla.cc_shard_arg,
     )
+
+
+def api_boundary(fun: Callable[..., Any]) -> Callable[..., Any]:
+    """``fun`` as an entry point whose errors JAX reports as it reports ``jax.jit``'s:
+    without JAX's frames, nor jaxaot's (see :func:`hide_internal_frames`)."""
+    from jax._src import traceback_util as _traceback_util
+
+    return _traceback_util.api_boundary(fun)
+
+
+def hide_internal_frames() -> None:
+    """Leaves jaxaot's own frames out, as JAX leaves out its own: from the
+    tracebacks of errors raised through an entry point, and from the user frame
+    JAX names for an equation (a leaked tracer "created on line ...")."""
+    from jax._src import source_info_util as _source_info_util
+    from jax._src import traceback_util as _traceback_util
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _traceback_util.register_exclusion(package + os.sep)
+    _source_info_util.register_exclusion(package + os.sep)
 
 
 def jit_disabled() -> bool:

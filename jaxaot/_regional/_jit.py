@@ -37,6 +37,7 @@ from .._jax import (
     PRNGKeyArray,
     Tracer,
     active_target,
+    api_boundary,
     cpp_dispatcher,
     fastpath_miss,
     jit_disabled,
@@ -239,6 +240,8 @@ class RegionalFunction:
                 continue
             try:
                 jax.typeof(leaf)
+                if isinstance(leaf, jax.ShapeDtypeStruct):  # a type, not a value
+                    raise TypeError
             except TypeError:
                 raise self._arguments.leaf_error(dyn_args, dyn_kwargs, i) from None
 
@@ -295,6 +298,9 @@ class RegionalFunction:
                 raise
         # A NaN under jax_debug_nans: jax.jit of the function finds where, op by op.
         return self._jitted(*args, **kwargs)
+
+    # Errors are reported as jax.jit's are: without JAX's frames, nor jaxaot's.
+    __call__ = api_boundary(__call__)  # type: ignore[method-assign]
 
     def _dispatch_miss(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
         """A call the C++ dispatcher has no fast path for. It gets one (the
