@@ -630,3 +630,35 @@ def test_a_body_constraining_its_result_to_a_mesh_warm_starts_its_glue(tmp_path:
     assert cold["lowerings"] > 0 and cold["compiles"] > 0, cold
     warm = _counts(run_devices(CONSTRAINED_GRAD, cache=tmp_path / "cache"))
     assert warm == {"lowerings": 0, "compiles": 0}, warm
+
+
+def test_collectives_over_an_enclosing_shard_map_axis_give_jax_jit_values() -> None:
+    """A component whose body takes a collective over the axis of the shard_map
+    it is called in (``psum``, ``pmean``, ``axis_index``), under ``jax.jit``,
+    ``jaxaot.jit`` and ``grad``, with the default ``check_vma``: how its inputs
+    vary over that axis is part of their types, so it is traced as ``jax.jit``
+    traces it (it failed: "pvary is a invariant->variant collective")."""
+    run_devices(
+        """
+        mesh = auto_mesh((8,), ("data",))
+        x = jax.device_put(jnp.arange(16.0).reshape(8, 2), NamedSharding(mesh, P("data")))
+        w = jnp.full((2, 2), 0.5)
+        bodies = {
+            "psum": lambda w, x: jax.lax.psum(jnp.tanh(x @ w), "data"),
+            "pmean": lambda w, x: jax.lax.pmean(jnp.tanh(x @ w), "data"),
+            "axis_index": lambda w, x: jax.lax.psum(x @ w * jax.lax.axis_index("data"), "data"),
+        }
+
+        def loss(f):
+            inner = lambda w, x: f(w, x).sum()
+            return lambda w, x: jax.shard_map(
+                inner, mesh=mesh, in_specs=(P(), P("data")), out_specs=P()
+            )(w, x)
+
+        for name, body in bodies.items():
+            comp = jaxaot.component(body)
+            want = jax.jit(jax.value_and_grad(loss(body)))(w, x)
+            same(jax.jit(jax.value_and_grad(loss(comp)))(w, x), want, name + " in jax.jit")
+            same(jaxaot.jit(jax.value_and_grad(loss(comp)))(w, x), want, name + " in jaxaot.jit")
+        """
+    )

@@ -10,13 +10,25 @@ import jax
 from .. import _stats
 from .._jax import has_host_callbacks, is_ordered_effect, module_to_bytecode
 from .._keys._key import ComponentKey
-from .._store._entry import Entry
+from .._store._entry import LOCAL, Entry
 from .._store._readwrite import CALLBACKS_ONLY
 from ._cost import work_facts
 from ._plain import devices_of, devices_to_json, needs_context, needs_plain_jax
 from ._types import traced_under
 
 __all__ = ["build_entry"]
+
+
+def _local_reason(callbacks: bool, context: bool, plain: str | None) -> str:
+    """Why an entry stays in this process (said when it is not written)."""
+    if context:
+        return (
+            "its program uses a mesh or vmap axis bound outside it (a collective over "
+            "an enclosing shard_map's axis), so it is lowered with its caller"
+        )
+    if plain is not None:
+        return f"its program {plain}"
+    return "the entry holds host callbacks (process-local Python objects)"
 
 
 def build_entry(
@@ -84,6 +96,7 @@ def build_entry(
             # cached where JAX can bind them again in another process.
             **({CALLBACKS_ONLY: True} if callbacks and not context and plain is None else {}),
             **({"plain": plain} if plain else {}),
+            **({LOCAL: _local_reason(callbacks, context, plain)} if local else {}),
             **({"devices": devices_to_json(devices)} if devices else {}),
             **work_facts(closed),
         },

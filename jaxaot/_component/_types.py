@@ -44,9 +44,21 @@ def aval_of(x: Any) -> Any:
 def type_of(aval: Any) -> Any:
     """``aval`` as a type (see :func:`aval_of`): memoized, as a deep network passes
     the same few types to every layer (equal avals give equal types)."""
-    if sharded_type(aval):
-        return ShapedArray(aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=aval.sharding)
+    # How a value varies over the manual axes of an enclosing shard_map is part of
+    # its type: a collective over them (psum) is traced for it.
+    manual = _manual(aval)
+    if sharded_type(aval) or manual:
+        return ShapedArray(
+            aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=aval.sharding, **manual
+        )
     return ShapedArray(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+def _manual(aval: Any) -> dict[str, Any]:
+    """``aval``'s manual-axis type as keyword arguments (none where it has none)."""
+    mat = getattr(aval, "manual_axis_type", None)
+    varies = any(getattr(mat, f, None) for f in ("varying", "unreduced", "reduced"))
+    return {"manual_axis_type": mat} if varies else {}
 
 
 def sds(aval: Any) -> jax.ShapeDtypeStruct:
@@ -55,13 +67,15 @@ def sds(aval: Any) -> jax.ShapeDtypeStruct:
     unsharded over the mesh in context, as JAX types the values there (a nested
     trace would otherwise see a mesh without that axis, and its types could not
     be batched along it)."""
-    if sharded_type(aval):
+    if sharded_type(aval) or _manual(aval):
         sharding = aval.sharding
     elif explicit_mesh_axes_in_scope():
         sharding = jax.sharding.NamedSharding(jax.sharding.get_abstract_mesh(), PartitionSpec())
     else:
         sharding = None
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=sharding)
+    return jax.ShapeDtypeStruct(
+        aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=sharding, **_manual(aval)
+    )
 
 
 @contextlib.contextmanager

@@ -237,10 +237,18 @@ def _mesh_typed(aval: Any) -> bool:
     return sharded_type(aval) or (mesh is not None and not mesh.empty)
 
 
+#: ``Entry.extra`` field of an entry kept in this process: why (said where it is
+#: not written to a cache).
+LOCAL = "local"
+
+
 def encode(entry: Entry) -> bytes:
     """The bytes of ``entry``. Raises :class:`NotPersistable` for process-local entries."""
     if entry.host_callbacks:
-        raise NotPersistable("the entry holds host callbacks (process-local Python objects)")
+        raise NotPersistable(
+            entry.extra.get(LOCAL)
+            or "the entry holds host callbacks (process-local Python objects)"
+        )
     for aval in (*entry.in_avals, *entry.out_avals):
         try:
             np.dtype(aval.dtype)
