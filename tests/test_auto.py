@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -440,3 +441,25 @@ def test_checkpointed_layers_holding_a_custom_vjp_are_blocks_under_grad(policy: 
     _close(regional(ws, x), jax.jit(step)(ws, x))
     said = regional.explain(ws, x)
     assert "forward: 3 call" in said and "backward: 3 call" in said, said
+
+
+def test_a_solve_holding_values_of_the_programs_trace_is_planned_and_cached(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An optimistix root find: its inner jit holds a value of the program's own
+    trace (JAX 0.12 keeps it in a nested jaxpr's constants). That call is no
+    block, and stays in its glue; the program is planned and cached (it ran under
+    plain jax.jit, uncached, with a ClosureError)."""
+    optx = pytest.importorskip("optimistix")
+
+    def root(a: jax.Array) -> jax.Array:
+        solver = optx.Newton(rtol=1e-5, atol=1e-6)
+        fn = lambda y, a: y**3 + a * y - 2.0  # noqa: E731
+        return optx.root_find(fn, solver, jnp.ones_like(a), args=a, max_steps=50).value
+
+    a = jnp.array([0.5, 1.0, 2.0])
+    regional = jaxaot.jit(root)
+    with caplog.at_level(logging.WARNING, logger="jaxaot"):
+        _close(regional(a), jax.jit(root)(a))
+    assert not [r for r in caplog.records if "plain jax.jit" in r.getMessage()], caplog.text
+    assert "not split" not in regional.explain(a), regional.explain(a)

@@ -47,6 +47,7 @@ from .._jax import (
     walk_jaxprs,
     within,
 )
+from .._keys._closure import ClosureError
 
 __all__ = [
     "MIN_EQUATIONS",
@@ -86,6 +87,7 @@ HELPER = "JAX's own helpers (jax.numpy, lax, jax.nn, jax.random): never blocks"
 HOLDS_COMPONENTS = "holds components (inlined: its components are regions)"
 CUSTOM_VJP = "a custom_vjp rule under vmap (kept in its glue)"
 LOOKED_THROUGH = "looked through (it wraps repeated layers)"
+CLOSES_OVER = "holds a value of the program's own trace (kept in its glue)"
 CUSTOM_VJP_FAILED = (
     "a custom_vjp rule under grad that could not be differentiated alone (kept in its glue)"
 )
@@ -224,8 +226,13 @@ class BlockFinder:
         if why is not None:
             self.note(call, why)
             return None
-        with not_intercepting():  # jaxaot's own tracing below binds calls too
-            block, operands = block_call(call, self._name(call))
+        try:
+            with not_intercepting():  # jaxaot's own tracing below binds calls too
+                block, operands = block_call(call, self._name(call))
+        except ClosureError:  # a value of the program's trace inside it: not a block
+            self.note(call, CLOSES_OVER)
+            return None
+        with not_intercepting():
             return bind(block, operands)
 
     def _name(self, call: BoundCall) -> str | None:
