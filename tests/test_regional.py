@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -1136,3 +1137,29 @@ def test_a_decorated_method_binds_its_instance_as_under_jax_jit() -> None:
     net, x = Net(jnp.eye(3) * 0.5), jnp.ones((2, 3))
     np.testing.assert_array_equal(np.asarray(net.apply(x)), np.asarray(jnp.tanh(x @ net.w)))
     assert isinstance(Net.apply, jaxaot.RegionalFunction)  # unbound: the function itself
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_compiled_programs_are_named_after_the_function(
+    whole: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Compile logs (and so the profiler and HLO module names) call the glue and
+    whole programs jaxaot compiles for ``jaxaot.jit(step)`` ``jit(step)``, as
+    ``jax.jit`` does: they were ``jit(jaxpr_as_fun)`` and ``jit(fun)``."""
+
+    def step(ws: list[jax.Array], x: jax.Array) -> jax.Array:
+        for w in ws:
+            x = jax.jit(lambda w, x: jnp.tanh(x @ w))(w, x)
+        return x.sum()
+
+    ws, x = [jnp.eye(4) * (i + 1) for i in range(6)], jnp.ones((2, 4))
+    jax.config.update("jax_log_compiles", True)  # in every thread (compiles run in the background)
+    try:
+        with caplog.at_level(logging.WARNING):
+            jaxaot.jit(jax.grad(step), whole_program=whole)(ws, x)
+            _regional.wait_for_background()
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling jit(")]
+    assert any(m.startswith("Compiling jit(step)") for m in said), said
+    assert not [m for m in said if "jit(fun)" in m], said

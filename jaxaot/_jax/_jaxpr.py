@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -41,6 +41,7 @@ __all__ = [
     "has_host_callbacks",
     "is_ordered_effect",
     "jaxpr_as_fun",
+    "named",
     "jaxprs_in_params",
     "join_effects",
     "named_axis_effect",
@@ -66,6 +67,20 @@ DropVar = _core.DropVar
 join_effects = _core.join_effects
 jaxprs_in_params = _core.jaxprs_in_params
 jaxpr_as_fun = _core.jaxpr_as_fun
+
+
+def named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn`` named ``name`` (the user's function): a program jaxaot compiles from a
+    jaxpr is then ``jit(step)`` in compile logs, the profiler and HLO module names,
+    as under ``jax.jit`` (not ``jit(jaxpr_as_fun)``)."""
+
+    def program(*args: Any) -> Any:
+        return fn(*args)
+
+    program.__name__ = program.__qualname__ = name
+    return program
+
+
 trace_state_clean = _core.trace_state_clean
 apply_primitive = _dispatch.apply_primitive
 

@@ -25,7 +25,15 @@ import jax
 from .._component._blocks import Block
 from .._component._cost import keeping_residuals
 from .._component._rules import PREFETCH, component_p
-from .._jax import ClosedJaxpr, DropVar, Jaxpr, Literal, has_host_callbacks, join_effects
+from .._jax import (
+    ClosedJaxpr,
+    DropVar,
+    Jaxpr,
+    Literal,
+    has_host_callbacks,
+    join_effects,
+    named,
+)
 from . import _whole
 from ._auto import BlockFinder, StaleTrace, finding
 from ._named import from_a_framework, named_blocks, repeated_modules
@@ -232,7 +240,7 @@ def _maker(region: Region, debug_info: Any, name: str) -> _Maker:
     text = str(glue)
     return _Maker(
         lambda shardings: GLUE.get(
-            glue, region.donate, shardings, text, f"jaxaot.jit {name}'s glue program"
+            glue, region.donate, shardings, text, f"jaxaot.jit {name}'s glue program", name
         ),
         (text, tuple(glue.in_avals), region.donate),
         "glue",
@@ -527,7 +535,9 @@ def _served(cut: _Cut, donated: tuple[int, ...], name: str) -> tuple[Any, bool]:
     program = _closed(invars, jaxpr.outvars, jaxpr.eqns, jaxpr.effects, jaxpr.debug_info)
     text = str(program)
     what = f"jaxaot.jit {name}'s program (served whole)"
-    job = submit_jobs({"whole": lambda: GLUE.get(program, donated, None, text, what)})["whole"]
+    job = submit_jobs({"whole": lambda: GLUE.get(program, donated, None, text, what, name)})[
+        "whole"
+    ]
     return job, has_host_callbacks(program)
 
 
@@ -549,7 +559,7 @@ def _whole_job(jaxpr: Any, donated: tuple[int, ...], name: str) -> tuple[Any, bo
             avals,
             out_avals,
             donated,
-            fn,
+            named(fn, name),
             lambda: calls_back,
             what=f"jaxaot.jit {name}'s whole program",
         )

@@ -24,6 +24,7 @@ from .._jax import (
     has_host_callbacks,
     is_callback_equation,
     jaxpr_as_fun,
+    named,
     on_target,
     serialize_with_callbacks,
     walk_jaxprs,
@@ -109,10 +110,11 @@ class ProgramCache:
         shardings: tuple[Any, ...] | None = None,
         text: str | None = None,
         what: str | None = None,
+        name: str | None = None,
     ) -> Any:
         """The executable of a glue program (a closed jaxpr, whose text is ``text``)
         for inputs with ``shardings`` (see ``program``; ``what``: what a
-        miss's explanation calls it).
+        miss's explanation calls it; ``name``: the function it is compiled as).
 
         A glue program's host callbacks (diffrax's and Equinox's error checks)
         name their Python functions in its digest (a jaxpr's text names them
@@ -130,7 +132,7 @@ class ProgramCache:
             tuple(closed.in_avals),
             tuple(closed.out_avals),
             donate,
-            jaxpr_as_fun(closed),
+            named(jaxpr_as_fun(closed), name or closed.jaxpr.debug_info.func_name),
             lambda: has_host_callbacks(closed),
             shardings,
             what,
