@@ -385,3 +385,26 @@ def test_glue_recompiles_are_explained(
         name = run.__name__
         said = [m for m in warnings_of(explaining) if f"jaxaot.jit {name}'s {kind} missed" in m]
         assert said, warnings_of(explaining)
+
+
+def test_jax_explain_cache_misses_names_what_changed_in_the_users_words(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With ``jax_explain_cache_misses``, a call of ``jaxaot.jit`` traced again
+    says which static value or argument type changed; JAX's own explanation of
+    jaxaot's traces ("never seen function", located in jaxaot) is not given."""
+    f = jaxaot.jit(lambda x, lr: x * lr, static_argnums=(1,))
+    jax.config.update("jax_explain_cache_misses", True)
+    try:
+        with caplog.at_level(logging.WARNING):
+            f(jnp.ones(3), 0.1)
+            f(jnp.ones(3), 0.2)
+            f(jnp.ones(4), 0.2)
+    finally:
+        jax.config.update("jax_explain_cache_misses", False)
+    said = [r.getMessage() for r in caplog.records]
+    ours = [m for m in said if "planned again" in m]
+    assert len(ours) == 2, said
+    assert "static argument 'lr': 0.1 → 0.2" in ours[0], ours
+    assert "x: float32[3] → float32[4]" in ours[1], ours
+    assert not [m for m in said if "never seen" in m], said

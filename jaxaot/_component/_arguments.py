@@ -290,8 +290,14 @@ class Arguments:
     ) -> TypeError:
         """The error for the flat input ``index`` of these dynamic arguments, which
         is not an array (by its path)."""
-        path, leaf = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0][index]
-        return not_an_array(self.who, self.path_name(path, len(dyn_args)), leaf)
+        leaf = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))[index]
+        return not_an_array(self.who, self.leaf_path(dyn_args, dyn_kwargs, index), leaf)
+
+    def leaf_path(self, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any], index: int) -> str:
+        """The name of the flat input ``index`` of these dynamic arguments, by its
+        path (``params['w']``)."""
+        path, _ = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0][index]
+        return self.path_name(path, len(dyn_args))
 
     def path_name(self, path: tuple[Any, ...], n_dynamic: int) -> str:
         """The name of the leaf at ``path`` in ``(dynamic args, dynamic kwargs)`` with

@@ -8,11 +8,12 @@ compiler flags that key an executable.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -34,6 +35,8 @@ __all__ = [
     "deserialize_executable",
     "hide_internal_frames",
     "jit_disabled",
+    "jax_explains_misses",
+    "jax_explanations_off",
     "nan_found",
     "executable_devices",
     "distributed_client",
@@ -290,6 +293,26 @@ def hide_internal_frames() -> None:
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     _traceback_util.register_exclusion(package + os.sep)
     _source_info_util.register_exclusion(package + os.sep)
+
+
+def jax_explains_misses() -> bool:
+    """Whether ``jax_explain_cache_misses`` is on (jaxaot.jit then says why it
+    traces a program again, in the user's words)."""
+    from jax._src import config as _config
+
+    return bool(_config.explain_cache_misses.value)
+
+
+@contextlib.contextmanager
+def jax_explanations_off() -> Iterator[None]:
+    """JAX's own cache-miss explanations off, for jaxaot's traces of a program:
+    each plan traces with a jit of its own, which JAX would explain as a
+    function "never seen" and "maybe re-defined repeatedly", located in jaxaot
+    (jaxaot.jit says what changed instead)."""
+    from jax._src import config as _config
+
+    with _config.explain_cache_misses(False):
+        yield
 
 
 def jit_disabled() -> bool:

@@ -31,6 +31,7 @@ from .._jax import (
     Jaxpr,
     Literal,
     has_host_callbacks,
+    jax_explanations_off,
     join_effects,
     named,
 )
@@ -169,6 +170,7 @@ def _trace(
             ]
             stack.enter_context(named_blocks(plain, spec.program, parts))
             stack.enter_context(scoped_blocks(scoped))
+            stack.enter_context(jax_explanations_off())
             return jitted.trace(*args, **kwargs), finder, calls
 
     token = PREFETCH.set(prefetch) if prefetch_entries else None
