@@ -333,3 +333,22 @@ def test_two_static_values_with_one_text_are_two_calls_in_a_process() -> None:
     x = -jnp.ones(2)
     np.testing.assert_array_equal(comp(x, act=FIRST_ACT), jnp.tanh(x))
     np.testing.assert_array_equal(comp(x, act=SECOND_ACT), jax.nn.relu(x))
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda f: f(jnp.ones(3), y=jnp.ones(3)), "got an unexpected keyword argument 'y'"),
+        (lambda f: f(jnp.ones(3), jnp.ones(3), 1.0), "takes 2 positional arguments but 3 were"),
+    ],
+)
+def test_calls_that_do_not_fit_say_what_python_says(call: Any, says: str) -> None:
+    """An unexpected keyword or too many positional arguments is named as Python
+    (and ``jax.jit``) name it, not as the first missing argument."""
+
+    @jaxaot.component
+    def f(params: jax.Array, x: jax.Array) -> jax.Array:
+        return x * params
+
+    with pytest.raises(TypeError, match=f"jaxaot.component 'f': {says}"):
+        call(f)

@@ -165,6 +165,28 @@ class Arguments:
         """The positions of static arguments among ``n`` positional ones."""
         return {i % n for i in self.static_argnums if -n <= i < n} if n else set()
 
+    def _misfit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """What Python says of a call that does not fit the function (an
+        unexpected keyword, too many positional arguments), where ``bind`` would
+        first complain of a missing argument."""
+        assert self.signature is not None
+        params = list(self.signature.parameters.values())
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+            for name in kwargs:
+                if name not in named:
+                    return f"got an unexpected keyword argument {name!r}"
+        if not any(p.kind == p.VAR_POSITIONAL for p in params):
+            positional = [
+                p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            ]
+            if len(args) > len(positional):
+                return (
+                    f"takes {len(positional)} positional argument"
+                    f"{'s' * (len(positional) != 1)} but {len(args)} were given"
+                )
+        return None
+
     def names(self, args: tuple[Any, ...]) -> list[str]:
         """The parameter name of each positional argument (``args[2]`` for a
         ``*args`` parameter, ``""`` where there is none)."""
@@ -195,7 +217,7 @@ class Arguments:
             try:
                 self.signature.bind(*args, **kwargs)
             except TypeError as e:
-                raise TypeError(f"{self.who}: {e}") from None
+                raise TypeError(f"{self.who}: {self._misfit(args, kwargs) or e}") from None
         names = self.names(args)
         statics: list[tuple[str, str]] = []
         dyn_args = []
