@@ -372,14 +372,17 @@ def test_a_custom_vjp_block_that_cannot_be_differentiated_alone_stays_in_its_glu
         return x
 
     clip.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.1, 0.1),))
+    # Two layers, each traced again without its attempt (the plan is not given up).
     layer = jax.jit(lambda w, x: clip(jnp.tanh(x @ w)) + x)
-    step = jax.value_and_grad(lambda ws, x: (_chain(layer, ws, x) ** 2).mean())
+    other = jax.jit(lambda w, x: clip(jnp.sin(x @ w)) + x)
+    step = jax.value_and_grad(lambda ws, x: (_chain(other, ws, _chain(layer, ws, x)) ** 2).mean())
     ws = [jnp.eye(4) * 0.3 * (i + 1) for i in range(3)]
     x = jnp.ones((2, 4))
     regional = jaxaot.jit(step)
     _close(regional(ws, x), jax.jit(step)(ws, x))
     said = regional.explain(ws, x)
     assert "could not be differentiated alone" in said and "RuntimeError: no vjp today" in said
+    assert "not split" not in said, said
 
 
 def test_rules_that_fail_alone_leave_jax_jit_and_the_program_working() -> None:

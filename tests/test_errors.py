@@ -175,3 +175,6 @@ def test_a_shape_dtype_struct_argument_is_refused_by_its_path(static: bool) -> N
     with pytest.raises(TypeError, match=r"path x is a ShapeDtypeStruct.*precompile"):
         f(*args)
     assert jaxaot.stats()["compiles"] == before
+    # Where they belong, they are welcome.
+    f.precompile(*args)
+    assert "jaxaot.jit" in f.explain(*args)

@@ -277,3 +277,83 @@ def test_layers_each_called_once_start_no_executable_when_traced_again(
         _same(regional(variables, x), jax.jit(step)(variables, x))
         _regional.wait_for_background()
         assert "called once" in regional.explain(variables, x), regional.explain(variables, x)
+
+
+class Member(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return nn.Dropout(0.5, deterministic=False)(nn.Dense(WIDTH)(x))
+
+
+class Ensemble(nn.Module):
+    """Its stream split by ``nn.vmap``: each member draws its own mask."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        members = nn.vmap(
+            Member,
+            variable_axes={"params": 0},
+            split_rngs={"params": True, "dropout": True},
+            in_axes=None,
+            out_axes=0,
+            axis_size=2,
+        )
+        return x + jnp.tanh(members()(x).mean(0))
+
+
+class Handed(nn.Module):
+    """Draws through a Dropout its parent made (at the parent's place)."""
+
+    drop: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x + jnp.tanh(self.drop(nn.Dense(WIDTH)(x), deterministic=False))
+
+
+class Handing(nn.Module):
+    def setup(self) -> None:
+        self.drop = nn.Dropout(0.5)
+        self.layers = [Handed(self.drop) for _ in range(2)]
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        (None, "Ensemble.__call__: left inline: a random stream is split or carried inside it"),
+        (Handing(), "Handed.__call__: left inline: it holds a module of another scope"),
+    ],
+    ids=["split-stream", "parents-module"],
+)
+def test_layers_whose_draws_cannot_move_out_stay_inline_with_jax_jit_draws(
+    model: Any, says: str
+) -> None:
+    """A stream split inside the layer (``nn.vmap`` with ``split_rngs``), or a
+    module of the parent's scope: the draws are not those made where the layer
+    sits, so the layer stays inline, and the values are ``jax.jit``'s (they
+    differed: every vmap member drew the same mask)."""
+    if model is None:
+
+        class Model(nn.Module):
+            @nn.compact
+            def __call__(self, x: jax.Array) -> jax.Array:
+                for _ in range(2):
+                    x = Ensemble()(x)
+                return x
+
+        model = Model()
+    x = jnp.ones((2, WIDTH))
+    variables = model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x)
+
+    def step(variables: Any, x: jax.Array) -> jax.Array:
+        return model.apply(variables, x, rngs={"dropout": jax.random.key(2)})  # type: ignore[no-any-return]
+
+    args = (variables, x)
+    regional = jaxaot.jit(step, whole_program=False)
+    _same(regional(*args), jax.jit(step)(*args))
+    assert says in regional.explain(*args), regional.explain(*args)

@@ -24,6 +24,7 @@ The layer is traced twice:
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import sys
 import threading
@@ -42,7 +43,8 @@ __all__ = ["Refused", "drawn_call"]
 #: the same program.
 _MARK = "jaxaot:block"
 
-#: Answers the draws of the layer being traced (see :func:`_install`).
+#: Answers the draws of the layer being traced (see :func:`_install`): given the
+#: stream, the draw's path and counter, and the key the stream holds there.
 _ANSWER: contextvars.ContextVar[Callable[[str, tuple[Any, ...], Any], Any] | None] = (
     contextvars.ContextVar("jaxaot_linen_draws", default=None)
 )
@@ -80,10 +82,13 @@ def _install() -> Any:
             if answer is None:
                 return key
             stream = name if self.has_rng(name) else "params"
-            path = tuple(getattr(self.rngs.get(stream), "suffix", ()))
+            lazy = self.rngs.get(stream)
+            path = tuple(getattr(lazy, "suffix", ()))
             if path[:1] != (_MARK,):
                 return key
-            return answer(stream, (*path[1:], self.rng_counters[stream]), key)
+            return answer(
+                stream, (*path[1:], self.rng_counters[stream]), getattr(lazy, "rng", None)
+            )
 
         scope_class.make_rng = make_rng
         scope_class._jaxaot_draws = True
@@ -104,7 +109,15 @@ def _applied(
             bound.scope.rng_counters = counters
             return bound(*args, **kwargs)
 
-        token = _ANSWER.set(functools.partial(answer, keys))
+        def checked(stream: str, path: tuple[Any, ...], held: Any) -> Any:
+            # A stream a lifted transform split inside the layer (nn.vmap or nn.scan
+            # with split_rngs) holds another key there: its draws are not the ones
+            # made outside.
+            if held is not roots.get(stream):
+                raise Refused("a random stream is split or carried inside it")
+            return answer(keys, stream, path)
+
+        token = _ANSWER.set(checked)
         try:
             return unbound.apply(variables, rngs=rngs, method=run)
         finally:
@@ -122,6 +135,8 @@ def drawn_call(
     lazy = _install()
     if lazy is None:
         raise Refused("this Flax's random streams cannot be moved into a block")
+    if _holds_foreign(module):
+        raise Refused("it holds a module of another scope, which draws there")
     scope = module.scope
     outer = dict(scope.rngs)
     roots = {name: stream.rng for name, stream in outer.items()}
@@ -129,7 +144,7 @@ def drawn_call(
 
     recorded: list[tuple[str, tuple[Any, ...]]] = []
 
-    def record(standins: dict[str, Any], stream: str, path: tuple[Any, ...], key: Any) -> Any:
+    def record(standins: dict[str, Any], stream: str, path: tuple[Any, ...]) -> Any:
         recorded.append((stream, path))
         return standins[stream]
 
@@ -138,16 +153,18 @@ def drawn_call(
     try:
         with not_intercepting():
             closed = jax.make_jaxpr(fn)(*arrays)
+    except Refused:
+        raise
     except Exception as error:  # the inline call gives the user the error, if any
         raise Refused(f"its trace with moved draws failed ({type(error).__name__})") from None
-    start = len(jax.tree_util.tree_leaves(variables))
+    start = len(array_body(first, (variables,), {})[1])  # the roots follow its arrays
     if any(used_inputs(closed)[1][start : start + len(roots)]):
         raise Refused("it makes random keys other than by make_rng")
 
     keys = [lazy.create(outer[stream], *path).as_jax_rng() for stream, path in recorded]
     done: list[tuple[str, tuple[Any, ...]]] = []
 
-    def replay(keys: list[Any], stream: str, path: tuple[Any, ...], key: Any) -> Any:
+    def replay(keys: list[Any], stream: str, path: tuple[Any, ...]) -> Any:
         if len(done) == len(recorded) or recorded[len(done)] != (stream, path):
             raise _Diverged
         done.append((stream, path))
@@ -168,6 +185,25 @@ def drawn_call(
         raise Refused("its draws differ from one trace to the next") from None
     _assign(scope.rng_counters, counted)
     return out
+
+
+def _holds_foreign(module: Any) -> bool:
+    """Whether a field of ``module`` holds a linen module bound in a scope outside
+    its own (a ``Dropout`` its parent made and handed it): that module draws at
+    its own place, which the layer's unbound apply would move."""
+    linen_module = getattr(sys.modules.get("flax.linen"), "Module", None)
+    if linen_module is None:
+        return False
+    own = tuple(module.scope.path)
+    for field in dataclasses.fields(module):
+        if field.name in ("parent", "name"):
+            continue
+        value = getattr(module, field.name, None)
+        for leaf in jax.tree_util.tree_leaves(value, is_leaf=lambda x: isinstance(x, linen_module)):
+            scope = getattr(leaf, "scope", None) if isinstance(leaf, linen_module) else None
+            if scope is not None and tuple(scope.path)[: len(own)] != own:
+                return True
+    return False
 
 
 def _copied(counters: dict[Any, Any]) -> dict[Any, Any]:

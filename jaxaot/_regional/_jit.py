@@ -184,7 +184,7 @@ class RegionalFunction:
         return f"<jaxaot.jit {self.__name__}>"
 
     def _dynamic(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], values: bool = True
     ) -> tuple[list[Any], Any, tuple[Any, ...], list[int]]:
         """The flat dynamic inputs, their tree, the static values (by position or
         name) and which inputs are donated.
@@ -197,7 +197,7 @@ class RegionalFunction:
         if not self._static_argnums and not self._static_argnames and not self._donate_argnums:
             leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
             if not set(map(type, leaves)) <= _ARRAY_TYPES:
-                self._check_leaves(leaves, args, kwargs)
+                self._check_leaves(leaves, args, kwargs, values)
             return leaves, treedef, (), []
         arguments = self._arguments
         n = len(args)
@@ -222,7 +222,7 @@ class RegionalFunction:
             raise
         leaves, treedef = jax.tree_util.tree_flatten((tuple(dyn_args), dyn_kwargs))
         if not set(map(type, leaves)) <= _ARRAY_TYPES:
-            self._check_leaves(leaves, tuple(dyn_args), dyn_kwargs)
+            self._check_leaves(leaves, tuple(dyn_args), dyn_kwargs, values)
         donated_leaves: list[int] = []
         offset = 0
         for a, donated in zip(dyn_args, donated_flags, strict=True):
@@ -233,16 +233,22 @@ class RegionalFunction:
         return leaves, treedef, tuple(statics), donated_leaves
 
     def _check_leaves(
-        self, leaves: list[Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]
+        self,
+        leaves: list[Any],
+        dyn_args: tuple[Any, ...],
+        dyn_kwargs: dict[str, Any],
+        values: bool = True,
     ) -> None:
         """Raises the error that names the path of the first input JAX takes for no
-        array (what ``jax.jit`` would refuse), as components word it."""
+        array (what ``jax.jit`` would refuse), as components word it; with
+        ``values`` (a call, not ``precompile`` or ``explain``), a
+        ``jax.ShapeDtypeStruct`` too."""
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, _LEAF_TYPES):
                 continue
             try:
                 jax.typeof(leaf)
-                if isinstance(leaf, jax.ShapeDtypeStruct):  # a type, not a value
+                if values and isinstance(leaf, jax.ShapeDtypeStruct):  # a type, not a value
                     raise TypeError
             except TypeError:
                 raise self._arguments.leaf_error(dyn_args, dyn_kwargs, i) from None
@@ -524,7 +530,7 @@ class RegionalFunction:
           Exception: what ``jax.jit`` of the function raises for these arguments
             (a call would raise it too): the program cannot be traced with them.
         """
-        leaves, treedef, statics, donated = self._dynamic(args, kwargs)
+        leaves, treedef, statics, donated = self._dynamic(args, kwargs, values=False)
         if self._in_shardings is not UNSET:
             placed = self._placed(leaves, treedef)
             if placed is None:
@@ -557,7 +563,7 @@ class RegionalFunction:
         (under ``lax.scan``/``fori_loop``, compiled with their glue); or that the
         program is served whole, as one cached program, and why; and whether it
         runs as one program, its repeated layers as loops."""
-        leaves, treedef, statics, donated = self._dynamic(args, kwargs)
+        leaves, treedef, statics, donated = self._dynamic(args, kwargs, values=False)
         if self._in_shardings is not UNSET:
             placed = self._placed(leaves, treedef)
             if placed is None:

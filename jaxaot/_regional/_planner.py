@@ -124,6 +124,11 @@ class _Slots:
         return tuple(self(v) if not isinstance(v, DropVar) else self.next for v in region.outvars)
 
 
+#: Traces of one plan made again for custom_vjp rules that failed to
+#: differentiate alone (one each); the trace after them may fail for good.
+_STALE_RETRIES = 4
+
+
 def _trace(
     spec: PlanSpec, args: tuple[Any, ...], kwargs: dict[str, Any], prefetch_entries: bool
 ) -> tuple[Any, dict[Any, concurrent.futures.Future[Any]], BlockFinder | None]:
@@ -147,6 +152,22 @@ def _trace(
     if spec.auto_regions:  # module classes of a plain loop of layers name themselves
         found = repeated_modules(args, kwargs, spec.program, named)
         named = (*named, *(cls for cls in found if cls not in named))
+
+    def fresh(named: tuple[Any, ...]) -> tuple[Any, BlockFinder | None, Calls | None]:
+        # A jit of its own for each trace: JAX would give an earlier trace of this
+        # signature (``explain``'s, or another plan's) from its cache, without
+        # running the program, and so without counting its module calls or
+        # finding its blocks. A trace whose rule failed to differentiate alone is
+        # made again without it (each such rule once: they are finitely many).
+        for _ in range(_STALE_RETRIES):
+            try:
+                jitted = spec.retracer() if spec.retracer is not None else spec.jitted
+                return run(jitted, named)
+            except StaleTrace as stale:
+                logger.debug("jaxaot.jit %s: traced again without trying %s", spec.name, stale)
+                seen.clear()
+        jitted = spec.retracer() if spec.retracer is not None else spec.jitted
+        return run(jitted, named)
 
     def run(jitted: Any, named: tuple[Any, ...]) -> tuple[Any, BlockFinder | None, Calls | None]:
         finder = BlockFinder() if spec.auto_regions or named else None
@@ -175,17 +196,7 @@ def _trace(
 
     token = PREFETCH.set(prefetch) if prefetch_entries else None
     try:
-        # A jit of its own for each plan: JAX would give an earlier plan's trace of
-        # this signature (``explain``'s) from its cache, without running the
-        # program, and so without counting its module calls or finding its blocks.
-        first = spec.retracer() if spec.retracer is not None else spec.jitted
-        try:
-            traced, finder, calls = run(first, named)
-        except StaleTrace as stale:
-            logger.debug("jaxaot.jit %s: traced again without trying %s", spec.name, stale)
-            seen.clear()
-            first = spec.retracer() if spec.retracer is not None else spec.jitted
-            traced, finder, calls = run(first, named)
+        traced, finder, calls = fresh(named)
         more = () if calls is None else tuple(c for c in calls.repeated() if c not in named)
         if more and spec.retracer is not None and not _repeats_blocks(traced.jaxpr):
             # Linen or Haiku layers repeat, and no boundary marked them: traced
@@ -199,7 +210,7 @@ def _trace(
             # (Its calls are counted afresh: a block called once in each trace is
             # still called once, and starts no executable.)
             seen.clear()
-            traced, finder, _ = run(spec.retracer(), (*named, *more))
+            traced, finder, _ = fresh((*named, *more))
     finally:
         if token is not None:
             PREFETCH.reset(token)
