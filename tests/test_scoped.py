@@ -322,21 +322,41 @@ class Handing(nn.Module):
         return x
 
 
+class Buffered(nn.Module):
+    """Draws in ``setup``, which Flax runs in the layer's scope before its call."""
+
+    def setup(self) -> None:
+        self.dense = nn.Dense(WIDTH)
+        self.noise = jax.random.normal(self.make_rng("dropout"), (WIDTH,))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x + jnp.tanh(self.dense(x)) + self.noise
+
+
+class Buffering(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for _ in range(2):
+            x = Buffered()(x)
+        return x
+
+
 @pytest.mark.parametrize(
     ("model", "says"),
     [
         (None, "Ensemble.__call__: left inline: a random stream is split or carried inside it"),
         (Handing(), "Handed.__call__: left inline: it holds a module of another scope"),
+        (Buffering(), "Buffered.__call__: left inline: it draws random numbers in setup"),
     ],
-    ids=["split-stream", "parents-module"],
+    ids=["split-stream", "parents-module", "setup-draws"],
 )
 def test_layers_whose_draws_cannot_move_out_stay_inline_with_jax_jit_draws(
     model: Any, says: str
 ) -> None:
-    """A stream split inside the layer (``nn.vmap`` with ``split_rngs``), or a
-    module of the parent's scope: the draws are not those made where the layer
-    sits, so the layer stays inline, and the values are ``jax.jit``'s (they
-    differed: every vmap member drew the same mask)."""
+    """A stream split inside the layer (``nn.vmap`` with ``split_rngs``), a module
+    of the parent's scope, draws in ``setup``: the draws are not those made where
+    the layer sits, so the layer stays inline, and the values are ``jax.jit``'s
+    (they differed: every vmap member drew the same mask, ...)."""
     if model is None:
 
         class Model(nn.Module):

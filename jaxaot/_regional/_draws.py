@@ -105,8 +105,17 @@ def _applied(
     def body(variables: Any, roots: dict[str, Any], keys: Any, args: Any, kwargs: Any) -> Any:
         rngs = {name: lazy(root, (_MARK,)) for name, root in roots.items()}
 
+        drawn = [0]
+
         def run(bound: Any) -> Any:
             bound.scope.rng_counters = counters
+            setup = getattr(bound, "_try_setup", None)
+            if setup is not None:
+                # Flax ran the layer's setup in its scope before this call: its
+                # draws there are made, and the clone's setup would draw again.
+                setup()
+                if drawn[0]:
+                    raise Refused("it draws random numbers in setup")
             return bound(*args, **kwargs)
 
         def checked(stream: str, path: tuple[Any, ...], held: Any) -> Any:
@@ -115,6 +124,7 @@ def _applied(
             # made outside.
             if held is not roots.get(stream):
                 raise Refused("a random stream is split or carried inside it")
+            drawn[0] += 1
             return answer(keys, stream, path)
 
         token = _ANSWER.set(checked)
