@@ -1047,3 +1047,20 @@ def test_console_script(cache_dir: Path, subprocess_env: dict[str, str]) -> None
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["entries"] == len(headers(cache_dir))
+
+
+def test_clear_and_prune_fail_when_entries_cannot_be_removed(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a directory it cannot write in (root ignores permission bits, so the
+    removals are made to fail), clear and prune say what could not be removed and
+    exit 1; they said "removed 5 entries" with exit 0, and a cron prune failed
+    silently."""
+    n = len(headers(cache_dir))
+    monkeypatch.setattr(jaxaot.DirectoryCache, "clear", lambda self: None)
+    monkeypatch.setattr(jaxaot.DirectoryCache, "delete", lambda self, key: False)
+    code, out, _ = run(capsys, "cache", "clear", "--yes", "--dir", str(cache_dir))
+    assert code == 1 and f"{n} entries could not be removed" in out, out
+    code, out, _ = run(capsys, "cache", "prune", "--max-bytes", "0", "--dir", str(cache_dir))
+    assert code == 1 and f"{n} entries could not be removed" in out, out
+    assert len(jaxaot.DirectoryCache(cache_dir).keys()) == n

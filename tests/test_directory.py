@@ -692,20 +692,29 @@ def test_lock_holder_killed_does_not_block(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = tmp_path / "c"
-    cache = DirectoryCache(root, lock_timeout=0.3)
+    cache = DirectoryCache(root, lock_timeout=1.5)
     holder = _spawn("holdlock", {"root": str(root)})
     try:
         _expect_line(holder, "locked")
         t0 = time.monotonic()
         cache.put(k(1), b"v")  # lock busy: skipped with a warning, after the timeout
-        assert 0.25 < time.monotonic() - t0 < 5
+        assert 1.4 < time.monotonic() - t0 < 6
         assert cache.get(k(1)) is None
         (warn,) = warnings_of(caplog)
         assert "lock" in warn.getMessage()
         assert cache.stats()["lock_timeouts"] == 1
+        # Still busy: the next write is skipped without waiting again (each waited
+        # the whole timeout, behind a stopped writer), and said no more.
+        t0 = time.monotonic()
+        cache.put(k(2), b"v")
+        assert time.monotonic() - t0 < 1.0
+        assert cache.get(k(2)) is None and cache.stats()["lock_timeouts"] == 2
+        assert len(warnings_of(caplog)) == 1
     finally:
         _kill(holder)
     assert holder.returncode == -signal.SIGKILL
+    cache.put(k(3), b"v")  # free again: written (in the same cache, at once)
+    assert cache.get(k(3)) == b"v"
     t0 = time.monotonic()
     DirectoryCache(root, lock_timeout=5).put(k(1), b"v")
     assert time.monotonic() - t0 < 2

@@ -43,6 +43,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,10 @@ logger = logging.getLogger("jaxaot")
 DEFAULT_DIRECTORY_BYTES = 10 * 2**30
 #: Seconds a writer waits for ``<root>/.lock`` before skipping its put.
 DEFAULT_LOCK_TIMEOUT = 10.0
+#: Seconds after a put found the writers' lock busy for a whole wait during which
+#: puts skip at once rather than wait again: a stopped or hung writer would
+#: otherwise cost every entry the whole wait (a write skipped is only recomputed).
+LOCK_BUSY_BACKOFF = 60.0
 
 _LOCK_NAME = ".lock"
 
@@ -184,6 +189,7 @@ class DirectoryCache(WarnOnce):
         self.lock_timeout = float(lock_timeout)
         self._lock_path = os.path.join(root, _LOCK_NAME)
         self._filelock = filelock.FileLock(self._lock_path, timeout=self.lock_timeout, mode=0o600)
+        self._lock_busy_until = 0.0
         self._warned: set[str] = set()
         self._state_lock = threading.Lock()
         self._counters = {
@@ -398,7 +404,11 @@ class DirectoryCache(WarnOnce):
                 if self._touch(rfd, key):
                     return
                 _dirlayout.check_lock_file(rfd, _LOCK_NAME, self._lock_path)
-                with self._filelock:
+                # While the lock has just been found busy for a whole wait (a
+                # stopped or hung writer holds it), a put does not wait again.
+                busy = time.monotonic() < self._lock_busy_until
+                with self._filelock.acquire(timeout=0 if busy else None):
+                    self._lock_busy_until = 0.0
                     with self._shard_dir(rfd, shard, create=True) as sfd:
                         if self._touch_in(sfd, key):
                             return
@@ -413,10 +423,13 @@ class DirectoryCache(WarnOnce):
         except filelock.Timeout:
             self._count("lock_timeouts")
             lost_write()
+            if time.monotonic() >= self._lock_busy_until:
+                self._lock_busy_until = time.monotonic() + LOCK_BUSY_BACKOFF
             self._warn_once(
                 "lock timeout",
                 f"put of {key} skipped: the writers' lock {self._lock_path} was busy "
-                f"for {self.lock_timeout:g}s",
+                f"for {self.lock_timeout:g}s; while it stays busy, writes are skipped "
+                "without waiting",
             )
             return
         except _Refused as r:

@@ -32,5 +32,12 @@ def _cmd_clear(args: argparse.Namespace, out: Output) -> int:
             out.line("nothing removed")
             return 1
     view.cache.clear()
+    left = int(view.cache.stats().get("entries") or 0)
+    if left:  # a directory it cannot write in: said, and the run fails
+        out.line(
+            f"removed {entries_text(n - left)} of {n} from {view.location}; "
+            f"{entries_text(left)} could not be removed"
+        )
+        return 1
     out.line(f"removed {what} from {view.location}")
     return 0

@@ -100,4 +100,7 @@ def _cmd_prune(args: argparse.Namespace, out: Output) -> int:
         f"from {view.location}; {entries_text(len(left))} "
         f"({human_bytes(sum(r.size for r in left))}) left"
     )
+    if len(removed) < len(victims):  # a directory it cannot write in: the run fails
+        out.line(f"{entries_text(len(victims) - len(removed))} could not be removed")
+        return 1
     return 0
