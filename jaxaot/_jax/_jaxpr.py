@@ -67,6 +67,8 @@ DropVar = _core.DropVar
 join_effects = _core.join_effects
 jaxprs_in_params = _core.jaxprs_in_params
 jaxpr_as_fun = _core.jaxpr_as_fun
+trace_state_clean = _core.trace_state_clean
+apply_primitive = _dispatch.apply_primitive
 
 
 def named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -79,10 +81,6 @@ def named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
 
     program.__name__ = program.__qualname__ = name
     return program
-
-
-trace_state_clean = _core.trace_state_clean
-apply_primitive = _dispatch.apply_primitive
 
 
 def walk_jaxprs(closed: Any) -> Iterator[Any]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
+from jax._src import config as _config
 from jax._src import xla_bridge as _xb
 from jax.sharding import Sharding
 
@@ -75,16 +76,12 @@ def trace_context() -> Any:
     """The configuration state ``jax.jit``'s caches key on (x64, matmul precision,
     dtype and rank promotion, PRNG implementation, the axis environment, ...):
     hashable, for in-process tables."""
-    from jax._src import config as _config
-
     return _config.trace_context()
 
 
 def trace_context_items() -> tuple[tuple[str, Any], ...]:
     """:func:`trace_context` option by option: ``(name, value)`` pairs, the values
     as JAX holds them (enums, meshes, the axis environment...)."""
-    from jax._src import config as _config
-
     names = getattr(_config, "trace_context_names", ())
     names = tuple(names() if callable(names) else names)
     values = tuple(trace_context())
@@ -212,6 +209,8 @@ def executable_devices(payload: bytes) -> list[Any]:
     from jax.experimental import serialize_executable as _se
 
     backend = jax.devices()[0].client
+    if len(backend.devices()) == 1:  # the one device: nothing to read
+        return list(backend.devices())
 
     class Devices(_se._JaxPjrtUnpickler):  # type: ignore[misc,name-defined]
         def persistent_load(self, pid: Any) -> Any:
@@ -298,8 +297,6 @@ def hide_internal_frames() -> None:
 def jax_explains_misses() -> bool:
     """Whether ``jax_explain_cache_misses`` is on (jaxaot.jit then says why it
     traces a program again, in the user's words)."""
-    from jax._src import config as _config
-
     return bool(_config.explain_cache_misses.value)
 
 
@@ -309,16 +306,12 @@ def jax_explanations_off() -> Iterator[None]:
     each plan traces with a jit of its own, which JAX would explain as a
     function "never seen" and "maybe re-defined repeatedly", located in jaxaot
     (jaxaot.jit says what changed instead)."""
-    from jax._src import config as _config
-
     with _config.explain_cache_misses(False):
         yield
 
 
 def jit_disabled() -> bool:
     """Whether ``jax.disable_jit`` is on: functions then run as plain Python."""
-    from jax._src import config as _config
-
     return bool(_config.disable_jit.value)
 
 

@@ -96,11 +96,11 @@ def _install() -> Any:
 
 
 def _applied(
-    unbound: Any, counters: dict[Any, Any], answer: Callable[..., Any]
+    lazy: Any, unbound: Any, counters: dict[Any, Any], answer: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """The layer applied to its variables, with stream keys marked as a block's,
-    counting its draws in ``counters`` and answering them with ``answer``."""
-    lazy = _install()
+    """The layer applied to its variables, with stream keys marked as a block's
+    (``lazy``: Flax's ``LazyRng``), counting its draws in ``counters`` and
+    answering them with ``answer``."""
 
     def body(variables: Any, roots: dict[str, Any], keys: Any, args: Any, kwargs: Any) -> Any:
         rngs = {name: lazy(root, (_MARK,)) for name, root in roots.items()}
@@ -158,7 +158,7 @@ def drawn_call(
         recorded.append((stream, path))
         return standins[stream]
 
-    first = _applied(unbound, _copied(scope.rng_counters), record)
+    first = _applied(lazy, unbound, _copied(scope.rng_counters), record)
     fn, arrays = array_body(wrap(first), (variables, roots, dict(roots), args, kwargs), {})
     try:
         with not_intercepting():
@@ -181,7 +181,7 @@ def drawn_call(
         return keys[len(done) - 1]
 
     counted = _copied(scope.rng_counters)
-    second = _applied(unbound, counted, replay)
+    second = _applied(lazy, unbound, counted, replay)
 
     def block(*arguments: Any) -> Any:
         out = second(*arguments)
