@@ -159,18 +159,45 @@ def test_ls_piped_lines_are_bounded(wide_dir: Path, capsys: pytest.CaptureFixtur
     assert {r["signature"] for r in rows} == {h["signature"]}
 
 
+@pytest.mark.parametrize("width", [80, 100, 120, 150])
 def test_ls_fits_the_terminal(
-    wide_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    wide_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    width: int,
 ) -> None:
+    """On a terminal every column shown has its header and cells whole (names and
+    signatures cut with an ellipsis), the lines fit, and the columns left out to fit
+    are named; from the widest terminal down, the digest and the flops go first."""
     root = wide_dir
     monkeypatch.setattr(_output, "is_terminal", lambda stream: True)
-    monkeypatch.setenv("COLUMNS", "150")
+    monkeypatch.setenv("COLUMNS", str(width))
     code, out, _ = run(capsys, "cache", "ls", "--dir", str(root))
-    assert code == 0 and "many" in out and "float32[1,7]" in out
+    assert code == 0 and "many" in out
+    assert width < 120 or "float32[1,7]" in out
     body = [line for line in out.splitlines() if "│" in line]
     assert len(body) == len(headers(root)), out  # one row per entry: no wrapping
     plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
-    assert max(len(line) for line in plain.splitlines()) <= 150, plain
+    assert max(len(line) for line in plain.splitlines()) <= width, plain
+    header = next(line for line in plain.splitlines() if "NAME" in line)
+    shown = [cell.strip() for cell in header.strip("┃ ").split("┃")]
+    every = ["NAME", "TRANSFORM", "KIND", "SIGNATURE", "PLATFORMS", "SIZE", "HITS"]
+    every += ["LAST USED", "FLOPS", "DIGEST"]
+    assert shown == [h for h in every if h in shown], shown  # whole headers, in order
+    assert {"NAME", "SIGNATURE", "SIZE", "LAST USED"} <= set(shown), shown
+    give_way = ["FLOPS", "PLATFORMS", "DIGEST", "HITS", "KIND", "TRANSFORM", "LAST USED"]
+    hidden = [h for h in give_way if h not in shown]
+    assert hidden == give_way[: len(hidden)], hidden  # the least telling columns go first
+    caption = " ".join(plain.split())
+    if hidden:
+        said = f"not shown to fit the terminal: {', '.join(hidden)} (--wide shows all)"
+        assert said in caption, caption
+    for line in body:  # the size column's cells are whole (a unit, never an ellipsis)
+        cells = [c.strip() for c in re.sub(r"\x1b\[[0-9;]*m", "", line).strip("│ ").split("│")]
+        size = cells[shown.index("SIZE")]
+        assert re.fullmatch(r"[0-9.]+ (B|KiB|MiB|GiB)", size), (size, line)
+    if width <= 100:
+        assert hidden, plain
 
 
 def test_clip_keeps_both_ends_of_a_signature() -> None:

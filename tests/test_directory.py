@@ -143,6 +143,32 @@ def test_keys_delete_clear_stats(tmp_path: Path) -> None:
     assert cache.get(k(1)) == b"again"
 
 
+def test_files_beside_entries_count_against_the_cap_and_go_with_clear(tmp_path: Path) -> None:
+    """Notes, hit counts and leases are the cache's files too: their bytes count
+    against ``max_bytes``, and a clear leaves none of them, except a lease that a
+    live process still holds."""
+    root = tmp_path / "c"
+    cache = DirectoryCache(root, max_bytes=1000)
+    cache.put(k(0), bytes(300))
+    assert cache.get(k(0)) == bytes(300)  # a hit file
+    cache.note("ab" * 16, k(0), bytes(450))  # a note file of about 630 bytes
+    done = cache.lease(k(1), 30.0)
+    assert done is not None and not isinstance(done, _directory.Held)
+    done.release()
+    held = cache.lease(k(2), 30.0)
+    assert held is not None and not isinstance(held, _directory.Held)
+    other = cache.stats()["other_bytes"]
+    assert 630 < other < 850, cache.stats()
+    cache.put(k(3), bytes(150))  # 300 + 150 + the notes > 1000: the oldest entry goes
+    assert cache.keys() == [k(3)]
+    cache.clear()
+    left = [p.name for p in all_files(root) if p.name != ".lock"]
+    assert left == [k(2) + ".lease"], left
+    assert cache.stats()["other_bytes"] == (root / k(2)[:2] / (k(2) + ".lease")).stat().st_size
+    assert cache.notes("ab" * 16) == []
+    held.release()
+
+
 def test_put_keeps_existing_entry_and_refreshes_access_time(tmp_path: Path) -> None:
     cache = DirectoryCache(tmp_path / "c")
     key = k(1)

@@ -443,6 +443,33 @@ def test_wait_past_its_deadline_makes_it_here_with_one_warning(
     assert len(warnings) == 1 and "JAXAOT_LEASE_WAIT" in warnings[0], warnings
 
 
+def test_a_holder_that_outlasted_a_wait_is_not_waited_for_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stalled process holds an entry's lease and the leases of what it is made
+    from: the waiter waits once, not once per level, and other holders in that cache
+    and the same holder in other caches are still waited for."""
+    monkeypatch.setenv("JAXAOT_LEASE_WAIT", "0.2")
+    cache = FakeLeasing(Held("host pid 1"))
+    before = _stats.stats()
+    started = time.monotonic()
+    assert _once.make_once(cache, KEY, "entry", lambda: None, lambda: 1).made
+    assert time.monotonic() - started >= 0.2
+    asked = cache.asked
+    inner = _once.make_once(cache, "cd" * 16, "inner entry", lambda: None, lambda: 2)
+    assert inner == _once.Outcome(2, made=True, waited=False) and cache.asked == asked + 1
+    assert _delta(before)["lease_wait_timeouts"] == 1
+    # Another holder in the same cache, and the same holder in another cache: waited for.
+    loads = iter([None, 8])
+    cache.answers, cache.asked = [Held("host pid 2")], 0
+    other = _once.make_once(cache, "ef" * 16, "entry", lambda: next(loads), lambda: 0)
+    assert other == _once.Outcome(8, made=False, waited=True)
+    loads = iter([None, 9])
+    elsewhere = FakeLeasing(Held("host pid 1"))
+    got = _once.make_once(elsewhere, KEY, "entry", lambda: next(loads), lambda: 0)
+    assert got == _once.Outcome(9, made=False, waited=True)
+
+
 def test_faulty_leases_and_leases_off_make_it_here(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -468,11 +468,13 @@ class DirectoryCache(WarnOnce):
         return sorted(e.name for e in self._scan_root(clean=False).entries)
 
     def clear(self) -> None:
-        """Removes every entry and every quarantined entry (regular files inside the
-        root only: a symlinked shard or quarantine directory is not followed)."""
+        """Removes every entry, every quarantined entry and the files kept beside
+        them (notes; leases no process holds) (regular files inside the root only:
+        a symlinked shard or quarantine directory is not followed)."""
         try:
             with self._root_dir() as rfd:
-                for e in _dirlayout.scan(rfd, self._root, clean=True).entries:
+                listed = _dirlayout.scan(rfd, self._root, clean=True, everything=True)
+                for e in listed.entries:
                     _dirlayout.unlink_entry(rfd, self._root, e)
                 try:
                     _dirlayout.clear_quarantine(rfd)
@@ -498,6 +500,7 @@ class DirectoryCache(WarnOnce):
             "path": self._root,
             "entries": len(scan.entries),
             "bytes": sum(e.size for e in scan.entries),
+            "other_bytes": scan.other_bytes,
             "max_bytes": self.max_bytes,
             "temp_files": scan.temp_files,
             **counters,

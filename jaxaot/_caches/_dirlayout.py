@@ -85,6 +85,9 @@ class Scan(NamedTuple):
     entries: list[ScannedEntry]
     temp_files: int
     temp_bytes: int
+    #: Bytes of the files kept beside entries (notes, hit counts, leases): they
+    #: count against ``max_bytes`` too.
+    other_bytes: int = 0
 
 
 def temp_name() -> str:
@@ -207,16 +210,19 @@ def add_note(
 # -- listing and eviction --------------------------------------------------------------
 
 
-def scan(root_fd: int, root: str, *, clean: bool) -> Scan:
+def scan(root_fd: int, root: str, *, clean: bool, everything: bool = False) -> Scan:
     """Lists entries (and counts temp files); tolerates files vanishing meanwhile.
     Only real shard directories and regular files count; nothing is followed.
 
     With ``clean``, temp files and lease files older than :data:`TEMP_MAX_AGE`
-    are removed (a lease file only once no process holds its lock).
+    are removed (a lease file only once no process holds its lock). With
+    ``everything`` too (a clear), notes, hit counts and lease files go whatever
+    their age (a lease file still only once no process holds its lock).
     """
     entries: list[ScannedEntry] = []
     temps = 0
     temp_bytes = 0
+    other_bytes = 0
     now = time.time()
     try:
         with os.scandir(root_fd) as it:
@@ -241,13 +247,17 @@ def scan(root_fd: int, root: str, *, clean: bool) -> Scan:
                     continue
                 if not stat.S_ISREG(st.st_mode):
                     continue
-                if name.endswith(LEASE_SUFFIX):
+                if name.endswith((LEASE_SUFFIX, INDEX_SUFFIX, HITS_SUFFIX)):
+                    lease = name.endswith(LEASE_SUFFIX)
                     old = abs(now - st.st_mtime) > TEMP_MAX_AGE
-                    if clean and old and not _filelease.is_held(sfd, name):
+                    if clean and (everything or (lease and old)):
                         try:
-                            _safefs.unlink(name, sfd)
+                            if not (lease and _filelease.is_held(sfd, name)):
+                                _safefs.unlink(name, sfd)
+                                continue
                         except OSError:
                             pass
+                    other_bytes += st.st_size
                     continue
                 if name.startswith(TEMP_PREFIX):
                     if clean and abs(now - st.st_mtime) > TEMP_MAX_AGE:
@@ -270,7 +280,7 @@ def scan(root_fd: int, root: str, *, clean: bool) -> Scan:
             continue
         finally:
             os.close(sfd)
-    return Scan(entries, temps, temp_bytes)
+    return Scan(entries, temps, temp_bytes, other_bytes)
 
 
 def unlink_entry(root_fd: int, root: str, e: ScannedEntry) -> bool:
@@ -294,7 +304,7 @@ def evict(root_fd: int, root: str, incoming: int, max_bytes: int) -> tuple[bool,
     :data:`FUTURE_SLACK` ahead (a skewed clock) go first.
     """
     listed = scan(root_fd, root, clean=True)
-    total = sum(e.size for e in listed.entries)
+    total = sum(e.size for e in listed.entries) + listed.other_bytes
     if total + incoming <= max_bytes:
         return True, 0
     horizon = time.time() + FUTURE_SLACK

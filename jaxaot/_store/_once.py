@@ -24,7 +24,10 @@ asks the cache for the entry's lease (``_caches.Leasing``):
   the entry itself, as without leases.
 
 A wait is bounded: after ``JAXAOT_LEASE_WAIT`` seconds (default 300) the
-process makes the entry itself, with one warning. ``JAXAOT_LEASE_WAIT=0``
+process makes the entry itself, with one warning. A holder that ran past the
+wait once is not waited for again in that cache: a stalled process (stopped,
+swapping) holds the leases of an entry and of the entries it is made from, and
+waiting for each in turn would cost the waiter one full wait per level. ``JAXAOT_LEASE_WAIT=0``
 turns leases off (every process makes what it misses, as before leases).
 ``JAXAOT_LEASE_TTL`` (default 30 s) is how long a lease outlives its holder's
 last renewal where the store cannot tell a dead holder at once.
@@ -50,6 +53,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -144,6 +148,15 @@ def make_once(
         got = _lease(cache, digest, ttl)
         if not isinstance(got, Held):
             break  # ours, or none to be had
+        if not got.done and got.holder in _stalled(cache):
+            logger.debug(
+                "jaxaot: %s outlasted a wait before; making %s %s here",
+                got.holder,
+                what,
+                digest[:16],
+            )
+            got = None
+            break
         if got.done:  # the holder finished: its entry is there, or it could not be written
             value = load()
             if value is not None:
@@ -161,6 +174,7 @@ def make_once(
             logger.debug("jaxaot: waiting for %s to make %s %s", holder, what, digest[:16])
         elif now - started >= wait:
             _stats.bump("lease_wait_timeouts")
+            _stalled(cache).add(got.holder)
             _stats.warn_once(
                 "lease-wait",
                 f"jaxaot: waited {wait:g} s (${wait_env}) for {got.holder} to make "
@@ -198,6 +212,19 @@ def make_once(
     if lease is not None:
         logger.debug("jaxaot: made %s %s holding its lease (%s)", what, digest[:16], lease.holder)
     return Outcome(value, made=True, waited=started is not None)
+
+
+#: Per cache, the holders that outlasted a whole wait (see the module's docstring).
+_STALLED: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
+_STALLED_LOCK = threading.Lock()
+
+
+def _stalled(cache: object) -> set[str]:
+    with _STALLED_LOCK:
+        try:
+            return _STALLED.setdefault(cache, set())
+        except TypeError:  # a cache that cannot be weakly referenced: nothing remembered
+            return set()
 
 
 def _lease(cache: Leasing, digest: str, ttl: float) -> Lease | Held | None:

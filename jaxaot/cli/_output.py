@@ -106,6 +106,11 @@ class Output:
             from rich.table import Table
             from rich.text import Text
 
+            # Columns without a limit keep their cells whole: rich would cut them all.
+            natural = [
+                max([len(header), *(len(row[i]) for row in rows)])
+                for i, (header, _) in enumerate(columns)
+            ]
             table = Table(title=title, caption=caption, title_justify="left")
             for i, (header, justify) in enumerate(columns):
                 table.add_column(
@@ -114,7 +119,7 @@ class Output:
                     no_wrap=True,
                     overflow="ellipsis",
                     max_width=limits.get(i),
-                    min_width=None if i in limits else len(header),
+                    min_width=None if i in limits else natural[i],
                     ratio=1 if i in limits else None,
                 )
             for row in rows:

@@ -57,6 +57,11 @@ _LS_COLUMNS = [
     ("FLOPS", "right"),
     ("DIGEST", "left"),
 ]
+#: The columns left out, first to last, of a table wider than the terminal.
+_LS_GIVE_WAY = ("FLOPS", "PLATFORMS", "DIGEST", "HITS", "KIND", "TRANSFORM", "LAST USED")
+#: NAME, TRANSFORM and SIGNATURE are cut to no fewer characters than this on a terminal.
+_LS_NARROWEST = 12
+
 #: Widest NAME, TRANSFORM and SIGNATURE cells without --wide (a piped line stays
 #: under about 170 characters; a terminal cuts the signature further to fit).
 _LS_LIMITS = {0: 24, 1: 32, 3: 48}
@@ -95,25 +100,62 @@ def _cmd_ls(args: argparse.Namespace, out: Output) -> int:
                 r.key[:12],
             ]
         )
+    columns = list(_LS_COLUMNS)
     limits: dict[int, int] | None = None
+    hidden: list[str] = []
     if args.wide:  # every cell in full, longer than the terminal if need be
         out = Output(out.stream, plain=True)
     else:
         limits = dict(_LS_LIMITS)
-        if out.rich:  # the signature takes what the other columns leave of the terminal
-            others = sum(
-                max(len(h), *(len(clip(row[i], limits.get(i))) for row in rows))
-                for i, (h, _) in enumerate(_LS_COLUMNS)
-                if i != 3
-            )
-            limits[3] = max(12, terminal_width() - others - 3 * len(_LS_COLUMNS) - 1)
+        if out.rich:
+            columns, rows, limits, hidden = _fit(columns, rows, limits, terminal_width())
     total = sum(r.size for r in records)
+    caption = f"{entries_text(len(records))}, {human_bytes(total)}"
+    if hidden:
+        caption += f"; not shown to fit the terminal: {', '.join(hidden)} (--wide shows all)"
     out.table(
-        _LS_COLUMNS,
+        columns,
         rows,
         title=f"jaxaot cache {view.location}",
-        caption=f"{entries_text(len(records))}, {human_bytes(total)}",
+        caption=caption,
         limits=limits,
-        middle=(3,),  # signatures differ at either end: keep both
+        middle=tuple(i for i, (h, _) in enumerate(columns) if h == "SIGNATURE"),
     )
     return 0
+
+
+def _fit(
+    columns: list[tuple[str, str]], rows: list[list[str]], limits: dict[int, int], width: int
+) -> tuple[list[tuple[str, str]], list[list[str]], dict[int, int], list[str]]:
+    """The columns, rows and cell limits of a table ``width`` characters wide: the
+    NAME, TRANSFORM and SIGNATURE cells are cut (to no fewer than
+    :data:`_LS_NARROWEST` characters), and if that is not enough the columns of
+    :data:`_LS_GIVE_WAY` are left out, in that order; also the headers left out."""
+    flexible = {0, 1, 3}
+
+    def natural(i: int) -> int:
+        return max(len(columns[i][0]), *(len(clip(row[i], limits.get(i))) for row in rows))
+
+    def narrowest(i: int) -> int:
+        return min(natural(i), _LS_NARROWEST) if i in flexible else natural(i)
+
+    def frame(n: int) -> int:  # a box table's borders and padding
+        return 3 * n + 1
+
+    kept = list(range(len(columns)))
+    hidden = []
+    for header in _LS_GIVE_WAY:
+        if sum(narrowest(i) for i in kept) + frame(len(kept)) <= width:
+            break
+        i = next(i for i, (h, _) in enumerate(columns) if h == header)
+        kept.remove(i)
+        hidden.append(header)
+    budget = width - frame(len(kept)) - sum(natural(i) for i in kept if i not in flexible)
+    cells = {i: natural(i) for i in kept if i in flexible}
+    while sum(cells.values()) > budget:  # the widest flexible column gives a character
+        i = max(cells, key=lambda j: (cells[j] > narrowest(j), cells[j]))
+        if cells[i] <= narrowest(i):
+            break
+        cells[i] -= 1
+    fitted = {kept.index(i): n for i, n in cells.items()}
+    return [columns[i] for i in kept], [[row[i] for i in kept] for row in rows], fitted, hidden
