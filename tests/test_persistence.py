@@ -166,6 +166,33 @@ def test_corrupt_entry_is_a_miss_with_one_warning(
     np.testing.assert_allclose(_in_jit(_raising("persist"), x), expected)
 
 
+def test_a_bad_entry_that_cannot_be_removed_is_said_once_not_dropped(
+    dcache: jaxaot.DirectoryCache, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a cache this process cannot change (read-only), a bad entry stays: each
+    reader recomputes, with jax.jit's values, and it is said once that it stays,
+    never that it was dropped."""
+    x, expected, digest = _populate("stays")
+    _damage(dcache.path_for(digest), "flip_payload")
+    bad = dcache.path_for(digest).read_bytes()
+    from jaxaot._caches import _directory
+
+    def read_only(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(_directory.DirectoryCache, "_write", read_only)
+    monkeypatch.setattr(_directory.DirectoryCache, "quarantine", lambda *a, **k: None)
+    monkeypatch.setattr(_directory.DirectoryCache, "delete", lambda *a, **k: False)
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    for _ in range(3):
+        np.testing.assert_allclose(_in_jit(_recomputing("stays"), x), expected)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert not [w for w in warnings if "dropped" in w], warnings
+    stays = [w for w in warnings if "could not be removed" in w]
+    assert len(stays) == 1 and digest[:16] in stays[0], warnings
+    assert dcache.path_for(digest).read_bytes() == bad
+
+
 def test_planted_pickle_never_runs(dcache: jaxaot.DirectoryCache, tmp_path: Path) -> None:
     x, expected, digest = _populate("planted")
     sentinel = tmp_path / "pwned"

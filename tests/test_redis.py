@@ -599,6 +599,39 @@ def test_cli_on_a_redis_url(server: RedisServer, capsys: pytest.CaptureFixture[s
     assert err.startswith("jaxaot: error: cannot reach") and "hunter2" not in err
 
 
+def test_a_server_that_wants_a_password_says_how_to_give_it(
+    server: RedisServer, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server with a password, reached without one or with the wrong one: the
+    program computes locally with one warning that says what to put in the URL (not
+    the protocol's words), and the CLI says it in one line; the password never shows."""
+    server.client().config_set("requirepass", "s3cret-pw")
+    try:
+        caplog.set_level(logging.WARNING, logger="jaxaot")
+        for url, said in [
+            (f"redis://127.0.0.1:{server.port}/0", "needs a password: give it in the URL"),
+            (f"redis://:wrong-pw@127.0.0.1:{server.port}/0", "refused the user or password"),
+        ]:
+            caplog.clear()
+            cache = RedisCache(url)
+            assert cache.get("ab" * 16) is None
+            warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+            warnings = [w for w in warnings if "HMAC_KEY" not in w]
+            assert len(warnings) == 1 and said in warnings[0], warnings
+            assert "HELLO" not in warnings[0] and "wrong-pw" not in warnings[0]
+            assert _cli.main(["cache", "ls", "--url", url]) == 1
+            err = capsys.readouterr().err
+            assert err.startswith("jaxaot: error: cannot reach") and said in err, err
+            assert len(err.splitlines()) == 1 and "wrong-pw" not in err
+        good = RedisCache(f"redis://:s3cret-pw@127.0.0.1:{server.port}/0")
+        key, blob = make_blob(name="behind_a_password")
+        good.put(key, blob)
+        assert good.get(key) == blob
+        good.delete(key)
+    finally:
+        server.client(password="s3cret-pw").config_set("requirepass", "")
+
+
 def test_password_is_redacted_and_missing_package_is_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -130,8 +130,11 @@ class FaultTracking(WarnOnce):
             with self._state_lock:
                 self._down_until = time.monotonic() + self.backoff
             action = f"skipping the {self._peer} for a while"
-        text = self._redact_text(" ".join(str(e).split()))[:200] or type(e).__name__
-        self._warn_once(cause, f"{what} failed ({cause}: {text}); {action}")
+        self._warn_once(cause, f"{what} failed ({cause}: {self._describe(e)}); {action}")
+
+    def _describe(self, e: BaseException) -> str:
+        """What went wrong, for a user (backends override with their own words)."""
+        return self._redact_text(" ".join(str(e).split()))[:200] or type(e).__name__
 
     def _redact_text(self, text: str) -> str:
         """``text`` with any credential of this store taken out (backends override)."""

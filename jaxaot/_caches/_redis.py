@@ -320,6 +320,18 @@ class RedisCache(FaultTracking):
     def _redact_text(self, text: str) -> str:
         return self._scrub(text)
 
+    def _describe(self, e: BaseException) -> str:
+        text = super()._describe(e)
+        if _cause(e) in ("AuthenticationError", "ResponseError NOAUTH") or "authenticated" in text:
+            # redis-py's words for a missing password name the protocol, not the fix.
+            if self._secrets:
+                return f"the server refused the user or password in the URL ({text})"
+            return (
+                "the server needs a password: give it in the URL, "
+                "redis://:PASSWORD@host:port/db (or redis://USER:PASSWORD@...)"
+            )
+        return text
+
     def _fault(self, what: str, e: BaseException) -> None:
         super()._fault(what, e)
         if not isinstance(e, self._refusal):
@@ -575,8 +587,7 @@ class RedisCache(FaultTracking):
             with self._within(self._call_deadline()):
                 self._client.ping()
         except Exception as e:
-            text = self._scrub(" ".join(str(e).split())[:200]) or type(e).__name__
-            raise ConnectionError(f"{_cause(e)}: {text}") from None
+            raise ConnectionError(f"{_cause(e)}: {self._describe(e)}") from None
 
     def close(self) -> None:
         """Closes the connections (the cache reconnects if used again)."""

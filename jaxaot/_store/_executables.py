@@ -26,7 +26,7 @@ from .._jax import (
 )
 from .._keys._key import ComponentKey
 from ._entry import Entry, EntryError
-from ._readwrite import discard, read, write
+from ._readwrite import dropped, read, write
 from ._trees import NotPersistable, tree_from_json, tree_to_json
 
 __all__ = [
@@ -189,13 +189,8 @@ def load_executable_entry(
         exe = deserialize_executable(entry.executable, in_tree, entry.out_tree)
     except Exception as e:  # damaged, foreign or unloadable: a miss, never a crash
         _stats.bump("corrupt_entries")
-        logger.warning(
-            "jaxaot: could not load the cached executable %s (%s: %s); compiling instead",
-            key.digest[:16],
-            type(e).__name__,
-            e,
-        )
-        discard(cache, key.digest)
+        what = f"a cached executable that could not be loaded ({type(e).__name__}: {e})"
+        dropped(cache, key.digest, what, "compiling instead", None)
         return None
     return exe, entry
 

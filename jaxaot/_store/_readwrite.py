@@ -16,7 +16,7 @@ from . import _entry
 from ._entry import Entry, EntryError
 from ._trees import NotPersistable
 
-__all__ = ["CALLBACKS_ONLY", "callbacks_executable", "decoder", "discard", "read", "write"]
+__all__ = ["CALLBACKS_ONLY", "callbacks_executable", "decoder", "dropped", "read", "write"]
 
 #: ``Entry.extra`` flag of an entry kept in this process for its host callbacks
 #: alone: its top-level executables are cached where JAX can bind the callbacks
@@ -52,13 +52,7 @@ def read(cache: Cache, key: ComponentKey) -> Entry | None:
             )
             return None
         _stats.bump("corrupt_entries")
-        logger.warning(
-            "jaxaot: dropped a bad cache entry %s from %r (%s); recomputing",
-            key.digest[:16],
-            cache,
-            e,
-        )
-        discard(cache, key.digest)
+        dropped(cache, key.digest, f"a bad cache entry ({e})", "recomputing", blob)
         return None
     _stats.bump("loaded")
     return entry
@@ -75,7 +69,24 @@ def decoder(key: ComponentKey) -> Callable[[bytes], Entry | None]:
     return decode
 
 
-def discard(cache: Cache, digest: str) -> None:
+def dropped(cache: Cache, digest: str, what: str, instead: str, blob: bytes | None) -> None:
+    """Removes the bad entry ``digest`` (``blob``, where it was read) and says so:
+    a warning per entry removed, and one per cache where it stays (a read-only
+    cache: every process that reads it meets it again). ``what`` says what is
+    wrong with it, ``instead`` what this process does."""
+    where = f"{digest[:16]} in {cache!r}"
+    if _discard(cache, digest, blob):
+        logger.warning("jaxaot: dropped %s %s; %s", what, where, instead)
+        return
+    _stats.warn_once(
+        f"bad-entry-stays:{cache!r}",
+        f"jaxaot: {what} {where} could not be removed (is the cache read-only?); {instead}, "
+        "and every process that reads it will",
+    )
+
+
+def _discard(cache: Cache, digest: str, blob: bytes | None) -> bool:
+    """Whether the bad entry ``digest`` is gone (removed, or replaced meanwhile)."""
     try:
         if isinstance(cache, Quarantining):
             try:
@@ -84,8 +95,11 @@ def discard(cache: Cache, digest: str) -> None:
                 cache.quarantine(digest)
         else:
             cache.delete(digest)
+        still = cache.get(digest)
     except Exception:  # removing a bad entry is best effort
         logger.debug("jaxaot: could not remove bad entry %s", digest[:16], exc_info=True)
+        return False
+    return still is None or (blob is not None and still != blob)
 
 
 def write(cache: Cache, entry: Entry) -> None:
