@@ -540,6 +540,44 @@ def test_single_device_inputs_on_any_device_are_split() -> None:
     )
 
 
+def test_arguments_on_devices_that_do_not_fit_together_raise_what_jax_jit_raises() -> None:
+    """Arrays committed to two device sets, and in_shardings over two device sets:
+    components and jaxaot.jit raise jax.jit's own error, with the user's argument
+    names, and say nothing of jaxaot (it is the program's error, not a limitation)."""
+    out = run_devices(
+        """
+        import logging, sys
+        logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="LOGGED %(message)s")
+        devs = jax.devices()
+        m1, m2 = jax.sharding.Mesh(devs[:4], ("a",)), jax.sharding.Mesh(devs[4:], ("a",))
+        s1, s2 = jax.sharding.NamedSharding(m1, P("a")), jax.sharding.NamedSharding(m2, P())
+        x = jax.device_put(jnp.ones((8, 4)), s1)
+        w = jax.device_put(jnp.ones((4, 4)), s2)
+
+        def f(x, w):
+            return jnp.tanh(x @ w)
+
+        def error(fn, *args):
+            try:
+                fn(*args)
+            except Exception as e:
+                return type(e), str(e)
+            raise AssertionError("no error")
+
+        want = error(jax.jit(f), x, w)
+        assert "argument x of f" in want[1], want
+        for fn in (jaxaot.component(f), jaxaot.jit(f), jaxaot.jit(jax.grad(lambda x, w: f(x, w).sum()))):
+            got = error(fn, x, w)
+            assert got[0] is want[0] and "incompatible devices" in got[1], got
+            assert "args[" not in got[1], got
+        want = error(jax.jit(f, in_shardings=(s1, s2)), x.copy(), w.copy())
+        got = error(jaxaot.jit(f, in_shardings=(s1, s2)), x.copy(), w.copy())
+        assert got == want, (got, want)
+        """
+    )
+    assert "LOGGED" not in out, out
+
+
 WARM_EXPLICIT = """
 devices = jax.device_count()
 mesh = jax.make_mesh((devices,), ("data",))  # Explicit axes

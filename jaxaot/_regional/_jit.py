@@ -383,11 +383,22 @@ class RegionalFunction:
             # try it first; the executable it will call starts loading.
             self._hot = True
             plan.structured(treedef)
+        failed: PlanFailed | None = None
         try:
             out = plan(leaves)
         except PlanFailed as e:  # nothing donated yet: jax.jit gives the result
-            self._give_up(self._signature(leaves, treedef, statics, arrays), e)
-            return self._jitted(*args, **kwargs)
+            failed = e
+        if failed is not None:
+            sig = self._signature(leaves, treedef, statics, arrays)
+            try:
+                result = self._jitted(*args, **kwargs)
+            except Exception:
+                # jax.jit refuses these arguments too (devices that do not fit
+                # together, say): the user's error, raised as jax.jit raises it.
+                self._give_up(sig, failed, say=False)
+                raise
+            self._give_up(sig, failed)
+            return result
         if plan.out_shardings is not None:
             out = reshard(out, plan.out_shardings)
         return jax.tree_util.tree_unflatten(plan.out_tree, out)
@@ -514,9 +525,10 @@ class RegionalFunction:
             return None
         return plan
 
-    def _give_up(self, sig: Any, error: Exception) -> None:
+    def _give_up(self, sig: Any, error: Exception, *, say: bool = True) -> None:
         logger.debug("jaxaot.jit %s: not split (%s); using jax.jit", self.__name__, error)
-        self._say_unsplit(error)
+        if say:
+            self._say_unsplit(error)
         with self._lock:
             self._plans[sig] = None
             self._last = None
