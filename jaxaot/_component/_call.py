@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import jax
 
-from .._jax import batch_jaxpr, jaxpr_as_fun, partial_eval_jaxpr
+from .._jax import batch_jaxpr, jaxpr_as_fun, named, partial_eval_jaxpr
 from .._keys._context import axis_data_parts
 from .._keys._key import ComponentKey
 from .._store._entry import Entry
@@ -99,7 +99,7 @@ class Call:
 
         def trace() -> Any:
             # From the jaxpr this process already has: the body is not run again.
-            fn = self.fn()
+            fn = named(self.fn(), base.name)
             with traced_under(base.in_avals):
                 return jax.jit(fn, keep_unused=True).trace(*[sds(a) for a in base.in_avals])
 
@@ -130,6 +130,8 @@ class Call:
             with traced_under(in_avals):
                 fn, facts = make_fn()
                 extra.update(facts)
+                # Named as the component: ``jit(layer)`` in logs, profiles and HLO names.
+                fn = named(fn, name)
                 return jax.jit(fn, keep_unused=True).trace(*[sds(a) for a in in_avals])
 
         def build() -> Entry:
