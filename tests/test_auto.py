@@ -354,6 +354,67 @@ def test_blocks_named_by_the_user_become_blocks_functions_and_modules() -> None:
         jaxaot.jit(floss, blocks=(3,))
 
 
+#: A module-level GraphDef, as a script's ``graphdef, state = nnx.split(model)``
+#: leaves it (set by the test below).
+GRAPHDEF: Any = None
+
+
+def test_nnx_layers_merged_inside_the_step_are_found_without_naming_them() -> None:
+    """Flax NNX's functional form: the step merges the model from a GraphDef it
+    closes over, receives, or reads as a global, and its state; no module instance
+    reaches it. Its repeated layer class is a block all the same (the framework's
+    own layers inside it are parts), with jax.jit's values and gradients."""
+    from flax import nnx
+
+    global GRAPHDEF
+
+    class GLayer(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.norm = nnx.LayerNorm(8, rngs=rngs)
+            self.linear = nnx.Linear(8, 8, rngs=rngs)
+
+        def __call__(self, v: jax.Array) -> jax.Array:
+            return v + jnp.tanh(self.linear(self.norm(v)))
+
+    class GModel(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.layers = nnx.List([GLayer(rngs) for _ in range(4)])
+            self.head = nnx.Linear(8, 2, rngs=rngs)
+
+        def __call__(self, v: jax.Array) -> jax.Array:
+            for layer in self.layers:
+                v = layer(v)
+            return self.head(v)
+
+    graphdef, params, rest = nnx.split(GModel(nnx.Rngs(0)), nnx.Param, ...)
+    GRAPHDEF = graphdef
+    x = jnp.linspace(-1.0, 1.0, 24).reshape(3, 8)
+
+    def closed(params: Any, v: jax.Array) -> jax.Array:
+        return (nnx.merge(graphdef, params, rest)(v) ** 2).mean()
+
+    def passed(graph: Any, params: Any, v: jax.Array) -> jax.Array:
+        return (nnx.merge(graph, params, rest)(v) ** 2).mean()
+
+    def global_(params: Any, v: jax.Array) -> jax.Array:
+        def inner(p: Any) -> jax.Array:  # the global is read in a nested function
+            return (nnx.merge(GRAPHDEF, p, rest)(v) ** 2).mean()
+
+        return inner(params)
+
+    for loss, args, static in (
+        (closed, (params, x), ()),
+        (passed, (graphdef, params, x), (0,)),
+        (global_, (params, x), ()),
+    ):
+        step = jax.value_and_grad(loss, argnums=len(static))
+        regional = jaxaot.jit(step, static_argnums=static)
+        _close(regional(*args), jax.jit(step, static_argnums=static)(*args))
+        explained = regional.explain(*args)
+        assert "GLayer.__call__): 4 forward, 4 linear/transpose" in explained, explained
+        assert "LayerNorm" not in explained.split("in glue")[0], explained  # a part
+
+
 def test_a_custom_vjp_block_that_cannot_be_differentiated_alone_stays_in_its_glue(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -17,7 +17,9 @@ block finder (``_auto``) turns into a block like any other.
 Without ``blocks=``, module classes name themselves (:func:`repeated_modules`):
 an Equinox or Flax NNX module class with two or more instances in what the
 program receives (its arguments, the values it closes over) is a block, as if
-the user had named it. Its calls that repeat with the same structure become
+the user had named it; so is one with two or more nodes in a Flax NNX
+``GraphDef`` it receives, closes over or reads as a global (a step that merges
+its model inside). Its calls that repeat with the same structure become
 regions; a call made once (a head, an embedding) is inlined back into its glue
 by the block finder, as every block called once is.
 """
@@ -95,6 +97,16 @@ class _Census:
         self.count[cls] = self.count.get(cls, 0) + 1
         self.enclosed_by[cls] = self.enclosed_by.get(cls, enclosing) & enclosing
 
+    def count_graph(self, graph: Any) -> None:
+        """Counts the module nodes of a Flax NNX GraphDef (where they sit is not
+        read: nothing encloses them)."""
+        bases = _module_bases()
+        for node in getattr(graph, "nodes", None) or ():
+            cls = getattr(node, "type", None)
+            if isinstance(cls, type) and issubclass(cls, bases):
+                self.count[cls] = self.count.get(cls, 0) + 1
+                self.enclosed_by.setdefault(cls, frozenset())
+
     def walk(self, obj: Any, enclosing: frozenset[type], depth: int = 0) -> None:
         """Counts the modules nested in the pytree ``obj`` (in modules included)."""
         if depth > 64:
@@ -144,7 +156,8 @@ def repeated_modules(
             closed.append(cell.cell_contents)
         except ValueError:  # an empty cell
             continue
-    for root in (*args, *kwargs.values(), *closed):
+    roots = (*args, *kwargs.values(), *closed)
+    for root in roots:
         enclosing: frozenset[type] = frozenset()
         if _is_module(root):
             census.add(root, enclosing)
@@ -153,9 +166,50 @@ def repeated_modules(
             census.walk(root, enclosing)
         except Exception:  # a value that is no pytree: it holds no module
             continue
+    if not named:
+        # Flax NNX's functional form: the step merges the model from a GraphDef
+        # (an argument, or a value the program closes over or reads as a global)
+        # and its state, so no module instance reaches it; the GraphDef names them.
+        for graph in _graphdefs((*roots, *_globals_read(target))):
+            census.count_graph(graph)
     repeated = [c for c, n in census.count.items() if n >= 2 and "__call__" in _calls(c)]
     outer = {c for c in named if isinstance(c, type)}
     return tuple(c for c in repeated if not (census.enclosed_by[c] & outer))
+
+
+def _graphdefs(values: Sequence[Any]) -> list[Any]:
+    """The Flax NNX GraphDefs among ``values`` and their pytree leaves."""
+    graphlib = sys.modules.get("flax.nnx.graphlib")
+    graph_type = getattr(graphlib, "GraphDef", None)
+    if not isinstance(graph_type, type):
+        return []
+    found: dict[int, Any] = {}
+    for value in values:
+        try:
+            leaves = jax.tree_util.tree_leaves(value, is_leaf=lambda x: isinstance(x, graph_type))
+        except Exception:  # no pytree
+            continue
+        for leaf in (value, *leaves):
+            if isinstance(leaf, graph_type):
+                found[id(leaf)] = leaf
+    return list(found.values())
+
+
+def _globals_read(fn: Any, depth: int = 0) -> list[Any]:
+    """The values of the globals ``fn``'s code (and the functions defined in it)
+    names: a module-level GraphDef a step merges its model from."""
+    code = getattr(fn, "__code__", None)
+    namespace = getattr(fn, "__globals__", None)
+    if code is None or not isinstance(namespace, dict):
+        return []
+    names: set[str] = set()
+    stack, seen = [code], 0
+    while stack and seen < 256:
+        c = stack.pop()
+        seen += 1
+        names.update(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return [namespace[n] for n in sorted(names) if n in namespace]
 
 
 def _calls(cls: type) -> set[str]:
