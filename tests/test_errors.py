@@ -61,6 +61,28 @@ def test_a_function_leaf_says_to_mark_the_field_static() -> None:
     assert "eqx.field(static=True)" in text
 
 
+def test_a_linen_module_argument_says_to_pass_its_variables() -> None:
+    """A Flax linen module passed as an argument holds no arrays: the message says
+    to close over it or make it static and pass its variables (not Equinox's
+    advice), on one line."""
+    import flax.linen as nn
+
+    module = nn.Dense(4)
+    variables = module.init(jax.random.key(0), jnp.ones((2, 3)))
+
+    def forward(m: Any, v: Any, x: jax.Array) -> jax.Array:
+        return m.apply(v, x)  # type: ignore[no-any-return]
+
+    for fun in (jaxaot.jit(forward), jaxaot.component(forward)):
+        text = _message(fun, module, variables, jnp.ones((2, 3)))
+        assert "at path m is a Dense Dense(" in text and "\n" not in text, text
+        assert "A Flax linen module holds no arrays" in text and "pass its variables" in text
+        assert "eqx.partition" not in text, text
+    got = jaxaot.jit(forward, static_argnums=0)(module, variables, jnp.ones((2, 3)))
+    want = jax.jit(forward, static_argnums=0)(module, variables, jnp.ones((2, 3)))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_a_function_leaf_is_named_by_its_name_not_its_address() -> None:
     text = _message(jaxaot.jit(apply), Model(jnp.ones(3), jax.nn.relu), jnp.ones(3))
     assert "relu" in text and " at 0x" not in text, text

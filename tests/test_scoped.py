@@ -382,3 +382,17 @@ def test_layers_whose_draws_cannot_move_out_stay_inline_with_jax_jit_draws(
         _same(regional(*args), jax.jit(step)(*args))
     name, _, why = says.partition(": left inline: ")
     assert f"{name} is not a block (left inline: {why}" in caplog.text, caplog.text
+
+
+def test_remat_layers_drawing_random_numbers_say_why_none_repeats() -> None:
+    """``nn.remat`` of a layer with dropout: Flax builds each layer's random key into
+    its checkpoint region, so each layer is a program of its own and none repeats;
+    the program is served whole with ``jax.jit``'s values, and ``explain`` says which
+    block ran how often, each call a different program (it said only that every
+    block was called once)."""
+    step, args = _linen(nn.remat(Dropped), rngs={"dropout": jax.random.key(2)})
+    regional = jaxaot.jit(step)
+    _same(regional(*args), jax.jit(step)(*args))
+    said = regional.explain(*args)
+    assert "every block it found is called once; " in said, said
+    assert "checkpoint(Dropped.__call__) runs 3 times, each call a different program" in said

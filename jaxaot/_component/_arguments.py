@@ -11,6 +11,7 @@ process)."""
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,7 +44,7 @@ def _what(value: Any) -> str:
     if callable(value) and isinstance(name, str):
         where = f"{module}.{name}" if isinstance(module, str) else name
         return f"{kind} {where}"
-    text = repr(value)
+    text = " ".join(repr(value).split())  # a module's repr spans lines
     text = text if len(text) <= 60 else text[:57] + "..."
     return f"{kind} {text}"
 
@@ -64,7 +65,14 @@ def unhashable_static(who: str, name: str, value: Any, error: Exception) -> NonH
 def not_an_array(who: str, path: str, value: Any) -> TypeError:
     """The error for an argument leaf at ``path`` that is not an array."""
     hint = ""
-    if callable(value):
+    linen = getattr(sys.modules.get("flax.linen"), "Module", None)
+    if isinstance(linen, type) and isinstance(value, linen):
+        hint = (
+            " A Flax linen module holds no arrays (its variables do): close over the "
+            "module or pass it as a static argument (static_argnums/static_argnames), "
+            "and pass its variables."
+        )
+    elif callable(value):
         hint = (
             " A function inside an argument (a field of a module) is not an array: mark "
             "the field static (eqx.field(static=True), flax.struct.field(pytree_node=False)), "

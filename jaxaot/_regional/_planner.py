@@ -217,6 +217,24 @@ def _trace(
     return traced, early, finder
 
 
+def _unlike(counts: collections.Counter[Any]) -> str:
+    """What tells apart the calls of a block that runs several times, each as a
+    program of its own (so none repeats): their names and how many."""
+    programs: dict[tuple[str, str], int] = collections.Counter()
+    for call in counts:  # a layer's forward and backward calls count once
+        programs[(call.name, repr(call.key.parts.get("transform")))] += 1
+    most: dict[str, int] = {}
+    for (name, _), n in programs.items():
+        most[name] = max(most.get(name, 0), n)
+    named = [f"{name} runs {n} times" for name, n in sorted(most.items()) if n >= 2]
+    if not named:
+        return ""
+    return (
+        f"; {', '.join(named)}, each call a different program: a value made for each "
+        "layer is built into it, such as linen's random keys under nn.remat"
+    )
+
+
 def _repeats_blocks(closed: Any) -> bool:
     return any(n >= 2 for n in BlockFinder.counts(closed.jaxpr).values())
 
@@ -366,7 +384,7 @@ def _cut(
         jaxpr, consts = flat.jaxpr, list(flat.consts)
         why = None
         if not contains_components(jaxpr):
-            why = "nothing to split: every block it found is called once"
+            why = "nothing to split: every block it found is called once" + _unlike(counts)
     donated_vars = {jaxpr.invars[i] for i in donated}
     regions, leftover = split(jaxpr, donated_vars)
     if not regions:
