@@ -3,12 +3,15 @@ processes, then deployed by ``_precompile_deploy`` in a fresh process.
 
 ``PRECOMPILE_KILL_MARKER``: a path; the first process to trace ``fragile``
 creates it and kills itself (SIGKILL) while it holds that signature's claim.
+``PRECOMPILE_STALL_MARKER``: a path; each process that traces ``stalling``
+creates it, then sleeps for a minute (a precompile to stop meanwhile).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 import jax
@@ -190,6 +193,24 @@ def fragile(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
 killed = jaxaot.manifest()
 for _n in (2, 3, 4, 5, 6, 7):
     killed.add(layer if _n % 2 else fragile, _params(1)[0], _sds(_n, WIDTH))
+
+
+# -- a run stopped while its workers are busy ---------------------------------------
+
+
+@jaxaot.component
+def stalling(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    marker = os.environ.get("PRECOMPILE_STALL_MARKER")
+    if marker:
+        with open(marker, "a"):
+            pass
+        time.sleep(60)
+    return jnp.cos(x @ p["w"]) + p["b"]
+
+
+stalled = jaxaot.manifest()
+for _n in (2, 3, 4, 5):
+    stalled.add(stalling, _params(1)[0], _sds(_n, WIDTH))
 
 
 # -- a TPU topology (``--target tpu:v5e:2x2``), or this process's devices ----------

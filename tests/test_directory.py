@@ -144,8 +144,8 @@ def test_keys_delete_clear_stats(tmp_path: Path) -> None:
 
 
 def test_files_beside_entries_count_against_the_cap_and_go_with_clear(tmp_path: Path) -> None:
-    """Notes, hit counts and leases are the cache's files too: their bytes count
-    against ``max_bytes``, and a clear leaves none of them, except a lease that a
+    """Notes and leases are the cache's files too: their bytes count against
+    ``max_bytes``; a clear leaves none of them, nor hit counts, except a lease that a
     live process still holds."""
     root = tmp_path / "c"
     cache = DirectoryCache(root, max_bytes=1000)

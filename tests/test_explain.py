@@ -387,6 +387,30 @@ def test_glue_recompiles_are_explained(
         assert said, warnings_of(explaining)
 
 
+def test_a_program_miss_is_compared_with_its_own_functions_programs(
+    fresh_cache: jaxaot.MemoryCache, explaining: pytest.LogCaptureFixture
+) -> None:
+    """Two functions served whole: a miss of one is explained from its own earlier
+    signature, never from the other function's program (it was: the closest entry
+    of any program of the kind), and the words say "program's content" once."""
+
+    def first(x: jax.Array) -> jax.Array:
+        return jnp.sin(x) * 2
+
+    def second(x: jax.Array) -> jax.Array:
+        return jnp.cos(x) + 1
+
+    f, g = jaxaot.jit(first), jaxaot.jit(second)
+    f(jnp.ones(3))
+    g(jnp.ones((4, 5)))
+    explaining.clear()
+    np.testing.assert_allclose(f(jnp.ones(7)), jax.jit(first)(jnp.ones(7)))
+    said = [m for m in warnings_of(explaining) if "jaxaot.jit first's program" in m]
+    assert len(said) == 1, warnings_of(explaining)
+    assert "float32[3] → float32[7]" in said[0], said
+    assert "float32[4,5]" not in said[0] and "program program" not in said[0], said
+
+
 def test_jax_explain_cache_misses_names_what_changed_in_the_users_words(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

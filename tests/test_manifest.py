@@ -154,6 +154,22 @@ def test_precompile_in_process_fills_the_cache(fresh_cache: jaxaot.MemoryCache) 
     assert again.line().startswith("precompiled 4 signatures: 0 entries made, 0 loaded, 4 already")
 
 
+def test_a_failed_signature_says_its_cause_on_its_line(fresh_cache: jaxaot.MemoryCache) -> None:
+    """A static argument that cannot be hashed (a dict): the signature's line keeps
+    the cause, which ``jax.jit``'s words give on a line of its own."""
+
+    def scaled(x: jax.Array, cfg: Any) -> jax.Array:
+        return x * 2
+
+    step = jaxaot.jit(scaled, static_argnames="cfg")
+    m = jaxaot.manifest().add(step, jax.ShapeDtypeStruct((3,), jnp.float32), cfg={"a": 1})
+    report = m.precompile(raise_errors=False)
+    assert [r.state for r in report.items] == ["failed"]
+    note = report.items[0].note
+    assert "\n" not in note and "static argument 'cfg' is not hashable" in note, note
+    assert "unhashable type: 'dict'" in note, note
+
+
 def test_a_failing_signature_leaves_the_others_precompiled(
     fresh_cache: jaxaot.MemoryCache,
 ) -> None:
@@ -241,6 +257,56 @@ def test_killed_worker_is_taken_over(tmp_path: Path, subprocess_env: dict[str, s
     # Every entry made once: what the survivors made is what the cache holds.
     assert counts["made"] == len(DirectoryCache(tmp_path / "cache").keys()) > 0
     _assert_warm(_deploy(env, "_precompile_targets:killed"), 6)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for the workers")
+def test_a_terminated_run_stops_its_workers_and_says_one_line(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """SIGTERM to ``jaxaot precompile`` while its workers compile: it says one line
+    and exits 143, its workers are stopped with it, and nothing prints a traceback
+    (the workers printed two each when they next wrote to their gone parent)."""
+    import os
+    import signal
+    import time
+
+    marker = tmp_path / "stalled"
+    env = _env(subprocess_env, tmp_path / "cache", PRECOMPILE_STALL_MARKER=str(marker))
+    token = f"stopped-{os.getpid()}-{time.monotonic_ns()}"
+    cmd = [sys.executable, "-m", "jaxaot", "precompile", "_precompile_targets:stalled"]
+    proc = subprocess.Popen(
+        [*cmd, "--workers", "2", "--run", token],
+        cwd=TESTS,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists():  # a worker is tracing a signature
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, (out, err)
+    assert err.strip().splitlines()[-1] == "jaxaot: error: terminated", err
+    assert "Traceback" not in err and "Traceback" not in out, err
+
+    def workers() -> list[str]:
+        found = []
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if token.encode() in f.read():
+                        found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    deadline = time.monotonic() + 20
+    while workers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not workers()
 
 
 def test_two_machines_on_one_redis_make_each_entry_once(

@@ -85,8 +85,8 @@ class Scan(NamedTuple):
     entries: list[ScannedEntry]
     temp_files: int
     temp_bytes: int
-    #: Bytes of the files kept beside entries (notes, hit counts, leases): they
-    #: count against ``max_bytes`` too.
+    #: Bytes of the files kept beside entries that do not go with one (notes,
+    #: leases): they count against ``max_bytes`` too.
     other_bytes: int = 0
 
 
@@ -257,7 +257,8 @@ def scan(root_fd: int, root: str, *, clean: bool, everything: bool = False) -> S
                                 continue
                         except OSError:
                             pass
-                    other_bytes += st.st_size
+                    if not name.endswith(HITS_SUFFIX):  # (a hit count goes with its entry)
+                        other_bytes += st.st_size
                     continue
                 if name.startswith(TEMP_PREFIX):
                     if clean and abs(now - st.st_mtime) > TEMP_MAX_AGE:

@@ -230,7 +230,8 @@ def _explain_part(name: str, old: Any, new: Any) -> list[str]:
         kind_new, _, digest_new = new.partition(":")
         if kind_old == kind_new and _is_hex(digest_old) and _is_hex(digest_new):
             # A program named by its content (jaxaot.jit's glue): only the digest can say.
-            return [f"{kind_new} program's content: {digest_old[:16]}… → {digest_new[:16]}…"]
+            program = kind_new if kind_new.endswith("program") else f"{kind_new} program"
+            return [f"{program}'s content: {digest_old[:16]}… → {digest_new[:16]}…"]
     if name in ("xla_flags", "libtpu_init_args") and isinstance(old, str) and isinstance(new, str):
         return _explain_flags(name, old, new)
     if isinstance(old, tuple) and isinstance(new, tuple) and len(old) == len(new) and old:

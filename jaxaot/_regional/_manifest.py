@@ -422,10 +422,18 @@ class Manifest:
         return report
 
 
+#: The longest message of a failed signature's line (``jaxaot precompile``).
+_ERROR_CHARS = 400
+
+
 def _error_text(error: Exception) -> str:
-    """An error as one line: its type and the first line of its message."""
-    first = str(error).strip().splitlines()[:1]
-    return type(error).__name__ + (f": {first[0]}" if first else "")
+    """An error as one line: its type and its message, lines joined (a message
+    whose cause comes on its next line, as ``jax.jit``'s for an unhashable static
+    argument, keeps it), cut at :data:`_ERROR_CHARS` characters."""
+    text = " ".join(str(error).split())
+    if len(text) > _ERROR_CHARS:
+        text = text[: _ERROR_CHARS - 1] + "…"
+    return type(error).__name__ + (f": {text}" if text else "")
 
 
 def _claim(cache: Leasing, digest: str, ttl: float) -> Lease | Held | None:

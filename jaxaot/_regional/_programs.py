@@ -183,7 +183,9 @@ class ProgramCache:
             Codec(f"{self.kind} executable", load, save),
             make,
             self.counters,
-            lambda key, cache: _explain.miss(self.kind, key, cache, label=what),
+            # Noted under what it is of (``jaxaot.jit step's whole program``): its
+            # closest entry is one of the same function's, never another's.
+            lambda key, cache: _explain.miss(what, key, cache, label=what),
         )
 
     def _store(

@@ -34,12 +34,20 @@ import time
 IMPORTED_AT = time.perf_counter()
 
 import argparse  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
-from ._output import PROG, CLIError, Command, Group, Output, _Parser  # noqa: E402
+from ._output import (  # noqa: E402
+    PROG,
+    CLIError,
+    Command,
+    Group,
+    Output,
+    Terminated,
+    _Parser,
+    quiet_stdout,
+)
 
 __all__ = ["COMMANDS", "CLIError", "build_parser", "main"]
 
@@ -150,16 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     except CLIError as e:
         _error(str(e))
         return e.code
+    except Terminated:
+        _error("terminated")
+        return 143
     except KeyboardInterrupt:
         _error("interrupted")
         return 130
     except BrokenPipeError:
         # The reader went away (`jaxaot cache ls | head`): stop quietly.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass
+        quiet_stdout()
         return 1
     except OSError as e:
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""

@@ -9,6 +9,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import re
 import shutil
 import sys
@@ -29,6 +30,21 @@ class CLIError(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where a command stops its work on it (said as one line,
+    exit status 143)."""
+
+
+def quiet_stdout() -> None:
+    """Points standard output at /dev/null: its reader went away (a closed pipe),
+    and the interpreter's last flush would fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 class _Parser(argparse.ArgumentParser):

@@ -34,6 +34,7 @@ import json
 import os
 import queue
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,7 @@ import traceback
 from typing import IO, Any
 
 from .._precompiled import ItemResult, PrecompileReport
-from ._output import CLIError, Command, Output, positive_int
+from ._output import CLIError, Command, Output, Terminated, positive_int, quiet_stdout
 
 __all__ = ["MARK", "PRECOMPILE", "load_manifest", "worker_main"]
 
@@ -236,6 +237,10 @@ def worker_main(argv: list[str]) -> int:
                 "are missing from it",
                 1,
             )
+    except BrokenPipeError:
+        # The parent is gone (terminated): nobody to report to, no reason to go on.
+        quiet_stdout()
+        return 1
     except CLIError as e:
         _report(out, "error", message=str(e))
         return e.code
@@ -403,6 +408,19 @@ def _close(worker: _Worker) -> None:
             pass
 
 
+def _on_sigterm() -> Any:
+    """Makes SIGTERM stop the run as Ctrl-C does (its workers killed, one line said);
+    the handler it replaces, or ``None`` where none can be set (not the main thread)."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:
+        return None
+
+
 def _run(args: argparse.Namespace, out: Output) -> int:
     _split_target(args.target)
     compile_target = _compile_target(args.compile_target)
@@ -441,6 +459,7 @@ def _run(args: argparse.Namespace, out: Output) -> int:
 
     progress = _Progress(out)
     total: int | None = None
+    previous = _on_sigterm()
     results: list[ItemResult] = []
     finished: set[int] = set()
     open_streams = workers
@@ -467,11 +486,13 @@ def _run(args: argparse.Namespace, out: Output) -> int:
                     progress.current.pop(w, None)
             elif kind == "error":
                 procs[w].error = str(event.get("message", ""))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (Terminated)
         for worker in procs:
             worker.proc.kill()
         raise
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         progress.stop()
         for worker in procs:
             _close(worker)

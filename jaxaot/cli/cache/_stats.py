@@ -59,11 +59,15 @@ def _cmd_stats(args: argparse.Namespace, out: Output) -> int:
         ("entries", opt(entries)),
         ("total", f"{human_bytes(total)} ({total} bytes)" if total is not None else "-"),
     ]
+    other = stats.get("other_bytes")
+    if isinstance(other, int):
+        rows.append(("beside entries", f"{human_bytes(other)} (notes and leases)"))
     if cap is not None:
-        used = f", {100.0 * total / cap:.1f}% used" if total is not None and cap else ""
+        held = (total or 0) + (other if isinstance(other, int) else 0)
+        used = f", {100.0 * held / cap:.1f}% used" if total is not None and cap else ""
         rows.append(("cap", f"{human_bytes(cap)} ({cap} bytes{used})"))
     rows.append(("recorded hits", opt(recorded)))
-    shown = {"path", "backend", "entries", "bytes", "max_bytes", "recorded_hits"}
+    shown = {"path", "backend", "entries", "bytes", "other_bytes", "max_bytes", "recorded_hits"}
     # Whatever else the backend reports about the store itself (temp files, TTL, ...).
     rows += [(n.replace("_", " "), value_text(v)) for n, v in stats.items() if n not in shown]
     out.fields(rows)
