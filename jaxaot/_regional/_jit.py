@@ -383,21 +383,17 @@ class RegionalFunction:
             # try it first; the executable it will call starts loading.
             self._hot = True
             plan.structured(treedef)
-        failed: PlanFailed | None = None
         try:
-            out = plan(leaves)
+            out, failed = plan(leaves), None
         except PlanFailed as e:  # nothing donated yet: jax.jit gives the result
             failed = e
         if failed is not None:
             sig = self._signature(leaves, treedef, statics, arrays)
-            try:
-                result = self._jitted(*args, **kwargs)
-            except Exception:
-                # jax.jit refuses these arguments too (devices that do not fit
-                # together, say): the user's error, raised as jax.jit raises it.
-                self._give_up(sig, failed, say=False)
-                raise
-            self._give_up(sig, failed)
+            # Where jax.jit refuses these arguments too (devices that do not fit
+            # together), the error is the user's: raised as jax.jit raises it.
+            self._give_up(sig, failed, say=False)
+            result = self._jitted(*args, **kwargs)
+            self._say_unsplit(failed)
             return result
         if plan.out_shardings is not None:
             out = reshard(out, plan.out_shardings)
