@@ -168,7 +168,8 @@ def test_ls_fits_the_terminal(
 ) -> None:
     """On a terminal every column shown has its header and cells whole (names and
     signatures cut with an ellipsis), the lines fit, and the columns left out to fit
-    are named; from the widest terminal down, the digest and the flops go first."""
+    are named; from the widest terminal down, the flops and the platforms go first,
+    the digest (what ``cache info`` takes) late."""
     root = wide_dir
     monkeypatch.setattr(_output, "is_terminal", lambda stream: True)
     monkeypatch.setenv("COLUMNS", str(width))
@@ -185,7 +186,7 @@ def test_ls_fits_the_terminal(
     every += ["LAST USED", "FLOPS", "DIGEST"]
     assert shown == [h for h in every if h in shown], shown  # whole headers, in order
     assert {"NAME", "SIGNATURE", "SIZE", "LAST USED"} <= set(shown), shown
-    give_way = ["FLOPS", "PLATFORMS", "DIGEST", "HITS", "KIND", "TRANSFORM", "LAST USED"]
+    give_way = ["FLOPS", "PLATFORMS", "HITS", "KIND", "TRANSFORM", "DIGEST", "LAST USED"]
     hidden = [h for h in give_way if h not in shown]
     assert hidden == give_way[: len(hidden)], hidden  # the least telling columns go first
     caption = " ".join(plain.split())

@@ -143,7 +143,9 @@ def test_keys_delete_clear_stats(tmp_path: Path) -> None:
     assert cache.get(k(1)) == b"again"
 
 
-def test_files_beside_entries_count_against_the_cap_and_go_with_clear(tmp_path: Path) -> None:
+def test_files_beside_entries_count_against_the_cap_and_go_with_clear(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Notes and leases are the cache's files too: their bytes count against
     ``max_bytes``; a clear leaves none of them, nor hit counts, except a lease that a
     live process still holds."""
@@ -161,6 +163,13 @@ def test_files_beside_entries_count_against_the_cap_and_go_with_clear(tmp_path: 
     assert 630 < other < 850, cache.stats()
     cache.put(k(3), bytes(150))  # 300 + 150 + the notes > 1000: the oldest entry goes
     assert cache.keys() == [k(3)]
+    # A value that fits only without the notes evicts nothing, and says so once.
+    with caplog.at_level(logging.WARNING, logger="jaxaot"):
+        cache.put(k(4), bytes(900))
+        cache.put(k(5), bytes(950))
+    assert cache.keys() == [k(3)]
+    said = [r.getMessage() for r in caplog.records if "do not fit beside" in r.getMessage()]
+    assert len(said) == 1, caplog.text
     cache.clear()
     left = [p.name for p in all_files(root) if p.name != ".lock"]
     assert left == [k(2) + ".lease"], left

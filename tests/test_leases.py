@@ -447,8 +447,8 @@ def test_a_holder_that_outlasted_a_wait_is_not_waited_for_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A stalled process holds an entry's lease and the leases of what it is made
-    from: the waiter waits once, not once per level, and other holders in that cache
-    and the same holder in other caches are still waited for."""
+    from: the waiter waits once, not once per level; other holders in that cache,
+    the same holder in other caches, and the holder once seen done are waited for."""
     monkeypatch.setenv("JAXAOT_LEASE_WAIT", "0.2")
     cache = FakeLeasing(Held("host pid 1"))
     before = _stats.stats()
@@ -468,6 +468,13 @@ def test_a_holder_that_outlasted_a_wait_is_not_waited_for_again(
     elsewhere = FakeLeasing(Held("host pid 1"))
     got = _once.make_once(elsewhere, KEY, "entry", lambda: next(loads), lambda: 0)
     assert got == _once.Outcome(9, made=False, waited=True)
+    # Seen done with an entry, the holder works again: waited for.
+    cache.answers, cache.asked = [Held("host pid 1", done=True)], 0
+    assert _once.make_once(cache, "12" * 16, "entry", lambda: 5, lambda: 0).value == 5
+    loads = iter([None, 6])
+    cache.answers, cache.asked = [Held("host pid 1")], 0
+    again = _once.make_once(cache, "34" * 16, "entry", lambda: next(loads), lambda: 0)
+    assert again == _once.Outcome(6, made=False, waited=True)
 
 
 def test_faulty_leases_and_leases_off_make_it_here(

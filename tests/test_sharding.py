@@ -542,8 +542,9 @@ def test_single_device_inputs_on_any_device_are_split() -> None:
 
 def test_arguments_on_devices_that_do_not_fit_together_raise_what_jax_jit_raises() -> None:
     """Arrays committed to two device sets, and in_shardings over two device sets:
-    components and jaxaot.jit raise jax.jit's own error, with the user's argument
-    names, and say nothing of jaxaot (it is the program's error, not a limitation)."""
+    components, jaxaot.jit and its precompile raise jax.jit's own error, with the
+    user's argument names, and say nothing of jaxaot (it is the program's error, not
+    a limitation)."""
     out = run_devices(
         """
         import logging, sys
@@ -570,6 +571,8 @@ def test_arguments_on_devices_that_do_not_fit_together_raise_what_jax_jit_raises
             got = error(fn, x, w)
             assert got[0] is want[0] and "incompatible devices" in got[1], got
             assert "args[" not in got[1], got
+        got = error(jaxaot.jit(f).precompile, x, w)  # not reported as precompiled
+        assert got[0] is ValueError and "incompatible devices" in got[1], got
         want = error(jax.jit(f, in_shardings=(s1, s2)), x.copy(), w.copy())
         got = error(jaxaot.jit(f, in_shardings=(s1, s2)), x.copy(), w.copy())
         assert got == want, (got, want)

@@ -417,6 +417,12 @@ class DirectoryCache(WarnOnce):
                         self._count("evictions", evicted)
                     if not fits:
                         lost_write()
+                        self._warn_once(
+                            "no room",
+                            f"put of {key[:16]} skipped: {len(value)} bytes do not fit beside "
+                            "the notes and leases the cache holds (max_bytes "
+                            f"{self.max_bytes}; $JAXAOT_CACHE_MAX_BYTES for the default cache)",
+                        )
                         return
                     with self._shard_dir(rfd, shard, create=True) as sfd:
                         self._write(sfd, key, value)

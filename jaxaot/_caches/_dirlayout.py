@@ -308,6 +308,8 @@ def evict(root_fd: int, root: str, incoming: int, max_bytes: int) -> tuple[bool,
     total = sum(e.size for e in listed.entries) + listed.other_bytes
     if total + incoming <= max_bytes:
         return True, 0
+    if listed.other_bytes + incoming > max_bytes:
+        return False, 0  # evicting every entry would not make room: evict none
     horizon = time.time() + FUTURE_SLACK
     victims = sorted(
         listed.entries,

@@ -322,7 +322,7 @@ class RedisCache(FaultTracking):
 
     def _describe(self, e: BaseException) -> str:
         text = super()._describe(e)
-        if _cause(e) in ("AuthenticationError", "ResponseError NOAUTH") or "authenticated" in text:
+        if _cause(e) in ("AuthenticationError", "ResponseError NOAUTH", "ResponseError WRONGPASS"):
             # redis-py's words for a missing password name the protocol, not the fix.
             if self._secrets:
                 return f"the server refused the user or password in the URL ({text})"

@@ -389,8 +389,7 @@ class RegionalFunction:
             failed = e
         if failed is not None:
             sig = self._signature(leaves, treedef, statics, arrays)
-            # Where jax.jit refuses these arguments too (devices that do not fit
-            # together), the error is the user's: raised as jax.jit raises it.
+            # Out of the except: where jax.jit refuses too, its error alone is raised.
             self._give_up(sig, failed, say=False)
             result = self._jitted(*args, **kwargs)
             self._say_unsplit(failed)
@@ -549,17 +548,19 @@ class RegionalFunction:
             if sig not in self._plans:
                 self._plans[sig] = self._agreed(self._plan(args, kwargs, donated, leaves))
             plan = self._plans[sig]
+        failed: PlanFailed | None = None
         if plan is not None:
             try:
                 plan.wait()
             except PlanFailed as e:
-                self._give_up(sig, e)
-                plan = None
+                self._give_up(sig, e, say=False)
+                plan, failed = None, e
         if plan is None:
-            # Not split: a call runs it under jax.jit. Where that cannot trace it
-            # either, the arguments are wrong, and saying so here beats a
-            # precompile that reports success and a deployment that fails.
-            self._jitted.trace(*args, **kwargs)
+            # Not split: a call runs it under jax.jit. Where that cannot lower it either
+            # (devices that do not fit), the arguments are wrong: said now, not deployed.
+            self._jitted.lower(*args, **kwargs)
+            if failed is not None:
+                self._say_unsplit(failed)
 
     def explain(self, *args: Any, **kwargs: Any) -> str:
         """What ``jaxaot.jit`` makes of a call with these arguments, without running
@@ -611,7 +612,7 @@ class RegionalFunction:
                 e,
             )
             try:
-                self._jitted.trace(*args, **kwargs)
+                self._jitted.lower(*args, **kwargs)  # (JAX keeps it for the call)
             except Exception:
                 return None  # the program's own error: the call raises it, as jax.jit does
             self._say_unsplit(e)

@@ -170,6 +170,8 @@ def repeated_modules(
         # Flax NNX's functional form: the step merges the model from a GraphDef
         # (an argument, or a value the program closes over or reads as a global)
         # and its state, so no module instance reaches it; the GraphDef names them.
+        # (Not where the user named blocks: a GraphDef does not say which of its
+        # classes sit inside them, and those are parts, not blocks.)
         for graph in _graphdefs((*roots, *_globals_read(target))):
             census.count_graph(graph)
     repeated = [c for c, n in census.count.items() if n >= 2 and "__call__" in _calls(c)]

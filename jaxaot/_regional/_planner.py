@@ -221,7 +221,7 @@ def _unlike(counts: collections.Counter[Any]) -> str:
     """What tells apart the calls of a block that runs several times, each as a
     program of its own (so none repeats): their names and how many."""
     programs: dict[tuple[str, str], int] = collections.Counter()
-    for call in counts:  # a layer's forward and backward calls count once
+    for call in counts:  # counted per transformation (forward, backward, ...): the most
         programs[(call.name, repr(call.key.parts.get("transform")))] += 1
     most: dict[str, int] = {}
     for (name, _), n in programs.items():

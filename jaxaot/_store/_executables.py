@@ -26,7 +26,7 @@ from .._jax import (
 )
 from .._keys._key import ComponentKey
 from ._entry import Entry, EntryError
-from ._readwrite import dropped, read, write
+from ._readwrite import dropped, read_blob, write
 from ._trees import NotPersistable, tree_from_json, tree_to_json
 
 __all__ = [
@@ -175,8 +175,8 @@ def load_executable_entry(
     pending = _pending.get(key.digest)
     if pending is not None:
         pending.result()
-    entry = read(cache, key)
-    if entry is None:
+    entry, blob = read_blob(cache, key)
+    if entry is None or blob is None:
         return None
     try:
         if entry.executable is None:
@@ -190,7 +190,7 @@ def load_executable_entry(
     except Exception as e:  # damaged, foreign or unloadable: a miss, never a crash
         _stats.bump("corrupt_entries")
         what = f"a cached executable that could not be loaded ({type(e).__name__}: {e})"
-        dropped(cache, key.digest, what, "compiling instead", None)
+        dropped(cache, key.digest, what, "compiling instead", blob)
         return None
     return exe, entry
 

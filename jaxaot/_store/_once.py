@@ -25,9 +25,10 @@ asks the cache for the entry's lease (``_caches.Leasing``):
 
 A wait is bounded: after ``JAXAOT_LEASE_WAIT`` seconds (default 300) the
 process makes the entry itself, with one warning. A holder that ran past the
-wait once is not waited for again in that cache: a stalled process (stopped,
-swapping) holds the leases of an entry and of the entries it is made from, and
-waiting for each in turn would cost the waiter one full wait per level. ``JAXAOT_LEASE_WAIT=0``
+wait is then not waited for in that cache for as long again (or until it is seen
+done with an entry): a stalled process (stopped, swapping) holds the leases of
+an entry and of the entries it is made from, and waiting for each in turn would
+cost the waiter one full wait per level. ``JAXAOT_LEASE_WAIT=0``
 turns leases off (every process makes what it misses, as before leases).
 ``JAXAOT_LEASE_TTL`` (default 30 s) is how long a lease outlives its holder's
 last renewal where the store cannot tell a dead holder at once.
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import os
 import threading
 import time
@@ -148,9 +150,12 @@ def make_once(
         got = _lease(cache, digest, ttl)
         if not isinstance(got, Held):
             break  # ours, or none to be had
-        if not got.done and got.holder in _stalled(cache):
+        stalled = _stalled(cache)
+        if got.done:
+            stalled.pop(got.holder, None)  # it works again
+        elif time.monotonic() - stalled.get(got.holder, -math.inf) < wait:
             logger.debug(
-                "jaxaot: %s outlasted a wait before; making %s %s here",
+                "jaxaot: %s outlasted a wait just before; making %s %s here",
                 got.holder,
                 what,
                 digest[:16],
@@ -174,7 +179,7 @@ def make_once(
             logger.debug("jaxaot: waiting for %s to make %s %s", holder, what, digest[:16])
         elif now - started >= wait:
             _stats.bump("lease_wait_timeouts")
-            _stalled(cache).add(got.holder)
+            _stalled(cache)[got.holder] = time.monotonic()
             _stats.warn_once(
                 "lease-wait",
                 f"jaxaot: waited {wait:g} s (${wait_env}) for {got.holder} to make "
@@ -214,17 +219,18 @@ def make_once(
     return Outcome(value, made=True, waited=started is not None)
 
 
-#: Per cache, the holders that outlasted a whole wait (see the module's docstring).
-_STALLED: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
+#: Per cache, the holders that outlasted a whole wait, and when (see the module's
+#: docstring).
+_STALLED: weakref.WeakKeyDictionary[object, dict[str, float]] = weakref.WeakKeyDictionary()
 _STALLED_LOCK = threading.Lock()
 
 
-def _stalled(cache: object) -> set[str]:
+def _stalled(cache: object) -> dict[str, float]:
     with _STALLED_LOCK:
         try:
-            return _STALLED.setdefault(cache, set())
+            return _STALLED.setdefault(cache, {})
         except TypeError:  # a cache that cannot be weakly referenced: nothing remembered
-            return set()
+            return {}
 
 
 def _lease(cache: Leasing, digest: str, ttl: float) -> Lease | Held | None:

@@ -16,7 +16,15 @@ from . import _entry
 from ._entry import Entry, EntryError
 from ._trees import NotPersistable
 
-__all__ = ["CALLBACKS_ONLY", "callbacks_executable", "decoder", "dropped", "read", "write"]
+__all__ = [
+    "CALLBACKS_ONLY",
+    "callbacks_executable",
+    "decoder",
+    "dropped",
+    "read",
+    "read_blob",
+    "write",
+]
 
 #: ``Entry.extra`` flag of an entry kept in this process for its host callbacks
 #: alone: its top-level executables are cached where JAX can bind the callbacks
@@ -27,6 +35,12 @@ logger = logging.getLogger("jaxaot")
 
 
 def read(cache: Cache, key: ComponentKey) -> Entry | None:
+    return read_blob(cache, key)[0]
+
+
+def read_blob(cache: Cache, key: ComponentKey) -> tuple[Entry | None, bytes | None]:
+    """The entry under ``key`` (``None``: missing, unreadable or bad, dropped) and
+    the bytes it was read from (``None`` where there were none)."""
     try:
         blob = cache.get(key.digest)
     except Exception as e:
@@ -35,9 +49,9 @@ def read(cache: Cache, key: ComponentKey) -> Entry | None:
             store_fault_cause(cache, e),
             f"jaxaot: reading from {cache!r} failed ({type(e).__name__}: {e}); computing locally",
         )
-        return None
+        return None, None
     if blob is None:
-        return None
+        return None, None
     try:
         entry = _entry.decode(blob, expected=key)
     except EntryError as e:
@@ -50,12 +64,12 @@ def read(cache: Cache, key: ComponentKey) -> Entry | None:
                 f"jaxaot: cache entries in {cache!r} cannot be used by this process ({e}); "
                 "computing locally and leaving them in place",
             )
-            return None
+            return None, blob
         _stats.bump("corrupt_entries")
         dropped(cache, key.digest, f"a bad cache entry ({e})", "recomputing", blob)
-        return None
+        return None, blob
     _stats.bump("loaded")
-    return entry
+    return entry, blob
 
 
 def decoder(key: ComponentKey) -> Callable[[bytes], Entry | None]:
@@ -69,11 +83,11 @@ def decoder(key: ComponentKey) -> Callable[[bytes], Entry | None]:
     return decode
 
 
-def dropped(cache: Cache, digest: str, what: str, instead: str, blob: bytes | None) -> None:
-    """Removes the bad entry ``digest`` (``blob``, where it was read) and says so:
-    a warning per entry removed, and one per cache where it stays (a read-only
-    cache: every process that reads it meets it again). ``what`` says what is
-    wrong with it, ``instead`` what this process does."""
+def dropped(cache: Cache, digest: str, what: str, instead: str, blob: bytes) -> None:
+    """Removes the bad entry ``digest`` (read as ``blob``) and says so: a warning
+    per entry removed, and one per cache where it stays (a read-only cache: every
+    process that reads it meets it again; later ones at DEBUG). ``what`` says what
+    is wrong with it, ``instead`` what this process does."""
     where = f"{digest[:16]} in {cache!r}"
     if _discard(cache, digest, blob):
         logger.warning("jaxaot: dropped %s %s; %s", what, where, instead)
@@ -85,8 +99,10 @@ def dropped(cache: Cache, digest: str, what: str, instead: str, blob: bytes | No
     )
 
 
-def _discard(cache: Cache, digest: str, blob: bytes | None) -> bool:
-    """Whether the bad entry ``digest`` is gone (removed, or replaced meanwhile)."""
+def _discard(cache: Cache, digest: str, blob: bytes) -> bool:
+    """Whether the bad entry ``digest`` (``blob``) is gone: removed, or replaced
+    meanwhile by another process's entry. (Read again to tell: quarantines return
+    nothing, and a bad entry is rare.)"""
     try:
         if isinstance(cache, Quarantining):
             try:
@@ -99,7 +115,7 @@ def _discard(cache: Cache, digest: str, blob: bytes | None) -> bool:
     except Exception:  # removing a bad entry is best effort
         logger.debug("jaxaot: could not remove bad entry %s", digest[:16], exc_info=True)
         return False
-    return still is None or (blob is not None and still != blob)
+    return still is None or still != blob
 
 
 def write(cache: Cache, entry: Entry) -> None:

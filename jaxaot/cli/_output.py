@@ -106,8 +106,13 @@ class Output:
         caption: str | None = None,
         limits: dict[int, int] | None = None,
         middle: Sequence[int] = (),
+        fitted: bool = False,
     ) -> None:
         """``columns`` are ``(header, "left"|"right")``; ``title``/``caption`` only on a terminal.
+
+        ``fitted``: the caller chose columns and limits that fit the terminal
+        (``cache ls``), so the columns without a limit keep their cells whole;
+        otherwise rich narrows every column to fit.
 
         ``limits`` maps a column's index to its widest cell: longer cells are cut
         with an ellipsis (``--wide`` callers pass none), in the middle for the
@@ -122,7 +127,6 @@ class Output:
             from rich.table import Table
             from rich.text import Text
 
-            # Columns without a limit keep their cells whole: rich would cut them all.
             natural = [
                 max([len(header), *(len(row[i]) for row in rows)])
                 for i, (header, _) in enumerate(columns)
@@ -135,7 +139,7 @@ class Output:
                     no_wrap=True,
                     overflow="ellipsis",
                     max_width=limits.get(i),
-                    min_width=None if i in limits else natural[i],
+                    min_width=None if i in limits else natural[i] if fitted else len(header),
                     ratio=1 if i in limits else None,
                 )
             for row in rows:

@@ -408,17 +408,17 @@ def _close(worker: _Worker) -> None:
             pass
 
 
-def _on_sigterm() -> Any:
+def _on_sigterm() -> tuple[bool, Any]:
     """Makes SIGTERM stop the run as Ctrl-C does (its workers killed, one line said);
-    the handler it replaces, or ``None`` where none can be set (not the main thread)."""
+    whether it could (not outside the main thread), and the handler it replaced."""
 
     def stop(signum: int, frame: Any) -> None:
         raise Terminated()
 
     try:
-        return signal.signal(signal.SIGTERM, stop)
+        return True, signal.signal(signal.SIGTERM, stop)
     except ValueError:
-        return None
+        return False, None
 
 
 def _run(args: argparse.Namespace, out: Output) -> int:
@@ -491,8 +491,8 @@ def _run(args: argparse.Namespace, out: Output) -> int:
             worker.proc.kill()
         raise
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        if previous[0]:  # (None: a handler not set from Python, restored as the default)
+            signal.signal(signal.SIGTERM, previous[1] or signal.SIG_DFL)
         progress.stop()
         for worker in procs:
             _close(worker)

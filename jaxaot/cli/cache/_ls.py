@@ -58,7 +58,7 @@ _LS_COLUMNS = [
     ("DIGEST", "left"),
 ]
 #: The columns left out, first to last, of a table wider than the terminal.
-_LS_GIVE_WAY = ("FLOPS", "PLATFORMS", "DIGEST", "HITS", "KIND", "TRANSFORM", "LAST USED")
+_LS_GIVE_WAY = ("FLOPS", "PLATFORMS", "HITS", "KIND", "TRANSFORM", "DIGEST", "LAST USED")
 #: NAME, TRANSFORM and SIGNATURE are cut to no fewer characters than this on a terminal.
 _LS_NARROWEST = 12
 
@@ -120,6 +120,7 @@ def _cmd_ls(args: argparse.Namespace, out: Output) -> int:
         caption=caption,
         limits=limits,
         middle=tuple(i for i, (h, _) in enumerate(columns) if h == "SIGNATURE"),
+        fitted=True,
     )
     return 0
 
@@ -132,9 +133,13 @@ def _fit(
     :data:`_LS_NARROWEST` characters), and if that is not enough the columns of
     :data:`_LS_GIVE_WAY` are left out, in that order; also the headers left out."""
     flexible = {0, 1, 3}
+    widths = [
+        max([len(header), *(len(clip(row[i], limits.get(i))) for row in rows)])
+        for i, (header, _) in enumerate(columns)
+    ]
 
     def natural(i: int) -> int:
-        return max(len(columns[i][0]), *(len(clip(row[i], limits.get(i))) for row in rows))
+        return widths[i]
 
     def narrowest(i: int) -> int:
         return min(natural(i), _LS_NARROWEST) if i in flexible else natural(i)
