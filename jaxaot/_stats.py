@@ -80,6 +80,7 @@ _PROCESS_ONLY = (
     "components",
     # One maker per entry across processes (``_store._once``):
     "made_here",  # entries (lowered, derived, executables) this process made
+    "made_in_process",  # of which, entries no process writes (custom_vjp linear parts)
     "loaded_after_wait",  # entries another process made while this one waited
     "wait_seconds",  # time spent waiting for other processes' entries
     "lease_takeovers",  # entries whose maker died: made here instead
@@ -121,7 +122,9 @@ def report() -> str:
     compiled), ``cold start`` when nothing did, ``partly warm`` in between.
     With ``JAXAOT_VERBOSE=1`` the line is logged (INFO, to stderr) at exit."""
     s = stats()
-    loaded, made, compiles = int(s["loaded"]), int(s["made_here"]), int(s["compiles"])
+    loaded, compiles = int(s["loaded"]), int(s["compiles"])
+    # Entries every process derives afresh (never written) are no sign of a cold cache.
+    made = max(int(s["made_here"]) - int(s["made_in_process"]), 0)
     if loaded + made == 0:
         state = "nothing loaded or made"
     elif made == 0 and s["lowerings"] == 0 and compiles == 0:

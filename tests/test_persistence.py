@@ -91,6 +91,55 @@ def test_fresh_process_with_warm_cache_traces_nothing(
     np.testing.assert_allclose(cold["top"], np.tanh(x @ (np.ones((4, 2)) / 3)), rtol=1e-5)
 
 
+_CUSTOM_VJP_RUN = textwrap.dedent(
+    """
+    import json, logging
+    import jax, jax.numpy as jnp, jaxaot
+    logging.basicConfig(level=logging.WARNING, format="WARNING-LINE %(message)s")
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x) * 3), lambda r, g: (g * r,))
+
+    @jaxaot.component
+    def c(x):
+        return f(x).sum()
+
+    x = jnp.linspace(0.0, 1.0, 3)
+    got = jax.grad(c)(x)
+    want = jax.jit(jax.grad(lambda x: f(x).sum()))(x)
+    assert jnp.array_equal(got, want), (got, want)
+    jaxaot.wait_for_writes()
+    print(json.dumps({"report": jaxaot.report(), **jaxaot.stats()}))
+    """
+)
+
+
+def test_a_component_holding_a_custom_vjp_warm_starts_without_a_warning(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """``grad`` of a component whose body holds a custom_vjp rule (its own rule's
+    values): the rule's linear part stays in each process, as it must (only its
+    transpose can be lowered), and is no cause for a warning that blamed a mesh or
+    vmap axis, nor for a warm process's report to say "partly warm"."""
+    script = tmp_path / "custom_vjp_run.py"
+    script.write_text(_CUSTOM_VJP_RUN)
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, env=subprocess_env
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "WARNING-LINE" not in proc.stderr, proc.stderr
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["report"].startswith("jaxaot: cold start") and cold["made_in_process"] == 1
+    assert warm["report"].startswith("jaxaot: warm start"), warm["report"]
+    assert warm["lowerings"] == 0 and warm["compiles"] == 0 and warm["loaded"] > 0
+
+
 # -- in-process helpers --------------------------------------------------------------
 
 

@@ -11,21 +11,23 @@ from .. import _stats
 from .._jax import has_host_callbacks, is_ordered_effect, module_to_bytecode
 from .._keys._key import ComponentKey
 from .._store._entry import LOCAL, Entry
-from .._store._readwrite import CALLBACKS_ONLY
+from .._store._readwrite import CALLBACKS_ONLY, LINEAR_ONLY
 from ._cost import work_facts
-from ._plain import devices_of, devices_to_json, needs_context, needs_plain_jax
+from ._plain import devices_of, devices_to_json, linear_part, needs_context, needs_plain_jax
 from ._types import traced_under
 
 __all__ = ["build_entry"]
 
 
-def _local_reason(callbacks: bool, context: bool, plain: str | None) -> str:
+def _local_reason(callbacks: bool, context: bool, plain: str | None, linear: bool) -> str:
     """Why an entry stays in this process (said when it is not written)."""
-    if context:
+    if context and not linear:
         return (
             "its program uses a mesh or vmap axis bound outside it (a collective over "
             "an enclosing shard_map's axis), so it is lowered with its caller"
         )
+    if linear:
+        return "it is a custom_vjp rule's linear part, which only its transpose uses"
     if plain is not None:
         return f"its program {plain}"
     return "the entry holds host callbacks (process-local Python objects)"
@@ -62,7 +64,10 @@ def build_entry(
     devices = devices_of(closed)
     plain = needs_plain_jax(devices)
     context = needs_context(closed)
+    linear = linear_part(closed)
     local = callbacks or context or plain is not None
+    if linear and not callbacks and plain is None:
+        _stats.bump("made_in_process")  # made again by every process: not a miss to fix
     if not local and lower:
         platform = key.parts["platforms"][0]
         with traced_under((*closed.in_avals, *closed.out_avals)):
@@ -96,7 +101,8 @@ def build_entry(
             # cached where JAX can bind them again in another process.
             **({CALLBACKS_ONLY: True} if callbacks and not context and plain is None else {}),
             **({"plain": plain} if plain else {}),
-            **({LOCAL: _local_reason(callbacks, context, plain)} if local else {}),
+            **({LOCAL: _local_reason(callbacks, context, plain, linear)} if local else {}),
+            **({LINEAR_ONLY: True} if linear and not callbacks and plain is None else {}),
             **({"devices": devices_to_json(devices)} if devices else {}),
             **work_facts(closed),
         },

@@ -132,7 +132,13 @@ def needs_context(closed: Any) -> bool:
     """Whether a jaxpr can only be lowered inside a context it does not have: it uses
     a named axis bound outside it (``psum`` over an outer ``vmap`` axis), or a
     ``custom_vjp`` linear part (only transposable)."""
-    return named_axis_effect(closed.effects) or uses_primitive(closed, ("custom_lin",))
+    return named_axis_effect(closed.effects) or linear_part(closed)
+
+
+def linear_part(closed: Any) -> bool:
+    """Whether a jaxpr holds a ``custom_vjp`` rule's linear part: only its transpose
+    can be lowered (and is cached), so the jaxpr itself never leaves the process."""
+    return uses_primitive(closed, ("custom_lin",))
 
 
 def devices_to_json(devices: Devices) -> list[Any]:

@@ -13,11 +13,12 @@ from .._caches._faults import lost_write, store_fault_cause
 from .._jax import CallbacksNotRebindable, serialize_with_callbacks
 from .._keys._key import ComponentKey
 from . import _entry
-from ._entry import Entry, EntryError
+from ._entry import LOCAL, Entry, EntryError
 from ._trees import NotPersistable
 
 __all__ = [
     "CALLBACKS_ONLY",
+    "LINEAR_ONLY",
     "callbacks_executable",
     "decoder",
     "dropped",
@@ -30,6 +31,10 @@ __all__ = [
 #: alone: its top-level executables are cached where JAX can bind the callbacks
 #: again in another process (``callbacks_executable``).
 CALLBACKS_ONLY = "host_callbacks_only"
+#: ``Entry.extra`` flag of a custom_vjp rule's linear part: it stays in the process
+#: that derives it (cheaply, from the entry it linearizes), and its transposes,
+#: which programs call, are written.
+LINEAR_ONLY = "custom_vjp_linear"
 
 logger = logging.getLogger("jaxaot")
 
@@ -123,6 +128,9 @@ def write(cache: Cache, entry: Entry) -> None:
         # Its lowered form would hold this process's callbacks; its executables
         # are cached with them rebound (``callbacks_executable``).
         logger.debug("jaxaot: %s stays in this process (host callbacks)", entry.name)
+        return
+    if entry.extra.get(LINEAR_ONLY):
+        logger.debug("jaxaot: %s stays in this process (%s)", entry.name, entry.extra.get(LOCAL))
         return
     try:
         blob = _entry.encode(entry)
