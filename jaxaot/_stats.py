@@ -149,6 +149,7 @@ VERBOSE_ENV = "JAXAOT_VERBOSE"
 
 class _Making(threading.local):
     depth = 0  # makes in progress in this thread (nested: an executable's entries)
+    eager = 0  # eager component calls JAX runs op by op (see ``eager``)
 
 
 _making = _Making()
@@ -167,9 +168,27 @@ class making:
         _making.depth -= 1
 
 
+class eager:
+    """Marks this thread as running a component call op by op (``vmap`` or ``grad``
+    of a component outside ``jax.jit``): JAX compiles it, outside jaxaot's cache,
+    and each such compile counts in ``compiles`` and ``compile_seconds``, so that
+    :func:`report` does not call the process warm."""
+
+    def __enter__(self) -> None:
+        _making.eager += 1
+
+    def __exit__(self, *exc: object) -> None:
+        _making.eager -= 1
+
+
 def _on_event(event: str, duration_secs: float, **kwargs: str | int) -> None:
     # JAX records one such event per XLA compile, in the compiling thread.
-    if event == "/jax/core/compile/backend_compile_duration" and _making.depth:
+    if event != "/jax/core/compile/backend_compile_duration":
+        return
+    if _making.depth:
+        bump("compile_seconds", duration_secs)
+    elif _making.eager:
+        bump("compiles")
         bump("compile_seconds", duration_secs)
 
 

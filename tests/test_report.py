@@ -97,6 +97,31 @@ def test_compile_seconds_count_only_what_jaxaot_made() -> None:
     assert after["made_here"] > middle["made_here"]
 
 
+def test_a_transformed_component_run_op_by_op_counts_its_compile(
+    compiles: list[str],
+) -> None:
+    """``jax.vmap`` or ``jax.grad`` of a component outside ``jax.jit``: JAX compiles
+    the call op by op, outside jaxaot's cache. That compile counts in ``stats()``, so
+    a process that ran one is not reported warm (it said "0 compiles")."""
+
+    @jaxaot.component
+    def eager_layer(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w) + x
+
+    w, xs = jnp.eye(3) * 0.5, jnp.ones((4, 2, 3))
+    jax.block_until_ready((w, xs))
+    for run in (
+        lambda: jax.vmap(eager_layer, in_axes=(None, 0))(w, xs),
+        lambda: jax.grad(lambda w: eager_layer(w, xs[0]).sum())(w),
+    ):
+        before, seen = _stats.stats(), len(compiles)
+        jax.block_until_ready(run())
+        after = _stats.stats()
+        assert len(compiles) > seen  # JAX compiled the call op by op
+        assert after["compiles"] > before["compiles"], (before, after)
+    assert not _stats.report().startswith("jaxaot: warm start")
+
+
 def test_report_is_public() -> None:
     assert "report" in jaxaot.__all__ and jaxaot.report is _stats.report
     assert jaxaot.report().startswith("jaxaot: ")

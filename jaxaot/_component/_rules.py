@@ -114,9 +114,12 @@ def naming(error: Exception, name: str) -> Exception:
 
 
 def _impl(*args: Any, call: Any, devices: Any = None) -> Any:
-    if devices is None:
-        return apply_primitive(component_p, *args, call=call)
-    return apply_primitive(component_p, *args, call=call, devices=devices)
+    # A transformed call run eagerly (``jax.vmap(component)(x)`` outside jax.jit):
+    # JAX compiles it op by op, not from jaxaot's cache; counted as a compile.
+    with _stats.eager():
+        if devices is None:
+            return apply_primitive(component_p, *args, call=call)
+        return apply_primitive(component_p, *args, call=call, devices=devices)
 
 
 def _abstract_eval(*avals: Any, call: Any, devices: Any = None) -> tuple[list[Any], Any]:
