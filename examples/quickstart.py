@@ -41,7 +41,9 @@ def main() -> None:
         return jnp.mean(x**2)
 
     value, grads = jax.value_and_grad(loss)(layers, x)
-    per_example = jax.vmap(block, in_axes=(None, 0))(layers[0], x[:, None, :])
+    # Under jax.jit, as in a program: run eagerly, JAX would compile the batched
+    # call op by op in every process (docs/limitations.md).
+    per_example = jax.jit(jax.vmap(block, in_axes=(None, 0)))(layers[0], x[:, None, :])
     print(f"loss {float(value):.4f}, grad norm {float(jnp.linalg.norm(grads[0]['w1'])):.4f}")
     print(f"vmapped block output {per_example.shape}")
     print(f"block: {block.cache_info()}")
