@@ -13,21 +13,21 @@ from .._keys._key import ComponentKey
 from .._store._entry import LOCAL, Entry
 from .._store._readwrite import CALLBACKS_ONLY, LINEAR_ONLY
 from ._cost import work_facts
-from ._plain import devices_of, devices_to_json, linear_part, needs_context, needs_plain_jax
+from ._plain import devices_of, devices_to_json, needs_context, needs_plain_jax
 from ._types import traced_under
 
 __all__ = ["build_entry"]
 
 
-def _local_reason(callbacks: bool, context: bool, plain: str | None, linear: bool) -> str:
+def _local_reason(callbacks: bool, axis: bool, linear: bool, plain: str | None) -> str:
     """Why an entry stays in this process (said when it is not written)."""
-    if context and not linear:
+    if linear:
+        return "it is a custom_vjp rule's linear part, which only its transpose uses"
+    if axis:
         return (
             "its program uses a mesh or vmap axis bound outside it (a collective over "
             "an enclosing shard_map's axis), so it is lowered with its caller"
         )
-    if linear:
-        return "it is a custom_vjp rule's linear part, which only its transpose uses"
     if plain is not None:
         return f"its program {plain}"
     return "the entry holds host callbacks (process-local Python objects)"
@@ -63,10 +63,12 @@ def build_entry(
     # A program served as plain JAX: its entry is not lowered, and stays in this process.
     devices = devices_of(closed)
     plain = needs_plain_jax(devices)
-    context = needs_context(closed)
-    linear = linear_part(closed)
+    axis, linear = needs_context(closed)
+    context = axis or linear
     local = callbacks or context or plain is not None
-    if linear and not callbacks and plain is None:
+    # Only a linear part: every process derives it again, and writes its transposes.
+    linear_only = linear and not callbacks and plain is None
+    if linear_only:
         _stats.bump("made_in_process")  # made again by every process: not a miss to fix
     if not local and lower:
         platform = key.parts["platforms"][0]
@@ -101,8 +103,8 @@ def build_entry(
             # cached where JAX can bind them again in another process.
             **({CALLBACKS_ONLY: True} if callbacks and not context and plain is None else {}),
             **({"plain": plain} if plain else {}),
-            **({LOCAL: _local_reason(callbacks, context, plain, linear)} if local else {}),
-            **({LINEAR_ONLY: True} if linear and not callbacks and plain is None else {}),
+            **({LOCAL: _local_reason(callbacks, axis, linear, plain)} if local else {}),
+            **({LINEAR_ONLY: True} if linear_only else {}),
             **({"devices": devices_to_json(devices)} if devices else {}),
             **work_facts(closed),
         },

@@ -17,7 +17,8 @@ level), :func:`needs_plain_jax`:
 * a program whose named devices cannot be written as a witness (a device this
   process does not have);
 * a program whose entry must stay in this process and cannot be lowered on its
-  own (:func:`needs_context`: collectives over an axis bound outside it) is not
+  own (:func:`needs_context`: collectives over an axis bound outside it, a
+  ``custom_vjp`` rule's linear part) is not
   plain, but is never written to a cache.
 """
 
@@ -128,17 +129,12 @@ def needs_plain_jax(devices: Devices) -> str | None:
     return None
 
 
-def needs_context(closed: Any) -> bool:
-    """Whether a jaxpr can only be lowered inside a context it does not have: it uses
-    a named axis bound outside it (``psum`` over an outer ``vmap`` axis), or a
-    ``custom_vjp`` linear part (only transposable)."""
-    return named_axis_effect(closed.effects) or linear_part(closed)
-
-
-def linear_part(closed: Any) -> bool:
-    """Whether a jaxpr holds a ``custom_vjp`` rule's linear part: only its transpose
-    can be lowered (and is cached), so the jaxpr itself never leaves the process."""
-    return uses_primitive(closed, ("custom_lin",))
+def needs_context(closed: Any) -> tuple[bool, bool]:
+    """Whether a jaxpr can only be lowered inside a context it does not have, as
+    ``(outer axis, linear part)``: it uses a named axis bound outside it (``psum``
+    over an outer ``vmap`` axis), or it holds a ``custom_vjp`` rule's linear part
+    (only its transpose can be lowered, and is cached)."""
+    return named_axis_effect(closed.effects), uses_primitive(closed, ("custom_lin",))
 
 
 def devices_to_json(devices: Devices) -> list[Any]:

@@ -390,7 +390,7 @@ class RegionalFunction:
         if failed is not None:
             sig = self._signature(leaves, treedef, statics, arrays)
             # Out of the except: where jax.jit refuses too, its error alone is raised.
-            self._give_up(sig, failed, say=False)
+            self._give_up(sig, failed)
             result = self._jitted(*args, **kwargs)
             self._say_unsplit(failed)
             return result
@@ -520,10 +520,10 @@ class RegionalFunction:
             return None
         return plan
 
-    def _give_up(self, sig: Any, error: Exception, *, say: bool = True) -> None:
+    def _give_up(self, sig: Any, error: Exception) -> None:
+        """This signature runs under jax.jit from now on (said by the caller once
+        jax.jit has taken the arguments: where it refuses them, the error is theirs)."""
         logger.debug("jaxaot.jit %s: not split (%s); using jax.jit", self.__name__, error)
-        if say:
-            self._say_unsplit(error)
         with self._lock:
             self._plans[sig] = None
             self._last = None
@@ -553,7 +553,7 @@ class RegionalFunction:
             try:
                 plan.wait()
             except PlanFailed as e:
-                self._give_up(sig, e, say=False)
+                self._give_up(sig, e)
                 plan, failed = None, e
         if plan is None:
             # Not split: a call runs it under jax.jit. Where that cannot lower it either

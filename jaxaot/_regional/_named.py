@@ -197,7 +197,7 @@ def _graphdefs(values: Sequence[Any]) -> list[Any]:
     return list(found.values())
 
 
-def _globals_read(fn: Any, depth: int = 0) -> list[Any]:
+def _globals_read(fn: Any) -> list[Any]:
     """The values of the globals ``fn``'s code (and the functions defined in it)
     names: a module-level GraphDef a step merges its model from."""
     code = getattr(fn, "__code__", None)

@@ -133,16 +133,11 @@ def _fit(
     :data:`_LS_NARROWEST` characters), and if that is not enough the columns of
     :data:`_LS_GIVE_WAY` are left out, in that order; also the headers left out."""
     flexible = {0, 1, 3}
-    widths = [
+    natural = [
         max([len(header), *(len(clip(row[i], limits.get(i))) for row in rows)])
         for i, (header, _) in enumerate(columns)
     ]
-
-    def natural(i: int) -> int:
-        return widths[i]
-
-    def narrowest(i: int) -> int:
-        return min(natural(i), _LS_NARROWEST) if i in flexible else natural(i)
+    narrowest = [min(n, _LS_NARROWEST) if i in flexible else n for i, n in enumerate(natural)]
 
     def frame(n: int) -> int:  # a box table's borders and padding
         return 3 * n + 1
@@ -150,16 +145,16 @@ def _fit(
     kept = list(range(len(columns)))
     hidden = []
     for header in _LS_GIVE_WAY:
-        if sum(narrowest(i) for i in kept) + frame(len(kept)) <= width:
+        if sum(narrowest[i] for i in kept) + frame(len(kept)) <= width:
             break
         i = next(i for i, (h, _) in enumerate(columns) if h == header)
         kept.remove(i)
         hidden.append(header)
-    budget = width - frame(len(kept)) - sum(natural(i) for i in kept if i not in flexible)
-    cells = {i: natural(i) for i in kept if i in flexible}
+    budget = width - frame(len(kept)) - sum(natural[i] for i in kept if i not in flexible)
+    cells = {i: natural[i] for i in kept if i in flexible}
     while sum(cells.values()) > budget:  # the widest flexible column gives a character
-        i = max(cells, key=lambda j: (cells[j] > narrowest(j), cells[j]))
-        if cells[i] <= narrowest(i):
+        i = max(cells, key=lambda j: (cells[j] > narrowest[j], cells[j]))
+        if cells[i] <= narrowest[i]:
             break
         cells[i] -= 1
     fitted = {kept.index(i): n for i, n in cells.items()}
