@@ -172,12 +172,19 @@ def deserialize_executable(payload: bytes, in_tree: Any, out_tree: Any) -> Any:
     metadata): call this only on bytes whose checksum or signature verified."""
     from jax.experimental import serialize_executable as _se
 
-    _lapack_ready()
+    if any(marker in payload for marker in _LAPACK_KERNELS):
+        _lapack_ready()
     devices = executable_devices(payload)
     return _se.deserialize_and_load(payload, in_tree, out_tree, execution_devices=devices)
 
 
 _LAPACK = threading.Event()
+#: How a serialized XLA:CPU executable names the LAPACK kernels it calls (jaxlib's
+#: FFI targets, stored as plain strings). Setting the kernels up imports SciPy,
+#: which costs a warm start about as much as loading its executables
+#: (``jaxaot bench precompile``'s load limit), so it is done only for a program
+#: that calls one.
+_LAPACK_KERNELS = (b"lapack_", b"tridiagonal_solve")
 
 
 def _lapack_ready() -> None:
