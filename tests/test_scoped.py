@@ -45,11 +45,11 @@ class Pure(nn.Module):
         return x + jnp.tanh(nn.Dense(WIDTH)(nn.LayerNorm()(x)))
 
 
-def _linen(block: type[nn.Module], **apply: Any) -> tuple[Any, tuple[Any, ...]]:
+def _linen(block: type[nn.Module], layers: int = 3, **apply: Any) -> tuple[Any, tuple[Any, ...]]:
     class Model(nn.Module):
         @nn.compact
         def __call__(self, x: jax.Array) -> jax.Array:
-            for _ in range(3):
+            for _ in range(layers):
                 x = block()(x)
             return x
 
@@ -65,7 +65,8 @@ def _linen(block: type[nn.Module], **apply: Any) -> tuple[Any, tuple[Any, ...]]:
 
 
 def test_linen_layers_with_mutable_state_stay_inline_and_say_why() -> None:
-    step, args = _linen(Normed, mutable=["batch_stats"])
+    # (Five layers: fewer small ones are not looked at as blocks at all, see below.)
+    step, args = _linen(Normed, layers=5, mutable=["batch_stats"])
     regional = jaxaot.jit(step)
     _same(regional(*args), jax.jit(step)(*args))
     explained = regional.explain(*args)
@@ -147,6 +148,83 @@ def test_pure_linen_layers_of_a_plain_loop_are_blocks() -> None:
     regional = jaxaot.jit(step, whole_program=False)
     _same(regional(*args), jax.jit(step)(*args))
     assert "block jit(Pure.__call__): 3 forward, 3 linear/transpose" in regional.explain(*args)
+
+
+_RUNS: list[int] = []
+
+
+class Counted(nn.Module):
+    """Counts how often its body runs (once per layer per trace)."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        _RUNS.append(1)
+        return x + jnp.tanh(nn.Dense(WIDTH)(nn.LayerNorm()(x)))
+
+
+@pytest.mark.parametrize("layers", [2, 4])
+def test_a_few_small_linen_layers_are_compiled_whole_from_one_trace(layers: int) -> None:
+    """Fewer layers than a loop takes, each small: as blocks, the program would
+    run as one program with them unrolled. It is that program from its first
+    trace (no second trace with them as blocks), bit for bit ``jax.jit``'s, and
+    ``explain`` says why."""
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for _ in range(layers):
+                x = Counted()(x)
+            return nn.Dense(1)(x)
+
+    model, x = Model(), jnp.ones((2, WIDTH))
+    variables = model.init(jax.random.key(0), x)
+    step = jax.value_and_grad(lambda v, x: (model.apply(v, x) ** 2).mean())
+    regional = jaxaot.jit(step)
+    _RUNS.clear()
+    got = regional(variables, x)
+    assert len(_RUNS) == layers  # one trace
+    want = jax.jit(step)(variables, x)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    explained = regional.explain(variables, x)
+    assert "one program, cached whole" in explained, explained
+    assert f"Counted x{layers}) are fewer than 5 in a row" in explained, explained
+
+
+@pytest.mark.parametrize("many", [True, False])
+def test_layers_that_loop_or_are_big_are_still_blocks(
+    many: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five layers of a kind (a loop), or a few whose calls are big: blocks, as
+    before (the counting trace, then one with them as blocks)."""
+    from jaxaot._regional import _whole
+
+    if not many:
+        monkeypatch.setattr(_whole, "WHOLE_BELOW", 1.0)
+    step, args = _linen(Pure, layers=5 if many else 3)
+    regional = jaxaot.jit(step)
+    _same(regional(*args), jax.jit(step)(*args))
+    explained = regional.explain(*args)
+    n = 5 if many else 3
+    assert f"block jit(Pure.__call__): {n} forward, {n} linear/transpose" in explained, explained
+
+
+def test_a_few_small_haiku_layers_are_compiled_whole() -> None:
+    def net(x: jax.Array) -> jax.Array:
+        for _ in range(4):
+            x = x + jnp.tanh(hk.Linear(WIDTH)(x))
+        return (x**2).mean()
+
+    model = hk.without_apply_rng(hk.transform(net))
+    x = jnp.ones((2, WIDTH))
+    params = model.init(jax.random.key(0), x)
+    step = jax.value_and_grad(model.apply)
+    regional = jaxaot.jit(step)
+    got, want = regional(params, x), jax.jit(step)(params, x)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    explained = regional.explain(params, x)
+    assert "cached whole (its repeated layers (Linear x4) are fewer than 5" in explained, explained
 
 
 def test_explain_before_the_first_call_leaves_the_plan_alone() -> None:
@@ -273,7 +351,7 @@ def test_layers_each_called_once_start_no_executable_when_traced_again(
     step = jax.value_and_grad(loss)
     regional = jaxaot.jit(step)
     with jaxaot.using_cache(jaxaot.MemoryCache()):
-        _, started, _ = _planner._trace(regional._spec, (variables, x), {}, True)
+        started = _planner._trace(regional._spec, (variables, x), {}, True, False).early
         for future in started.values():
             future.cancel()
         assert started == {}  # no layer's executable

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import jax
 
 from .._component._blocks import Block
-from .._component._cost import keeping_residuals
+from .._component._cost import keeping_residuals, work
 from .._component._rules import PREFETCH, component_p
 from .._jax import (
     ClosedJaxpr,
@@ -129,12 +129,23 @@ class _Slots:
 _STALE_RETRIES = 4
 
 
+class _Traced(NamedTuple):
+    traced: Any  # the program, traced
+    early: dict[Any, concurrent.futures.Future[Any]]  # executables autodiff started
+    finder: BlockFinder | None  # what found its blocks
+    kept_whole: str | None  # why layers it found repeating are not blocks
+
+
 def _trace(
-    spec: PlanSpec, args: tuple[Any, ...], kwargs: dict[str, Any], prefetch_entries: bool
-) -> tuple[Any, dict[Any, concurrent.futures.Future[Any]], BlockFinder | None]:
+    spec: PlanSpec,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    prefetch_entries: bool,
+    sharded: bool,
+) -> _Traced:
     """The traced program, the region executables autodiff started compiling
-    during the trace (by entry key; only with ``prefetch_entries``), and what
-    found its blocks."""
+    during the trace (by entry key; only with ``prefetch_entries``), what found
+    its blocks, and why the linen or Haiku layers it repeats stay in it."""
     early: dict[Any, concurrent.futures.Future[Any]] = {}
     seen: collections.Counter[Any] = collections.Counter()
 
@@ -195,10 +206,18 @@ def _trace(
             return jitted.trace(*args, **kwargs), finder, calls
 
     token = PREFETCH.set(prefetch) if prefetch_entries else None
+    kept_whole = None
     try:
         traced, finder, calls = fresh(named)
         more = () if calls is None else tuple(c for c in calls.repeated() if c not in named)
-        if more and spec.retracer is not None and not _repeats_blocks(traced.jaxpr):
+        if more and calls is not None and spec.whole_program and not sharded:
+            kept_whole = _few_and_small(traced.jaxpr, calls, more)
+        if (
+            more
+            and kept_whole is None
+            and spec.retracer is not None
+            and not _repeats_blocks(traced.jaxpr)
+        ):
             # Linen or Haiku layers repeat, and no boundary marked them: traced
             # again with them as blocks (by a jit of its own: JAX would return
             # the first trace from its cache).
@@ -214,7 +233,35 @@ def _trace(
     finally:
         if token is not None:
             PREFETCH.reset(token)
-    return traced, early, finder
+    return _Traced(traced, early, finder, kept_whole)
+
+
+def _few_and_small(closed: Any, calls: Calls, classes: Sequence[type]) -> str | None:
+    """Why the layers of ``classes`` (linen or Haiku modules found repeating in the
+    trace ``closed``) are not made blocks, or ``None`` where they are. Each class
+    called fewer than ``_whole.MIN_LOOP`` times, and the program's work per call
+    of them below ``_whole.WHOLE_BELOW``: as blocks, the program would run as one
+    program with these layers unrolled (see ``_whole.form``), which is this
+    program, compiled whole from its first trace, without a second trace with
+    them as blocks, nor their entries."""
+    if closed.jaxpr.effects:
+        return None  # a program with effects runs split (``_whole_form``)
+    wanted = set(classes)
+    # (Calls inside another such call, a framework's layers in a user's block, are
+    # parts of it.)
+    n = collections.Counter(
+        cls for cls, _, around in calls.calls if cls in wanted and not around & wanted
+    )
+    if not n or max(n.values()) >= _whole.MIN_LOOP:
+        return None
+    total = work(closed)
+    if total is None or total / sum(n.values()) >= _whole.WHOLE_BELOW:
+        return None
+    layers = ", ".join(f"{cls.__qualname__} x{k}" for cls, k in n.items() if k > 1)
+    return (
+        f"its repeated layers ({layers}) are fewer than {_whole.MIN_LOOP} in a row and "
+        "small: as blocks, they would run unrolled in one program"
+    )
 
 
 def _unlike(counts: collections.Counter[Any]) -> str:
@@ -357,18 +404,21 @@ def _cut(
     where there is nothing to compile."""
     placements = [region_placement(x) for x in leaves]
     sharded = any(p is not None for p in placements) or not MeshContext().empty
-    traced, early, finder = _trace(spec, args, kwargs, prefetch and not sharded)
+    traced, early, finder, kept_whole = _trace(
+        spec, args, kwargs, prefetch and not sharded, sharded
+    )
     closed = traced.jaxpr
     counts: collections.Counter[Any] = collections.Counter()
     if not contains_components(closed.jaxpr):
         # Nothing to split: the program is served whole, as one region (cached
         # like any glue program), never compiled afresh in a warm process.
         jaxpr, consts = closed.jaxpr, list(closed.consts)
-        why = (
-            "nothing to split: it calls no component and repeats no block"
-            if finder is not None
-            else "nothing to split: it calls no component (auto_regions=False, no blocks=)"
-        )
+        if kept_whole is not None:
+            why = kept_whole
+        elif finder is not None:
+            why = "nothing to split: it calls no component and repeats no block"
+        else:
+            why = "nothing to split: it calls no component (auto_regions=False, no blocks=)"
     else:
         counts = BlockFinder.counts(closed.jaxpr)
         unsplit = BlockFinder.once(counts) if counts else None
