@@ -330,7 +330,7 @@ def test_layers_each_called_once_start_no_executable_when_traced_again(
     layer's entries again, which is no repetition: no layer's executable is
     started in the background (warm processes compiled some each, never used)."""
     from jaxaot import _regional
-    from jaxaot._regional import _planner, _whole
+    from jaxaot._regional import _planner, _tracing, _whole
 
     monkeypatch.setattr(_whole, "WHOLE_BELOW", 1.0)  # every call big: entries start early
     remat = nn.remat(Dropped)
@@ -351,7 +351,9 @@ def test_layers_each_called_once_start_no_executable_when_traced_again(
     step = jax.value_and_grad(loss)
     regional = jaxaot.jit(step)
     with jaxaot.using_cache(jaxaot.MemoryCache()):
-        started = _planner._trace(regional._spec, (variables, x), {}, True, False).early
+        started = _tracing.trace(
+            regional._spec, (variables, x), {}, _planner._prefetch(regional._spec), False
+        ).early
         for future in started.values():
             future.cancel()
         assert started == {}  # no layer's executable

@@ -98,7 +98,7 @@ CUSTOM_VJP_FAILED = (
 #: rules unusable (diffrax's checkpointed loops: a rule's store is never filled,
 #: and every later trace, ``jax.jit``'s too, fails), so JAX's caches are cleared
 #: (its in-memory executables go with them) and the program is traced again
-#: without trying them (``_planner._trace``).
+#: without trying them (``_tracing.trace``).
 _UNDIFFERENTIABLE: dict[tuple[Any, ...], str] = {}
 _UNDIFFERENTIABLE_MAX = 1024
 

@@ -32,7 +32,7 @@ import functools
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -41,6 +41,7 @@ from .._jax import Tracer
 
 __all__ = [
     "array_body",
+    "Found",
     "check_blocks",
     "from_a_framework",
     "jitted_call",
@@ -91,6 +92,19 @@ class _Census:
     def __init__(self) -> None:
         self.count: dict[type, int] = {}
         self.enclosed_by: dict[type, frozenset[type]] = {}
+        self.fewest: dict[type, int] = {}  # the fewest in one root holding some
+
+    @contextlib.contextmanager
+    def root(self) -> Iterator[None]:
+        """Counts what the block adds as one root's instances (see ``fewest``)."""
+        before = dict(self.count)
+        try:
+            yield
+        finally:
+            for cls, n in self.count.items():
+                added = n - before.get(cls, 0)
+                if added:
+                    self.fewest[cls] = min(self.fewest.get(cls, added), added)
 
     def add(self, module: Any, enclosing: frozenset[type]) -> None:
         cls = type(module)
@@ -137,9 +151,21 @@ def _in_block() -> Iterator[None]:
         _IN_BLOCK.reset(token)
 
 
+class Found(NamedTuple):
+    """What :func:`repeated_modules` found."""
+
+    classes: tuple[type, ...]  # the module classes to make blocks of
+    # Per class, its fewest instances in any one value holding some (the model, an
+    # optimizer state's copy of it): how often a plain loop calls it, at most.
+    fewest: dict[type, int]
+    # A framework's layers every instance of which sits in another found class:
+    # parts of that class's calls, never blocks of their own.
+    parts: frozenset[type]
+
+
 def repeated_modules(
     args: Sequence[Any], kwargs: dict[str, Any], program: Any, named: Sequence[Any] = ()
-) -> tuple[type, ...]:
+) -> Found:
     """The Equinox and Flax NNX module classes with two or more instances in
     ``args``, ``kwargs`` and the values ``program`` closes over: the blocks of a
     plain loop of layers, which no ``jax.jit`` or ``jax.checkpoint`` marks.
@@ -159,13 +185,14 @@ def repeated_modules(
     roots = (*args, *kwargs.values(), *closed)
     for root in roots:
         enclosing: frozenset[type] = frozenset()
-        if _is_module(root):
-            census.add(root, enclosing)
-            enclosing = frozenset([type(root)])
-        try:
-            census.walk(root, enclosing)
-        except Exception:  # a value that is no pytree: it holds no module
-            continue
+        with census.root():
+            if _is_module(root):
+                census.add(root, enclosing)
+                enclosing = frozenset([type(root)])
+            try:
+                census.walk(root, enclosing)
+            except Exception:  # a value that is no pytree: it holds no module
+                continue
     if not named:
         # Flax NNX's functional form: the step merges the model from a GraphDef
         # (an argument, or a value the program closes over or reads as a global)
@@ -173,10 +200,14 @@ def repeated_modules(
         # (Not where the user named blocks: a GraphDef does not say which of its
         # classes sit inside them, and those are parts, not blocks.)
         for graph in _graphdefs((*roots, *_globals_read(target))):
-            census.count_graph(graph)
+            with census.root():
+                census.count_graph(graph)
     repeated = [c for c, n in census.count.items() if n >= 2 and "__call__" in _calls(c)]
     outer = {c for c in named if isinstance(c, type)}
-    return tuple(c for c in repeated if not (census.enclosed_by[c] & outer))
+    classes = tuple(c for c in repeated if not (census.enclosed_by[c] & outer))
+    found = set(classes)
+    parts = frozenset(c for c in classes if from_a_framework(c) and census.enclosed_by[c] & found)
+    return Found(classes, {c: census.fewest[c] for c in classes}, parts)
 
 
 def _graphdefs(values: Sequence[Any]) -> list[Any]:

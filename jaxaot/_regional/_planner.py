@@ -13,31 +13,26 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import jax
 
 from .._component._blocks import Block
-from .._component._cost import keeping_residuals, work
-from .._component._rules import PREFETCH, component_p
+from .._component._rules import component_p
 from .._jax import (
     ClosedJaxpr,
     DropVar,
     Jaxpr,
     Literal,
     has_host_callbacks,
-    jax_explanations_off,
     join_effects,
     named,
 )
 from . import _whole
-from ._auto import BlockFinder, StaleTrace, finding
-from ._named import from_a_framework, named_blocks, repeated_modules
+from ._auto import BlockFinder
 from ._placement import (
     UNSET,
     MeshContext,
@@ -50,29 +45,12 @@ from ._placement import (
 from ._plan import Plan, Step
 from ._pool import submit_jobs
 from ._programs import GLUE, WHOLE, region_executable
-from ._scoped import Calls, counting, is_scoped, scoped_blocks
 from ._split import Region, contains_components, inline_calls, nested_components, split
+from ._tracing import PlanSpec, Prefetch, trace
 
 __all__ = ["PlanSpec", "build_plan", "describe"]
 
 logger = logging.getLogger("jaxaot")
-
-
-@dataclass(frozen=True)
-class PlanSpec:
-    """What a ``jaxaot.jit`` function asks of its plans."""
-
-    name: str
-    jitted: Any  # the function under jax.jit (with its static and donated arguments)
-    whole_program: bool
-    out_shardings: Any = UNSET
-    auto_regions: bool = True  # find the blocks an unmodified program repeats
-    blocks: tuple[Any, ...] = ()  # functions and classes the user names as blocks
-    program: Any = None  # the user's function (where named functions are found)
-    # A fresh ``jitted`` (a trace cache of its own), to trace a program again.
-    retracer: Callable[[], Any] | None = None
-    # Why programs of this function were served whole, once said (at INFO).
-    said: set[str] = field(default_factory=set, compare=False, hash=False)
 
 
 class _Maker(NamedTuple):
@@ -124,143 +102,10 @@ class _Slots:
         return tuple(self(v) if not isinstance(v, DropVar) else self.next for v in region.outvars)
 
 
-#: Traces of one plan made again for custom_vjp rules that failed to
-#: differentiate alone (one each); the trace after them may fail for good.
-_STALE_RETRIES = 4
-
-
-class _Traced(NamedTuple):
-    traced: Any  # the program, traced
-    early: dict[Any, concurrent.futures.Future[Any]]  # executables autodiff started
-    finder: BlockFinder | None  # what found its blocks
-    kept_whole: str | None  # why layers it found repeating are not blocks
-
-
-def _trace(
-    spec: PlanSpec,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    prefetch_entries: bool,
-    sharded: bool,
-) -> _Traced:
-    """The traced program, the region executables autodiff started compiling
-    during the trace (by entry key; only with ``prefetch_entries``), what found
-    its blocks, and why the linen or Haiku layers it repeats stay in it."""
-    early: dict[Any, concurrent.futures.Future[Any]] = {}
-    seen: collections.Counter[Any] = collections.Counter()
-
-    def prefetch(call: Any) -> None:
-        if spec.whole_program and _whole.small(call):
-            return  # a program of small calls runs as one program: none is needed
-        if isinstance(call.component, Block):  # a block called once stays in its glue
-            seen[call.key] += 1
-            if seen[call.key] < 2:
-                return
-        if call.key not in early:
-            early.update(submit_jobs({call.key: functools.partial(region_executable, call)}))
-
-    named = spec.blocks
-    if spec.auto_regions:  # module classes of a plain loop of layers name themselves
-        found = repeated_modules(args, kwargs, spec.program, named)
-        named = (*named, *(cls for cls in found if cls not in named))
-
-    def fresh(named: tuple[Any, ...]) -> tuple[Any, BlockFinder | None, Calls | None]:
-        # A jit of its own for each trace: JAX would give an earlier trace of this
-        # signature (``explain``'s, or another plan's) from its cache, without
-        # running the program, and so without counting its module calls or
-        # finding its blocks. A trace whose rule failed to differentiate alone is
-        # made again without it (each such rule once: they are finitely many).
-        for _ in range(_STALE_RETRIES):
-            try:
-                jitted = spec.retracer() if spec.retracer is not None else spec.jitted
-                return run(jitted, named)
-            except StaleTrace as stale:
-                logger.debug("jaxaot.jit %s: traced again without trying %s", spec.name, stale)
-                seen.clear()
-        jitted = spec.retracer() if spec.retracer is not None else spec.jitted
-        return run(jitted, named)
-
-    def run(jitted: Any, named: tuple[Any, ...]) -> tuple[Any, BlockFinder | None, Calls | None]:
-        finder = BlockFinder() if spec.auto_regions or named else None
-        plain = tuple(b for b in named if not (isinstance(b, type) and is_scoped(b)))
-        scoped = tuple(b for b in named if isinstance(b, type) and is_scoped(b))
-        with contextlib.ExitStack() as stack:
-            # Small components of a program that may run as one program keep
-            # their residuals (recomputing pays off only in a split program).
-            stack.enter_context(keeping_residuals(spec.whole_program))
-            calls = stack.enter_context(counting()) if spec.auto_regions else None
-            stack.enter_context(finding(finder))
-            # Classes found, not named, are parts of the blocks they sit in: the
-            # framework's layers (an eqx.nn.Linear in a user's Block), and any
-            # inside a class the user named.
-            parts = [
-                b
-                for b in plain
-                if isinstance(b, type)
-                and b not in spec.blocks
-                and (bool(spec.blocks) or from_a_framework(b))
-            ]
-            stack.enter_context(named_blocks(plain, spec.program, parts))
-            stack.enter_context(scoped_blocks(scoped))
-            stack.enter_context(jax_explanations_off())
-            return jitted.trace(*args, **kwargs), finder, calls
-
-    token = PREFETCH.set(prefetch) if prefetch_entries else None
-    kept_whole = None
-    try:
-        traced, finder, calls = fresh(named)
-        more = () if calls is None else tuple(c for c in calls.repeated() if c not in named)
-        if more and calls is not None and spec.whole_program and not sharded:
-            kept_whole = _few_and_small(traced.jaxpr, calls, more)
-        if (
-            more
-            and kept_whole is None
-            and spec.retracer is not None
-            and not _repeats_blocks(traced.jaxpr)
-        ):
-            # Linen or Haiku layers repeat, and no boundary marked them: traced
-            # again with them as blocks (by a jit of its own: JAX would return
-            # the first trace from its cache).
-            logger.debug(
-                "jaxaot.jit %s: module classes that repeat: %s",
-                spec.name,
-                ", ".join(c.__qualname__ for c in more),
-            )
-            # (Its calls are counted afresh: a block called once in each trace is
-            # still called once, and starts no executable.)
-            seen.clear()
-            traced, finder, _ = fresh((*named, *more))
-    finally:
-        if token is not None:
-            PREFETCH.reset(token)
-    return _Traced(traced, early, finder, kept_whole)
-
-
-def _few_and_small(closed: Any, calls: Calls, classes: Sequence[type]) -> str | None:
-    """Why the layers of ``classes`` (linen or Haiku modules found repeating in the
-    trace ``closed``) are not made blocks, or ``None`` where they are. Each class
-    called fewer than ``_whole.MIN_LOOP`` times, and the program's work per call
-    of them below ``_whole.WHOLE_BELOW``: as blocks, the program would run as one
-    program with these layers unrolled (see ``_whole.form``), which is this
-    program, compiled whole from its first trace, without a second trace with
-    them as blocks, nor their entries."""
-    if closed.jaxpr.effects:
-        return None  # a program with effects runs split (``_whole_form``)
-    wanted = set(classes)
-    # (Calls inside another such call, a framework's layers in a user's block, are
-    # parts of it.)
-    n = collections.Counter(
-        cls for cls, _, around in calls.calls if cls in wanted and not around & wanted
-    )
-    if not n or max(n.values()) >= _whole.MIN_LOOP:
-        return None
-    total = work(closed)
-    if total is None or total / sum(n.values()) >= _whole.WHOLE_BELOW:
-        return None
-    layers = ", ".join(f"{cls.__qualname__} x{k}" for cls, k in n.items() if k > 1)
-    return (
-        f"its repeated layers ({layers}) are fewer than {_whole.MIN_LOOP} in a row and "
-        "small: as blocks, they would run unrolled in one program"
+def _prefetch(spec: PlanSpec) -> Prefetch:
+    return Prefetch(
+        spec.whole_program,
+        lambda call: submit_jobs({call.key: functools.partial(region_executable, call)}),
     )
 
 
@@ -280,10 +125,6 @@ def _unlike(counts: collections.Counter[Any]) -> str:
         f"; {', '.join(named)}, each call a different program: a value made for each "
         "layer is built into it, such as linen's random keys under nn.remat"
     )
-
-
-def _repeats_blocks(closed: Any) -> bool:
-    return any(n >= 2 for n in BlockFinder.counts(closed.jaxpr).values())
 
 
 def _entry_for(call: Any, donate: tuple[int, ...], shardings: tuple[Any, ...] | None) -> Any:
@@ -404,8 +245,8 @@ def _cut(
     where there is nothing to compile."""
     placements = [region_placement(x) for x in leaves]
     sharded = any(p is not None for p in placements) or not MeshContext().empty
-    traced, early, finder, kept_whole = _trace(
-        spec, args, kwargs, prefetch and not sharded, sharded
+    traced, early, finder, kept_whole = trace(
+        spec, args, kwargs, _prefetch(spec) if prefetch and not sharded else None, sharded
     )
     closed = traced.jaxpr
     counts: collections.Counter[Any] = collections.Counter()

@@ -26,7 +26,7 @@ them. Both frameworks let a caller see every module method call
 
 The counting trace is a trace of its own: a program is traced a second time
 only when its first trace found no repeated block and a linen or Haiku class
-repeats (``_planner._trace``).
+repeats (``_tracing.trace``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,203 @@
+"""Tracing a ``jaxaot.jit`` program for its plan: with the blocks the user named,
+the module classes that name themselves (``_named``), the linen and Haiku
+layers a first trace counts (``_scoped``), and not with a few small layers
+(``_shallow``)."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .._component._blocks import Block
+from .._component._cost import keeping_residuals
+from .._component._rules import PREFETCH
+from .._jax import jax_explanations_off
+from . import _whole
+from ._auto import BlockFinder, StaleTrace, finding
+from ._named import from_a_framework, named_blocks, repeated_modules
+from ._placement import UNSET
+from ._scoped import Calls, counting, is_scoped, scoped_blocks
+from ._shallow import Seen, counting_calls, few_and_small, outer_calls
+
+__all__ = ["PlanSpec", "Prefetch", "Traced", "trace"]
+
+logger = logging.getLogger("jaxaot")
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """What a ``jaxaot.jit`` function asks of its plans."""
+
+    name: str
+    jitted: Any  # the function under jax.jit (with its static and donated arguments)
+    whole_program: bool
+    out_shardings: Any = UNSET
+    auto_regions: bool = True  # find the blocks an unmodified program repeats
+    blocks: tuple[Any, ...] = ()  # functions and classes the user names as blocks
+    program: Any = None  # the user's function (where named functions are found)
+    # A fresh ``jitted`` (a trace cache of its own), to trace a program again.
+    retracer: Callable[[], Any] | None = None
+    # Why programs of this function were served whole, once said (at INFO).
+    said: set[str] = field(default_factory=set, compare=False, hash=False)
+
+
+#: Traces of one plan made again for custom_vjp rules that failed to
+#: differentiate alone (one each); the trace after them may fail for good.
+_STALE_RETRIES = 4
+
+
+class Traced(NamedTuple):
+    traced: Any  # the program, traced
+    early: dict[Any, concurrent.futures.Future[Any]]  # executables autodiff started
+    finder: BlockFinder | None  # what found its blocks
+    kept_whole: str | None  # why layers it found repeating are not blocks
+
+
+class Prefetch:
+    """Starts compiling, while the program is traced, the region executables
+    autodiff binds (by entry key, in ``early``); ``start`` makes one."""
+
+    def __init__(self, whole_program: bool, start: Callable[[Any], dict[Any, Any]]) -> None:
+        self.whole_program = whole_program
+        self.start = start
+        self.early: dict[Any, concurrent.futures.Future[Any]] = {}
+        self.seen: collections.Counter[Any] = collections.Counter()
+
+    def __call__(self, call: Any) -> None:
+        if self.whole_program and _whole.small(call):
+            return  # a program of small calls runs as one program: none is needed
+        if isinstance(call.component, Block):  # a block called once stays in its glue
+            self.seen[call.key] += 1
+            if self.seen[call.key] < 2:
+                return
+        if call.key not in self.early:
+            self.early.update(self.start(call))
+
+
+def trace(
+    spec: PlanSpec,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    prefetch: Prefetch | None,
+    sharded: bool,
+) -> Traced:
+    """The traced program, the region executables autodiff started compiling
+    during the trace (by entry key; only with a ``prefetch``), what found its
+    blocks, and why the linen or Haiku layers it repeats stay in it."""
+    seen = prefetch.seen if prefetch is not None else collections.Counter()
+
+    named = spec.blocks
+    deferred: tuple[type, ...] = ()  # found, counted in the first trace (``_shallow``)
+    counted: tuple[type, ...] = ()
+    if spec.auto_regions:  # module classes of a plain loop of layers name themselves
+        found = repeated_modules(args, kwargs, spec.program, named)
+        new = tuple(cls for cls in found.classes if cls not in named)
+        counted = tuple(cls for cls in new if cls not in found.parts)
+        if (
+            counted
+            and spec.whole_program
+            and not sharded
+            and all(found.fewest[cls] < _whole.MIN_LOOP for cls in counted)
+        ):
+            deferred = new
+        else:
+            named = (*named, *new)
+    seen_calls: list[Seen] = []
+
+    def fresh(
+        named: tuple[Any, ...], counted: tuple[type, ...] = ()
+    ) -> tuple[Any, BlockFinder | None, Calls | None]:
+        # A jit of its own for each trace: JAX would give an earlier trace of this
+        # signature (``explain``'s, or another plan's) from its cache, without
+        # running the program, and so without counting its module calls or
+        # finding its blocks. A trace whose rule failed to differentiate alone is
+        # made again without it (each such rule once: they are finitely many).
+        for _ in range(_STALE_RETRIES):
+            try:
+                jitted = spec.retracer() if spec.retracer is not None else spec.jitted
+                return run(jitted, named, counted)
+            except StaleTrace as stale:
+                logger.debug("jaxaot.jit %s: traced again without trying %s", spec.name, stale)
+                seen.clear()
+        jitted = spec.retracer() if spec.retracer is not None else spec.jitted
+        return run(jitted, named, counted)
+
+    def run(
+        jitted: Any, named: tuple[Any, ...], counted: tuple[type, ...]
+    ) -> tuple[Any, BlockFinder | None, Calls | None]:
+        finder = BlockFinder() if spec.auto_regions or named else None
+        plain = tuple(b for b in named if not (isinstance(b, type) and is_scoped(b)))
+        scoped = tuple(b for b in named if isinstance(b, type) and is_scoped(b))
+        with contextlib.ExitStack() as stack:
+            # Small components of a program that may run as one program keep
+            # their residuals (recomputing pays off only in a split program).
+            stack.enter_context(keeping_residuals(spec.whole_program))
+            calls = stack.enter_context(counting()) if spec.auto_regions else None
+            stack.enter_context(finding(finder))
+            # Classes found, not named, are parts of the blocks they sit in: the
+            # framework's layers (an eqx.nn.Linear in a user's Block), and any
+            # inside a class the user named.
+            parts = [
+                b
+                for b in plain
+                if isinstance(b, type)
+                and b not in spec.blocks
+                and (bool(spec.blocks) or from_a_framework(b))
+            ]
+            stack.enter_context(named_blocks(plain, spec.program, parts))
+            stack.enter_context(scoped_blocks(scoped))
+            seen_calls.clear()
+            stack.enter_context(counting_calls(counted, seen_calls))
+            stack.enter_context(jax_explanations_off())
+            return jitted.trace(*args, **kwargs), finder, calls
+
+    token = PREFETCH.set(prefetch) if prefetch is not None else None
+    kept_whole = None
+    try:
+        traced, finder, calls = fresh(named, counted if deferred else ())
+        if deferred:
+            # Every call counts (a model class around its layers is called once),
+            # but a framework's layers inside another counted class's are parts.
+            calls_of = collections.Counter(
+                c for c, around in seen_calls if not (from_a_framework(c) and around & set(counted))
+            )
+            kept_whole = few_and_small(traced.jaxpr, calls_of)
+            if kept_whole is None:  # many calls, or big ones: they are blocks
+                seen.clear()
+                named = (*named, *deferred)
+                traced, finder, calls = fresh(named)
+        more = () if calls is None else tuple(c for c in calls.repeated() if c not in named)
+        if more and calls is not None and kept_whole is None and spec.whole_program and not sharded:
+            linen = outer_calls(((cls, around) for cls, _, around in calls.calls), more)
+            kept_whole = few_and_small(traced.jaxpr, linen)
+        if (
+            more
+            and kept_whole is None
+            and spec.retracer is not None
+            and not _repeats_blocks(traced.jaxpr)
+        ):
+            # Linen or Haiku layers repeat, and no boundary marked them: traced
+            # again with them as blocks (by a jit of its own: JAX would return
+            # the first trace from its cache).
+            logger.debug(
+                "jaxaot.jit %s: module classes that repeat: %s",
+                spec.name,
+                ", ".join(c.__qualname__ for c in more),
+            )
+            # (Its calls are counted afresh: a block called once in each trace is
+            # still called once, and starts no executable.)
+            seen.clear()
+            traced, finder, _ = fresh((*named, *more))
+    finally:
+        if token is not None:
+            PREFETCH.reset(token)
+    return Traced(traced, prefetch.early if prefetch is not None else {}, finder, kept_whole)
+
+
+def _repeats_blocks(closed: Any) -> bool:
+    return any(n >= 2 for n in BlockFinder.counts(closed.jaxpr).values())
