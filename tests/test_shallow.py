@@ -77,9 +77,8 @@ def test_a_few_small_equinox_layers_are_compiled_whole_from_one_trace(layers: in
     assert len(_RUNS) == layers  # one trace, its layers not blocks
     _bits(got, eqx.filter_jit(step)(*args))
     explained = regional.explain(*args)
-    assert f"one program, cached whole (its repeated layers (Block x{layers}) are fewer" in (
-        explained
-    ), explained
+    says = f"one program, cached whole (a few small layers, Block x{layers}, each called fewer"
+    assert says in explained, explained
 
 
 def test_five_equinox_layers_are_blocks_from_one_trace() -> None:
@@ -147,4 +146,37 @@ def test_a_few_small_nnx_layers_merged_in_the_step_are_compiled_whole() -> None:
     assert len(_RUNS) == 3
     _bits(got, jax.jit(step)(state, x))
     explained = regional.explain(state, x)
-    assert "cached whole (its repeated layers (NBlock x3) are fewer than 5" in explained, explained
+    assert "cached whole (a few small layers, NBlock x3, each called fewer than 5" in explained, (
+        explained
+    )
+
+
+def test_whole_program_off_keeps_a_few_small_layers_as_blocks() -> None:
+    step, args = _equinox_step(3)
+    regional = jaxaot.jit(step, whole_program=False)
+    got = regional(*args)
+    want = eqx.filter_jit(step)(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+    assert "block jit(Block.__call__): 3 forward" in regional.explain(*args)
+
+
+def test_a_step_that_raises_leaves_the_layer_class_as_it_was() -> None:
+    """The counting trace swaps the class's ``__call__``; a step that raises in it
+    puts it back (and raises what ``jax.jit`` raises)."""
+    model = Model(3)
+    before = Block.__dict__["__call__"]
+
+    def step(model: Model, x: jax.Array) -> jax.Array:
+        return model(x) @ jnp.ones((WIDTH + 1, 2))  # shapes that do not fit
+
+    x = jnp.ones((4, WIDTH))
+    with pytest.raises(TypeError) as jitted:
+        eqx.filter_jit(step)(model, x)
+    with pytest.raises(TypeError) as regional:
+        jaxaot.jit(step)(model, x)
+    assert str(regional.value) == str(jitted.value)
+    assert Block.__dict__["__call__"] is before
+    _RUNS.clear()
+    model(x)  # an eager call runs the class's own __call__, counted nowhere else
+    assert _RUNS == ["eqx"] * 3

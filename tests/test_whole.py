@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -392,3 +393,41 @@ def test_a_few_layers_stay_unrolled_and_more_are_a_loop() -> None:
             said = "its repeated layers as loops" if looped else "its layers unrolled"
             assert said in fast.explain(blocks, x), fast.explain(blocks, x)
         close(got, jax.value_and_grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x))
+
+
+def _fused(text: str) -> set[str]:
+    """The distinct fused computations of an optimized HLO module, their names
+    and metadata aside (XLA:CPU compiles each distinct one once)."""
+    found = re.findall(r"^%?fused_computation[^\n]*\{\n(.*?)^\}", text, flags=re.M | re.S)
+    return {re.sub(r"%[\w.\-]+", "%v", re.sub(r", metadata=\{[^}]*\}", "", f)) for f in found}
+
+
+def test_a_loops_layers_are_cut_from_their_stacks_by_one_program_for_all() -> None:
+    """Each layer's results (its gradients, which the update reads) are cut from
+    the loop's stacks at positions XLA cannot fold: a cut and the update that
+    reads it are one fused program for every layer, as in an unrolled program,
+    not one per layer, each compiled on its own. A deeper program compiles no
+    more of them."""
+    grad = jax.value_and_grad(lambda bs, x: loss(bs, x, block))
+
+    def step(bs: Any, x: jax.Array) -> Any:
+        value, grads = grad(bs, x)
+        return jax.tree.map(lambda w, g: w - 0.1 * g, bs, grads), value
+
+    kinds = []
+    for layers in (_whole.MIN_LOOP + 1, 2 * _whole.MIN_LOOP + 2):
+        blocks, x = setup(layers)
+        fast = jaxaot.jit(step)
+        with jaxaot.using_cache(jaxaot.MemoryCache()):
+            got = fast(blocks, x)
+            (plan,) = fast._plans.values()
+            assert plan.mode == _plan.WHOLE
+            text = plan.whole.result().as_text()
+        assert text.count(" while(") >= 3  # forward and backward layers, and the positions
+        kinds.append(len(_fused(text)))
+        plain = jax.value_and_grad(lambda bs, x: loss(bs, x, _model.block))
+        want = jax.tree.map(lambda w, g: w - 0.1 * g, blocks, plain(blocks, x)[1])
+        close(got[0], want)
+    # (Fusion choices may differ a little with depth; a program per layer and
+    # gradient would add several for each added layer.)
+    assert 0 < kinds[1] < kinds[0] + _whole.MIN_LOOP + 1, kinds

@@ -9,6 +9,7 @@ compiler flags that key an executable.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -172,26 +173,38 @@ def deserialize_executable(payload: bytes, in_tree: Any, out_tree: Any) -> Any:
     metadata): call this only on bytes whose checksum or signature verified."""
     from jax.experimental import serialize_executable as _se
 
-    if any(marker in payload for marker in _LAPACK_KERNELS):
+    if any(marker in payload for marker in _lapack_kernels()):
         _lapack_ready()
     devices = executable_devices(payload)
     return _se.deserialize_and_load(payload, in_tree, out_tree, execution_devices=devices)
 
 
 _LAPACK = threading.Event()
-#: How a serialized XLA:CPU executable names the LAPACK kernels it calls (jaxlib's
-#: FFI targets, stored as plain strings). Setting the kernels up imports SciPy,
-#: which costs a warm start about as much as loading its executables
-#: (``jaxaot bench precompile``'s load limit), so it is done only for a program
-#: that calls one.
-_LAPACK_KERNELS = (b"lapack_", b"tridiagonal_solve")
+
+
+@functools.cache
+def _lapack_kernels() -> tuple[bytes, ...]:
+    """How a serialized XLA:CPU executable names the LAPACK kernels it may call:
+    the FFI targets jaxlib registers (stored as plain strings), most of them
+    ``lapack_*``. Setting the kernels up imports SciPy, which costs a warm start
+    about as much as loading its executables (``jaxaot bench precompile``'s load
+    limit), so it is done only for a program that names one."""
+    names: list[str] = []
+    try:
+        from jax._src.lib import lapack as _lapack_lib
+
+        names = [str(name) for name in _lapack_lib._lapack.registrations()]
+    except Exception:  # pragma: no cover - a jaxlib that lists them otherwise
+        names = ["tridiagonal_solve_perturbed_ffi"]
+    return (b"lapack_", *sorted({n.encode() for n in names if not n.startswith("lapack_")}))
 
 
 def _lapack_ready() -> None:
     """XLA:CPU programs call LAPACK (``jnp.linalg``, a Newton solve's LU) through
     kernels JAX sets up when it first lowers such an op: an executable loaded in
     a process that lowered none called an unset kernel and crashed the process.
-    They are set up before any load, as JAX's own export does."""
+    They are set up before loading an executable that calls one (as JAX's own
+    export sets them up before any load)."""
     if _LAPACK.is_set():
         return
     try:

@@ -21,7 +21,8 @@ the user had named it; so is one with two or more nodes in a Flax NNX
 ``GraphDef`` it receives, closes over or reads as a global (a step that merges
 its model inside). Its calls that repeat with the same structure become
 regions; a call made once (a head, an embedding) is inlined back into its glue
-by the block finder, as every block called once is.
+by the block finder, as every block called once is. (Fewer than five small
+layers are not blocks: see ``_shallow``.)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import contextlib
 import contextvars
 import functools
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -41,11 +43,13 @@ from .._jax import Tracer
 
 __all__ = [
     "array_body",
+    "SWAPPING",
     "Found",
     "check_blocks",
     "from_a_framework",
     "jitted_call",
     "named_blocks",
+    "restore_attr",
     "repeated_modules",
 ]
 
@@ -137,6 +141,11 @@ def from_a_framework(cls: type) -> bool:
     ``nnx.LayerNorm``): inside a user's layer, a part of it, not a layer."""
     return getattr(cls, "__module__", "").split(".")[0] in ("equinox", "flax")
 
+
+#: Held while module classes have their ``__call__`` swapped for a trace (named
+#: blocks, counted calls): two traces in two threads swapping one class would
+#: each put back the other's, and calls elsewhere would run the swapped one.
+SWAPPING = threading.RLock()
 
 #: Whether the trace is inside a named block's call (its body is being traced).
 _IN_BLOCK: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxaot_in_block", default=False)
@@ -325,21 +334,24 @@ def named_blocks(
     part of the block (as a block, it would make the user's a wrapper of
     repeated calls, looked through), one in a plain loop a block."""
     undo: list[Callable[[], None]] = []
-    try:
-        for block in blocks:
-            if isinstance(block, type):
-                previous = block.__dict__.get("__call__")
-                setattr(block, "__call__", _class_call(block, block in parts))  # noqa: B010
-                undo.append(functools.partial(_restore_attr, block, "__call__", previous))
-            else:
-                undo.extend(_rebind(block, jitted_call(block), program))
-        yield
-    finally:
-        for step in reversed(undo):
-            step()
+    with contextlib.ExitStack() as held:
+        if any(isinstance(block, type) for block in blocks):
+            held.enter_context(SWAPPING)  # (swapped classes: one trace at a time)
+        try:
+            for block in blocks:
+                if isinstance(block, type):
+                    previous = block.__dict__.get("__call__")
+                    setattr(block, "__call__", _class_call(block, block in parts))  # noqa: B010
+                    undo.append(functools.partial(restore_attr, block, "__call__", previous))
+                else:
+                    undo.extend(_rebind(block, jitted_call(block), program))
+            yield
+        finally:
+            for step in reversed(undo):
+                step()
 
 
-def _restore_attr(obj: Any, name: str, previous: Any) -> None:
+def restore_attr(obj: Any, name: str, previous: Any) -> None:
     if previous is None:
         delattr(obj, name)
     else:

@@ -275,7 +275,9 @@ def _cut(
         jaxpr, consts = flat.jaxpr, list(flat.consts)
         why = None
         if not contains_components(jaxpr):
-            why = "nothing to split: every block it found is called once" + _unlike(counts)
+            unlike = _unlike(counts)  # (why none repeats says more than how few)
+            why = kept_whole if kept_whole and not unlike else None
+            why = why or "nothing to split: every block it found is called once" + unlike
     donated_vars = {jaxpr.invars[i] for i in donated}
     regions, leftover = split(jaxpr, donated_vars)
     if not regions:

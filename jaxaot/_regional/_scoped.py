@@ -26,7 +26,8 @@ them. Both frameworks let a caller see every module method call
 
 The counting trace is a trace of its own: a program is traced a second time
 only when its first trace found no repeated block and a linen or Haiku class
-repeats (``_tracing.trace``).
+repeats, more than a few times or in big calls (``_tracing.trace``,
+``_shallow``).
 """
 
 from __future__ import annotations

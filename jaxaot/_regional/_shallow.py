@@ -27,48 +27,58 @@ from typing import Any
 
 from .._component._cost import work
 from . import _whole
+from ._named import SWAPPING, restore_attr
 
-__all__ = ["Seen", "counting_calls", "few_and_small", "outer_calls"]
+__all__ = ["Seen", "counting_calls", "few_and_small", "layer_calls"]
 
 #: A call seen: its class, and the classes of the calls around it.
 Seen = tuple[type, frozenset[type]]
 
 
-def outer_calls(calls: Iterable[Seen], classes: Sequence[type]) -> collections.Counter[type]:
-    """How often each of ``classes`` was called outside the others' calls (a
-    framework's layers inside a user's layer are parts of its calls)."""
-    wanted = set(classes)
-    return collections.Counter(
-        cls for cls, around in calls if cls in wanted and not around & wanted
+def layer_calls(calls: Iterable[Seen], classes: Sequence[type]) -> collections.Counter[type]:
+    """The layers among ``classes`` and how often each was called: classes called
+    two or more times outside the calls of the others (a model class around the
+    layers is called once; a framework's layers, or a user's, inside a layer are
+    parts of its calls)."""
+    calls = list(calls)
+    total = collections.Counter(cls for cls, _ in calls if cls in set(classes))
+    repeated = {cls for cls, n in total.items() if n >= 2}
+    outer = collections.Counter(
+        cls for cls, around in calls if cls in repeated and not around & repeated
     )
+    # (A class called once outside the others, a head after layers that hold
+    # others of its kind, is glue.)
+    return collections.Counter({cls: n for cls, n in outer.items() if n >= 2})
 
 
 def few_and_small(closed: Any, counts: collections.Counter[type]) -> str | None:
-    """Why the layers counted in ``counts`` (calls per class, in the traced program
-    ``closed``) are not made blocks, or ``None`` where they are: each class called
-    fewer than ``_whole.MIN_LOOP`` times, and the program's work per call below
-    ``_whole.WHOLE_BELOW`` (its layers' work and more: where the glue is big, the
-    layers are made blocks, and ``_whole.form`` decides from their own work)."""
-    if closed.jaxpr.effects or not counts:
+    """Why the layers counted in ``counts`` (:func:`layer_calls`, in the traced
+    program ``closed``) are not made blocks, or ``None`` where they are: each
+    class called fewer than ``_whole.MIN_LOOP`` times, no more than
+    ``_whole.MAX_WHOLE_CALLS`` calls in all, and the program's work over the
+    calls of the least-called class (more than any one of its calls does) below
+    ``_whole.WHOLE_BELOW``, as ``_whole.form`` asks of each call."""
+    if closed.jaxpr.effects:
         return None  # a program with effects runs split (``_planner._whole_form``)
-    if max(counts.values()) >= _whole.MIN_LOOP:
+    if not counts:
+        return "nothing to split: every layer it found is called once"
+    if max(counts.values()) >= _whole.MIN_LOOP or sum(counts.values()) > _whole.MAX_WHOLE_CALLS:
         return None
     total = work(closed)
-    if total is None or total / sum(counts.values()) >= _whole.WHOLE_BELOW:
+    if total is None or total / min(counts.values()) >= _whole.WHOLE_BELOW:
         return None
-    layers = ", ".join(f"{cls.__qualname__} x{k}" for cls, k in counts.items() if k > 1)
-    if not layers:
-        return "nothing to split: every layer it found is called once"
+    layers = ", ".join(f"{cls.__qualname__} x{k}" for cls, k in counts.items())
     return (
-        f"its repeated layers ({layers}) are fewer than {_whole.MIN_LOOP} in a row and "
-        "small: as blocks, they would run unrolled in one program"
+        f"a few small layers, {layers}, each called fewer than {_whole.MIN_LOOP} times: "
+        "as blocks, they would run unrolled in one program"
     )
 
 
 @contextlib.contextmanager
 def counting_calls(classes: Sequence[type], seen: list[Seen]) -> Iterator[None]:
     """During the block, each call of ``classes`` is recorded in ``seen``, and
-    otherwise runs as it would."""
+    otherwise runs as it would (the classes' ``__call__`` is swapped while the
+    block runs, one such block at a time)."""
     around: list[type] = []
     undo: list[Callable[[], None]] = []
 
@@ -84,19 +94,16 @@ def counting_calls(classes: Sequence[type], seen: list[Seen]) -> Iterator[None]:
 
         return call
 
-    try:
-        for cls in classes:
-            previous = cls.__dict__.get("__call__")
-            setattr(cls, "__call__", counted(cls, cls.__call__))  # type: ignore[operator]  # noqa: B010
-            undo.append(functools.partial(_restore, cls, previous))
+    if not classes:
         yield
-    finally:
-        for step in reversed(undo):
-            step()
-
-
-def _restore(cls: type, previous: Any) -> None:
-    if previous is None:
-        delattr(cls, "__call__")
-    else:
-        setattr(cls, "__call__", previous)  # noqa: B010
+        return
+    with SWAPPING:
+        try:
+            for cls in classes:
+                previous = cls.__dict__.get("__call__")
+                setattr(cls, "__call__", counted(cls, cls.__call__))  # type: ignore[operator]  # noqa: B010
+                undo.append(functools.partial(restore_attr, cls, "__call__", previous))
+            yield
+        finally:
+            for step in reversed(undo):
+                step()

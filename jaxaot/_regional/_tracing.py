@@ -22,7 +22,7 @@ from ._auto import BlockFinder, StaleTrace, finding
 from ._named import from_a_framework, named_blocks, repeated_modules
 from ._placement import UNSET
 from ._scoped import Calls, counting, is_scoped, scoped_blocks
-from ._shallow import Seen, counting_calls, few_and_small, outer_calls
+from ._shallow import Seen, counting_calls, few_and_small, layer_calls
 
 __all__ = ["PlanSpec", "Prefetch", "Traced", "trace"]
 
@@ -101,6 +101,7 @@ def trace(
         if (
             counted
             and spec.whole_program
+            and spec.retracer is not None  # (to trace again with them as blocks)
             and not sharded
             and all(found.fewest[cls] < _whole.MIN_LOOP for cls in counted)
         ):
@@ -161,19 +162,14 @@ def trace(
     try:
         traced, finder, calls = fresh(named, counted if deferred else ())
         if deferred:
-            # Every call counts (a model class around its layers is called once),
-            # but a framework's layers inside another counted class's are parts.
-            calls_of = collections.Counter(
-                c for c, around in seen_calls if not (from_a_framework(c) and around & set(counted))
-            )
-            kept_whole = few_and_small(traced.jaxpr, calls_of)
+            kept_whole = few_and_small(traced.jaxpr, layer_calls(seen_calls, counted))
             if kept_whole is None:  # many calls, or big ones: they are blocks
                 seen.clear()
                 named = (*named, *deferred)
                 traced, finder, calls = fresh(named)
         more = () if calls is None else tuple(c for c in calls.repeated() if c not in named)
         if more and calls is not None and kept_whole is None and spec.whole_program and not sharded:
-            linen = outer_calls(((cls, around) for cls, _, around in calls.calls), more)
+            linen = layer_calls(((cls, around) for cls, _, around in calls.calls), more)
             kept_whole = few_and_small(traced.jaxpr, linen)
         if (
             more

@@ -35,7 +35,7 @@ from .._component._rules import component_p
 from .._jax import DropVar, Literal, bind_equation
 
 # Part of the whole program's cache key: bump when the rewrite below changes.
-WHOLE_VERSION = 6
+WHOLE_VERSION = 7
 
 # A program whose component calls each do less work than this (``_cost.work``:
 # two per multiply-add, one per element written) runs as one program. Entering
@@ -311,16 +311,70 @@ def _scan(
 
     init = tuple(read(first.invars[q]) for q in carry_q)
     final, ys = jax.lax.scan(body, init, tuple(xs), length=n, reverse=loop.reverse)
+    cut = [v for eqn in run.eqns for r in ys_at if not isinstance(v := eqn.outvars[r], DropVar)]
+    at = _positions(n, ys) if any(v in single for v in cut) else tuple(range(n))
     for r, y in zip(ys_at, ys, strict=True):
         stacks[loop.ys[r]] = y
         for k, eqn in enumerate(run.eqns):
             v = eqn.outvars[r]
             if not isinstance(v, DropVar) and v in single:
-                write(v, y[n - 1 - k] if loop.reverse else y[k])
+                i = at[n - 1 - k] if loop.reverse else at[k]
+                write(
+                    v,
+                    jax.lax.index_in_dim(y, i, keepdims=False)
+                    if isinstance(i, int)
+                    else jax.lax.dynamic_index_in_dim(y, i, keepdims=False),
+                )
     last = run.eqns[-1]
     for q, c in zip(carry_q, final, strict=True):
         if not isinstance(last.outvars[carried[q]], DropVar):
             write(last.outvars[carried[q]], c)
+
+
+def _positions(n: int, stacks: Sequence[Any]) -> tuple[Any, ...]:
+    """The positions ``0 .. n-1`` at which a loop's stacked results are cut into
+    its layers' results, as values XLA cannot fold into constants.
+
+    Why: XLA:CPU compiles each distinct fused computation once. A cut at a
+    constant position, fused with what reads it (a layer's gradient and the
+    update of that layer's parameter), is a distinct computation for every
+    layer, so a looped program compiled more of them than the unrolled one,
+    whose layers' computations are alike, and more the deeper it was. Cuts at
+    positions it is given are one computation for every layer.
+
+    The positions are set by a loop that runs once, which XLA cannot tell: its
+    bound is a bit test that always holds, of an element of one of ``stacks``.
+    Without such an element (empty stacks, or of other types), and on platforms
+    other than XLA:CPU (where a loop of unknown length asks the host at each
+    step), they are constants."""
+    probe = next((y for y in stacks if y.size and y.dtype.name in _PROBES), None)
+    if probe is None:
+        return tuple(range(n))
+
+    def unfolded(element: Any) -> tuple[Any, ...]:
+        bits = jax.lax.bitcast_convert_type(
+            jax.lax.convert_element_type(element, jnp.float32), jnp.uint32
+        )
+        once = ((bits | 1) != 0).astype(jnp.int32)
+        done = jax.lax.while_loop(
+            lambda c: c[0] < once,
+            lambda c: (c[0] + 1, *(jnp.int32(k) for k in range(n))),
+            (jnp.int32(0),) * (n + 1),
+        )
+        return tuple(done[1:])
+
+    def constant(element: Any) -> tuple[Any, ...]:
+        return tuple(jnp.int32(k) for k in range(n))
+
+    element = probe[(0,) * probe.ndim]
+    return tuple(jax.lax.platform_dependent(element, cpu=unfolded, default=constant))
+
+
+#: The types of an element :func:`_positions` reads.
+_PROBES = frozenset(
+    ["bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64"]
+    + ["uint8", "uint16", "uint32", "uint64"]
+)
 
 
 def _updates_in_place(run: _Run, donated: frozenset[Any], results: frozenset[Any]) -> bool:
