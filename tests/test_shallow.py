@@ -180,3 +180,33 @@ def test_a_step_that_raises_leaves_the_layer_class_as_it_was() -> None:
     _RUNS.clear()
     model(x)  # an eager call runs the class's own __call__, counted nowhere else
     assert _RUNS == ["eqx"] * 3
+
+
+def test_a_few_small_layers_named_in_blocks_are_blocks() -> None:
+    step, args = _equinox_step(3)
+    regional = jaxaot.jit(step, blocks=(Block,))
+    got = regional(*args)
+    want = eqx.filter_jit(step)(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+    explained = regional.explain(*args)
+    assert "block jit(Block.__call__): 3 forward" in explained, explained
+    assert "runs as one program, its layers unrolled" in explained, explained
+
+
+def test_a_train_state_holding_the_model_and_its_optimizer_state_counts_each() -> None:
+    """One argument holding the model and the optimizer's copies of it: the layers
+    are counted per model, not per argument (three copies of three layers are
+    still a few layers)."""
+    step, (model, opt, x) = _equinox_step(3)
+
+    def state_step(state: tuple[Any, Any], x: jax.Array) -> Any:
+        model, opt, loss = step(*state, x)
+        return (model, opt), loss
+
+    regional = jaxaot.jit(state_step)
+    _RUNS.clear()
+    got = regional((model, opt), x)
+    assert len(_RUNS) == 3  # one trace
+    _bits(got, eqx.filter_jit(state_step)((model, opt), x))
+    assert "a few small layers, Block x3" in regional.explain((model, opt), x)

@@ -377,6 +377,15 @@ def test_an_nnx_plain_loop_is_two_loops_under_grad(monkeypatch: pytest.MonkeyPat
     close(got, jax.jit(jax.value_and_grad(loss))(model, x))
 
 
+def _one_program(fast: Any, blocks: Any, x: jax.Array) -> tuple[Any, str]:
+    """``fast``'s result for ``blocks`` and ``x``, run as one program, and that
+    program's optimized HLO."""
+    got = fast(blocks, x)
+    (plan,) = fast._plans.values()
+    assert plan.mode == _plan.WHOLE
+    return got, plan.whole.result().as_text()
+
+
 def test_a_few_layers_stay_unrolled_and_more_are_a_loop() -> None:
     """Runs shorter than ``MIN_LOOP`` layers are unrolled in the whole program (for
     a few layers it compiles sooner, and runs as fast); from ``MIN_LOOP`` on they
@@ -386,10 +395,8 @@ def test_a_few_layers_stay_unrolled_and_more_are_a_loop() -> None:
         blocks, x = setup(layers)
         fast = jaxaot.jit(grad)
         with jaxaot.using_cache(jaxaot.MemoryCache()):
-            got = fast(blocks, x)
-            (plan,) = fast._plans.values()
-            assert plan.mode == _plan.WHOLE
-            assert ("while" in plan.whole.result().as_text()) == looped, layers
+            got, text = _one_program(fast, blocks, x)
+            assert ("while" in text) == looped, layers
             said = "its repeated layers as loops" if looped else "its layers unrolled"
             assert said in fast.explain(blocks, x), fast.explain(blocks, x)
         close(got, jax.value_and_grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x))
@@ -417,12 +424,8 @@ def test_a_loops_layers_are_cut_from_their_stacks_by_one_program_for_all() -> No
     kinds = []
     for layers in (_whole.MIN_LOOP + 1, 2 * _whole.MIN_LOOP + 2):
         blocks, x = setup(layers)
-        fast = jaxaot.jit(step)
         with jaxaot.using_cache(jaxaot.MemoryCache()):
-            got = fast(blocks, x)
-            (plan,) = fast._plans.values()
-            assert plan.mode == _plan.WHOLE
-            text = plan.whole.result().as_text()
+            got, text = _one_program(jaxaot.jit(step), blocks, x)
         assert text.count(" while(") >= 3  # forward and backward layers, and the positions
         kinds.append(len(_fused(text)))
         plain = jax.value_and_grad(lambda bs, x: loss(bs, x, _model.block))

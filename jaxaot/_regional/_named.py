@@ -132,8 +132,11 @@ class _Census:
         is_leaf = lambda x: x is not obj and _is_module(x)  # noqa: E731
         for child in jax.tree_util.tree_leaves(obj, is_leaf=is_leaf):
             if child is not obj and _is_module(child):
-                self.add(child, enclosing)
-                self.walk(child, enclosing | {type(child)}, depth + 1)
+                # An outermost module (the model, or an optimizer state's copy of
+                # it, both in one train state) counts as a root of its own.
+                with self.root() if not enclosing else contextlib.nullcontext():
+                    self.add(child, enclosing)
+                    self.walk(child, enclosing | {type(child)}, depth + 1)
 
 
 def from_a_framework(cls: type) -> bool:
