@@ -68,6 +68,16 @@ def _bits(got: Any, want: Any) -> None:
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+def _run_and_explain(regional: Any, step: Any, args: tuple[Any, ...]) -> str:
+    """Runs ``regional``, checks its values against ``eqx.filter_jit``'s, and
+    returns what ``explain`` says of the call."""
+    got = regional(*args)
+    want = eqx.filter_jit(step)(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+    return str(regional.explain(*args))
+
+
 @pytest.mark.parametrize("layers", [2, 4])
 def test_a_few_small_equinox_layers_are_compiled_whole_from_one_trace(layers: int) -> None:
     step, args = _equinox_step(layers)
@@ -103,11 +113,7 @@ def test_a_few_big_equinox_layers_are_blocks(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(_whole, "WHOLE_BELOW", 1.0)
     step, args = _equinox_step(3)
     regional = jaxaot.jit(step)
-    got = regional(*args)
-    want = eqx.filter_jit(step)(*args)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
-    explained = regional.explain(*args)
+    explained = _run_and_explain(regional, step, args)
     assert "block jit(Block.__call__): 3 forward" in explained, explained
     assert "runs split" in explained, explained
 
@@ -154,11 +160,7 @@ def test_a_few_small_nnx_layers_merged_in_the_step_are_compiled_whole() -> None:
 def test_whole_program_off_keeps_a_few_small_layers_as_blocks() -> None:
     step, args = _equinox_step(3)
     regional = jaxaot.jit(step, whole_program=False)
-    got = regional(*args)
-    want = eqx.filter_jit(step)(*args)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
-    assert "block jit(Block.__call__): 3 forward" in regional.explain(*args)
+    assert "block jit(Block.__call__): 3 forward" in _run_and_explain(regional, step, args)
 
 
 def test_a_step_that_raises_leaves_the_layer_class_as_it_was() -> None:
@@ -185,11 +187,7 @@ def test_a_step_that_raises_leaves_the_layer_class_as_it_was() -> None:
 def test_a_few_small_layers_named_in_blocks_are_blocks() -> None:
     step, args = _equinox_step(3)
     regional = jaxaot.jit(step, blocks=(Block,))
-    got = regional(*args)
-    want = eqx.filter_jit(step)(*args)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
-    explained = regional.explain(*args)
+    explained = _run_and_explain(regional, step, args)
     assert "block jit(Block.__call__): 3 forward" in explained, explained
     assert "runs as one program, its layers unrolled" in explained, explained
 
