@@ -43,14 +43,13 @@ from .._jax import Tracer
 
 __all__ = [
     "array_body",
-    "SWAPPING",
     "Found",
     "check_blocks",
     "from_a_framework",
     "jitted_call",
     "named_blocks",
-    "restore_attr",
     "repeated_modules",
+    "swapped_calls",
 ]
 
 # The module frameworks whose instances are pytrees the program receives (or
@@ -336,17 +335,12 @@ def named_blocks(
     outside other blocks' calls: an ``eqx.nn.Linear`` in a user's ``Block`` is a
     part of the block (as a block, it would make the user's a wrapper of
     repeated calls, looked through), one in a plain loop a block."""
+    classes = [block for block in blocks if isinstance(block, type)]
     undo: list[Callable[[], None]] = []
-    with contextlib.ExitStack() as held:
-        if any(isinstance(block, type) for block in blocks):
-            held.enter_context(SWAPPING)  # (swapped classes: one trace at a time)
+    with swapped_calls(classes, lambda cls: _class_call(cls, cls in parts)):
         try:
             for block in blocks:
-                if isinstance(block, type):
-                    previous = block.__dict__.get("__call__")
-                    setattr(block, "__call__", _class_call(block, block in parts))  # noqa: B010
-                    undo.append(functools.partial(restore_attr, block, "__call__", previous))
-                else:
+                if not isinstance(block, type):
                     undo.extend(_rebind(block, jitted_call(block), program))
             yield
         finally:
@@ -354,7 +348,30 @@ def named_blocks(
                 step()
 
 
-def restore_attr(obj: Any, name: str, previous: Any) -> None:
+@contextlib.contextmanager
+def swapped_calls(
+    classes: Sequence[type], call_for: Callable[[type], Callable[..., Any]]
+) -> Iterator[None]:
+    """During the block, each of ``classes`` has ``call_for(cls)`` as its
+    ``__call__`` (made from the class's own, which it may call); one such block
+    at a time in the process (:data:`SWAPPING`)."""
+    if not classes:
+        yield
+        return
+    undo: list[Callable[[], None]] = []
+    with SWAPPING:
+        try:
+            for cls in classes:
+                previous = cls.__dict__.get("__call__")
+                setattr(cls, "__call__", call_for(cls))  # noqa: B010
+                undo.append(functools.partial(_restore_attr, cls, "__call__", previous))
+            yield
+        finally:
+            for step in reversed(undo):
+                step()
+
+
+def _restore_attr(obj: Any, name: str, previous: Any) -> None:
     if previous is None:
         delattr(obj, name)
     else:

@@ -28,7 +28,7 @@ from typing import Any
 
 from .._component._cost import work
 from . import _whole
-from ._named import SWAPPING, restore_attr
+from ._named import swapped_calls
 
 __all__ = ["Seen", "counting_calls", "few_and_small", "layer_calls"]
 
@@ -81,9 +81,10 @@ def counting_calls(classes: Sequence[type], seen: list[Seen]) -> Iterator[None]:
     otherwise runs as it would (the classes' ``__call__`` is swapped while the
     block runs, one such block at a time)."""
     around: list[type] = []
-    undo: list[Callable[[], None]] = []
 
-    def counted(cls: type, original: Callable[..., Any]) -> Callable[..., Any]:
+    def counted(cls: type) -> Callable[..., Any]:
+        original = cls.__call__  # type: ignore[operator]
+
         @functools.wraps(original)
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             seen.append((cls, frozenset(around)))
@@ -95,16 +96,5 @@ def counting_calls(classes: Sequence[type], seen: list[Seen]) -> Iterator[None]:
 
         return call
 
-    if not classes:
+    with swapped_calls(classes, counted):
         yield
-        return
-    with SWAPPING:
-        try:
-            for cls in classes:
-                previous = cls.__dict__.get("__call__")
-                setattr(cls, "__call__", counted(cls, cls.__call__))  # type: ignore[operator]  # noqa: B010
-                undo.append(functools.partial(restore_attr, cls, "__call__", previous))
-            yield
-        finally:
-            for step in reversed(undo):
-                step()

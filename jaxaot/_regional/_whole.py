@@ -311,20 +311,15 @@ def _scan(
 
     init = tuple(read(first.invars[q]) for q in carry_q)
     final, ys = jax.lax.scan(body, init, tuple(xs), length=n, reverse=loop.reverse)
-    cut = [v for eqn in run.eqns for r in ys_at if not isinstance(v := eqn.outvars[r], DropVar)]
-    at = _positions(n, ys) if any(v in single for v in cut) else tuple(range(n))
+    at: tuple[Any, ...] | None = None  # (made once a layer's result is cut out)
     for r, y in zip(ys_at, ys, strict=True):
         stacks[loop.ys[r]] = y
         for k, eqn in enumerate(run.eqns):
             v = eqn.outvars[r]
             if not isinstance(v, DropVar) and v in single:
+                at = _positions(n, ys) if at is None else at
                 i = at[n - 1 - k] if loop.reverse else at[k]
-                write(
-                    v,
-                    jax.lax.index_in_dim(y, i, keepdims=False)
-                    if isinstance(i, int)
-                    else jax.lax.dynamic_index_in_dim(y, i, keepdims=False),
-                )
+                write(v, jax.lax.dynamic_index_in_dim(y, i, keepdims=False))
     last = run.eqns[-1]
     for q, c in zip(carry_q, final, strict=True):
         if not isinstance(last.outvars[carried[q]], DropVar):
