@@ -191,6 +191,70 @@ def test_a_few_small_linen_layers_are_compiled_whole_from_one_trace(layers: int)
     assert says in explained, explained
 
 
+def test_a_few_small_linen_layers_under_nn_jit_make_no_entry_of_their_model() -> None:
+    """``nn.jit`` around a model of a few small layers (gemma's form): the jit,
+    which wraps the repeated layers, is looked through rather than made a block
+    called once (its forward and backward entries made, only to be inlined into
+    the whole program again). One trace, one program compiled, nothing else
+    made, ``jax.jit``'s bits."""
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for _ in range(3):
+                x = Counted()(x)
+            return nn.Dense(1)(x)
+
+    model, x = nn.jit(Model)(), jnp.ones((2, WIDTH))
+    variables = model.init(jax.random.key(0), x)
+    step = jax.value_and_grad(lambda v, x: (model.apply(v, x) ** 2).mean())
+    regional = jaxaot.jit(step)
+    _RUNS.clear()
+    before = jaxaot.stats()
+    got = regional(variables, x)
+    after = jaxaot.stats()
+    assert len(_RUNS) == 3  # one trace
+    made = {k: after[k] - before[k] for k in ("misses", "lowerings", "compiles")}
+    assert made == {"misses": 1, "lowerings": 0, "compiles": 1}, made
+    want = jax.jit(step)(variables, x)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    explained = regional.explain(variables, x)
+    assert "cached whole (a few small layers, Counted x3" in explained, explained
+    assert "Model.__call__): looked through (it wraps repeated layers)" in explained
+
+
+class TwoNorms(nn.Module):
+    """A layer calling a framework layer twice (its norms): still a layer."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + jnp.tanh(nn.Dense(WIDTH)(nn.LayerNorm()(x)))
+        return x + jnp.tanh(nn.Dense(WIDTH)(nn.LayerNorm()(x)))
+
+
+def test_nn_jit_layers_calling_framework_layers_twice_are_still_blocks() -> None:
+    """``nn.jit`` around each layer, whose body calls ``nn.LayerNorm`` twice:
+    the framework's own layers repeating inside it make it no wrapper of layers,
+    so each lifted call stays a block."""
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for _ in range(5):
+                x = nn.jit(TwoNorms)()(x)
+            return x
+
+    model, x = Model(), jnp.ones((2, WIDTH))
+    variables = model.init(jax.random.key(0), x)
+    step = jax.value_and_grad(lambda v, x: (model.apply(v, x) ** 2).mean())
+    regional = jaxaot.jit(step, whole_program=False)
+    _same(regional(variables, x), jax.jit(step)(variables, x))
+    explained = regional.explain(variables, x)
+    assert "TwoNorms.__call__): 5 forward, 5 linear/transpose" in explained, explained
+    assert "looked through" not in explained, explained
+
+
 @pytest.mark.parametrize("many", [True, False])
 def test_layers_that_loop_or_are_big_are_still_blocks(
     many: bool, monkeypatch: pytest.MonkeyPatch
@@ -227,6 +291,43 @@ def test_a_few_small_haiku_layers_are_compiled_whole() -> None:
     assert "cached whole (a few small layers, Linear x4, each called fewer than 5" in explained, (
         explained
     )
+
+
+def test_a_four_layer_haiku_transformer_is_compiled_whole_from_one_trace() -> None:
+    """A Haiku transformer's train step (attention and an MLP of width 64, 4
+    layers, as in ``benchmarks/real_models.py``): its layers' share of the
+    program's work, backward passes and glue included, is above one split
+    entry's threshold, yet each of their entries would be below it, so the
+    program runs whole, as ``jax.jit`` compiles it, from its first trace."""
+    width, runs = 64, []
+
+    class Layer(hk.Module):
+        def __call__(self, x: jax.Array) -> jax.Array:
+            runs.append(1)
+            h = hk.LayerNorm(-1, True, True)(x)
+            init = hk.initializers.VarianceScaling()
+            x = x + hk.MultiHeadAttention(4, width // 4, w_init=init)(h, h, h)
+            h = hk.LayerNorm(-1, True, True)(x)
+            return x + hk.Linear(width)(jax.nn.gelu(hk.Linear(4 * width)(h)))
+
+    def net(tokens: jax.Array) -> jax.Array:
+        x = hk.Embed(128, width)(tokens)
+        for _ in range(4):
+            x = Layer()(x)
+        return jnp.mean(hk.Linear(128)(x) ** 2)
+
+    model = hk.without_apply_rng(hk.transform(net))
+    tokens = jax.random.randint(jax.random.key(0), (4, 32), 0, 128)
+    params = model.init(jax.random.key(1), tokens)
+    step = jax.value_and_grad(model.apply)
+    regional = jaxaot.jit(step)
+    runs.clear()
+    got = regional(params, tokens)
+    assert len(runs) == 4  # one trace
+    _same(got, jax.jit(step)(params, tokens))
+    explained = regional.explain(params, tokens)
+    assert "cached whole (a few small layers, " in explained, explained
+    assert ".Layer x4, each called fewer than 5 times" in explained, explained
 
 
 def test_explain_before_the_first_call_leaves_the_plan_alone() -> None:

@@ -167,6 +167,9 @@ class BlockFinder:
         # The linen module whose call ended last (a lifted transform's block is
         # named after it, not after linen's ``core_fn``).
         self.last_module: str | None = None
+        # Whether a linen module method's latest call called repeated layers
+        # (``_scoped.Calls.wraps_layers``), where its calls are counted.
+        self.wraps_layers: Callable[[str], bool] | None = None
 
     def note(self, call: BoundCall | str, why: str) -> None:
         """Records why ``call`` (or the call named so) is not a block. JAX's own
@@ -192,10 +195,12 @@ class BlockFinder:
             _LIFTED.setdefault(id(body), (body, self.last_module))
         if self.root is None or not within(current_trace(), self.root):
             return None  # inside another inner function's own trace
-        if is_plain_jit(call) and _repeats_inside(call):
+        if is_plain_jit(call) and (_repeats_inside(call) or self._lifts_layers(call)):
             # An outer jit around the model (gemma's and linen's ``nn.jit``, a
             # ``jax.jit`` of the loss): looked through, as if it were not there,
-            # so that the layers it repeats are found as blocks.
+            # so that the layers it repeats are found as blocks (or, a few small
+            # ones, stay in the program compiled whole: as a block called once,
+            # it would be made, then inlined again).
             self.note(call, LOOKED_THROUGH)
             closed = call_jaxpr(call)
             return evaluate(closed.jaxpr, closed.consts, call.args)
@@ -234,6 +239,12 @@ class BlockFinder:
             return None
         with not_intercepting():
             return bind(block, operands)
+
+    def _lifts_layers(self, call: BoundCall) -> bool:
+        """Whether ``call`` lifts a linen module (``nn.jit``) whose call, just
+        traced, called repeated layers."""
+        known = _LIFTED.get(id(call_jaxpr(call)))
+        return known is not None and self.wraps_layers is not None and self.wraps_layers(known[1])
 
     def _name(self, call: BoundCall) -> str | None:
         # A linen-lifted call (``nn.remat``, ``nn.jit``) is named after the module

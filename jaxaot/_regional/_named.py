@@ -140,8 +140,9 @@ class _Census:
 
 def from_a_framework(cls: type) -> bool:
     """Whether ``cls`` is one of a framework's own layers (``eqx.nn.Linear``,
-    ``nnx.LayerNorm``): inside a user's layer, a part of it, not a layer."""
-    return getattr(cls, "__module__", "").split(".")[0] in ("equinox", "flax")
+    ``nnx.LayerNorm``, ``hk.Linear``): inside a user's layer, a part of it, not
+    a layer."""
+    return getattr(cls, "__module__", "").split(".")[0] in ("equinox", "flax", "haiku")
 
 
 #: Held while module classes have their ``__call__`` swapped for a trace (named

@@ -46,7 +46,7 @@ import jax
 
 from ._auto import module_ended, note
 from ._draws import Refused, drawn_call
-from ._named import jitted_call
+from ._named import from_a_framework, jitted_call
 
 __all__ = ["Calls", "counting", "is_scoped", "scoped_blocks"]
 
@@ -116,7 +116,7 @@ class Calls:
         finally:
             self._around.pop()
             if _framework(cls) == "linen":
-                module_ended(f"{cls.__qualname__}.__call__")
+                module_ended(_method(cls))
 
     def repeated(self) -> tuple[type, ...]:
         """The classes called two or more times with the same argument types,
@@ -128,6 +128,24 @@ class Calls:
             if cls in repeats and not (around & repeats) and cls not in outer:
                 outer.append(cls)
         return tuple(outer)
+
+    def wraps_layers(self, name: str) -> bool:
+        """Whether the latest call of the module method ``name`` (``Block.__call__``)
+        calls a layer: a class of the user's (not the framework's own layers)
+        called two or more times with the same types, not inside another such
+        call. A lifted transform around it (``nn.jit``) then wraps the layers
+        rather than being one of them."""
+        starts = [i for i, (cls, _, _) in enumerate(self.calls) if _method(cls) == name]
+        if not starts:
+            return False
+        inside = [c for c in self.calls[starts[-1] + 1 :] if not from_a_framework(c[0])]
+        counts = collections.Counter((cls, types) for cls, types, _ in inside)
+        repeats = {cls for (cls, _), n in counts.items() if n >= 2}
+        return any(cls in repeats and not (around & repeats) for cls, _, around in inside)
+
+
+def _method(cls: type) -> str:
+    return f"{cls.__qualname__}.__call__"
 
 
 #: Marks of counting traces: each one its own (see :func:`counting`).

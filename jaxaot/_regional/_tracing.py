@@ -139,6 +139,8 @@ def trace(
             # their residuals (recomputing pays off only in a split program).
             stack.enter_context(keeping_residuals(spec.whole_program))
             calls = stack.enter_context(counting()) if spec.auto_regions else None
+            if finder is not None and calls is not None:
+                finder.wraps_layers = calls.wraps_layers
             stack.enter_context(finding(finder))
             # Classes found, not named, are parts of the blocks they sit in: the
             # framework's layers (an eqx.nn.Linear in a user's Block), and any
