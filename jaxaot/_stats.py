@@ -85,7 +85,7 @@ _PROCESS_ONLY = (
     "wait_seconds",  # time spent waiting for other processes' entries
     "lease_takeovers",  # entries whose maker died: made here instead
     "lease_wait_timeouts",  # waits past $JAXAOT_LEASE_WAIT: made here instead
-    "loaded",  # entries (lowered, derived, executables) read from a cache
+    "loaded",  # entries (lowered, derived, executables) read from a cache, not written here
     "compile_seconds",  # XLA's time compiling what this process made
 )
 

@@ -173,6 +173,15 @@ def explicit_in_set_mesh() -> jaxaot.Manifest:
         return jaxaot.manifest().add(evaluate, _params(2, sharding=abstract), x, x)
 
 
+def explicit_train_in_set_mesh() -> jaxaot.Manifest:
+    """The train step on an Explicit mesh, built inside ``jax.set_mesh``: its
+    backward pass contracts the sharded batch, which traces only there."""
+    data, replicated = _mesh(explicit=True)
+    x = jax.ShapeDtypeStruct((16, WIDTH), jnp.float32, sharding=data)
+    with jax.set_mesh(data.mesh):
+        return jaxaot.manifest().add(train_step, _params(2, sharding=replicated), x, x)
+
+
 # -- a worker killed while it holds a signature -----------------------------------------
 
 

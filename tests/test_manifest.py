@@ -222,7 +222,12 @@ def test_precompiled_deployment_compiles_nothing(
 
 @pytest.mark.parametrize(
     ("target", "n"),
-    [("sharded_components", 1), ("sharded_explicit", 2), ("explicit_in_set_mesh", 1)],
+    [
+        ("sharded_components", 1),
+        ("sharded_explicit", 2),
+        ("explicit_in_set_mesh", 1),
+        ("explicit_train_in_set_mesh", 1),
+    ],
 )
 def test_sharded_components_on_eight_devices(
     target: str, n: int, tmp_path: Path, subprocess_env: dict[str, str]
@@ -230,7 +235,9 @@ def test_sharded_components_on_eight_devices(
     """Over a ``Mesh`` (Auto axes), and over ``jax.make_mesh``'s Explicit axes, whose
     shardings are part of the types a manifest's ShapeDtypeStructs give."""
     env = _env(subprocess_env, tmp_path / "cache", XLA_FLAGS=EIGHT)
-    _precompile(env, f"_precompile_targets:{target}", "--workers", "1")
+    done = _precompile(env, f"_precompile_targets:{target}", "--workers", "1")
+    # (What it says of each program is said under the mesh it was added in.)
+    assert "nothing of it is cached" not in done.stdout + done.stderr, done.stderr
     result = _deploy(env, f"_precompile_targets:{target}")
     assert result["devices"] == 8
     _assert_warm(result, n)
@@ -344,6 +351,33 @@ def test_two_machines_on_one_redis_make_each_entry_once(
         # A third machine, its local directory empty, loads everything from Redis.
         third = _env(subprocess_env, tmp_path / "local2", JAXAOT_CACHE=server.url)
         _assert_warm(_deploy(third, "_precompile_targets:buckets"), 4)
+    finally:
+        server.close()
+
+
+def test_a_precompile_into_redis_writes_what_the_local_directory_already_held(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """``JAXAOT_CACHE=redis://...`` reads the local directory first: a machine
+    whose directory holds every entry (an earlier precompile, a local run) still
+    fills the shared store, so that a machine with an empty directory loads
+    everything from it."""
+    from test_redis import RedisServer
+
+    from jaxaot._caches._redis import RedisCache
+
+    server = RedisServer()
+    server.start()
+    try:
+        local = _env(subprocess_env, tmp_path / "local")
+        made = _counts(_precompile(local, "_precompile_targets:buckets", "--workers", "1").stdout)
+        assert made["made"] > 0
+        shared = dict(local, JAXAOT_CACHE=server.url)
+        again = _counts(_precompile(shared, "_precompile_targets:buckets", "--workers", "1").stdout)
+        assert again["made"] == 0 and again["present"] == 4, again
+        assert len(RedisCache(server.url).keys()) > 0
+        other = _env(subprocess_env, tmp_path / "other", JAXAOT_CACHE=server.url)
+        _assert_warm(_deploy(other, "_precompile_targets:buckets"), 4)
     finally:
         server.close()
 

@@ -69,6 +69,31 @@ def test_report_tells_a_cold_run_from_a_warm_one(
     assert counts["compiles"] == 0 and counts["loaded"] == 1 and counts["compile_seconds"] == 0
 
 
+def test_entries_a_process_reads_back_from_its_own_writes_are_no_warm_start(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """A function wrapped twice in one process on a new cache: the second wrapper
+    reads what the first wrote. Still a cold start; the next process's is warm."""
+    script = tmp_path / "twice.py"
+    script.write_text(
+        "import jax.numpy as jnp, jaxaot\n"
+        "def f(x):\n    return x * 2.0\n"
+        "jaxaot.component(f)(jnp.ones(4))\n"
+        "jaxaot.wait_for_writes()\n"
+        "jaxaot.component(f)(jnp.ones(4))\n"
+        "print(jaxaot.report())\n"
+    )
+    env = {**subprocess_env, "JAXAOT_CACHE": "dir", "JAXAOT_CACHE_DIR": str(tmp_path / "c")}
+    lines = [
+        subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
+        ).stdout.strip()
+        for _ in range(2)
+    ]
+    assert lines[0].startswith("jaxaot: cold start: loaded 0 entries"), lines
+    assert lines[1].startswith("jaxaot: warm start"), lines
+
+
 def test_verbose_logs_the_report_at_exit(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     line, _, err = _run(tmp_path, subprocess_env)
     assert "jaxaot:" not in err  # not opted in: nothing on stderr

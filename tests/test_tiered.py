@@ -68,6 +68,23 @@ def test_promotion_reaches_every_faster_tier() -> None:
     assert all(t.get(key) == blob for t in tiers)
 
 
+def test_a_filling_view_writes_a_fast_hit_back_to_the_slower_tiers() -> None:
+    """What ``jaxaot precompile`` fills: a hit in the local tier reaches the
+    shared ones; a plain tiered cache leaves them alone; a damaged copy is
+    written nowhere."""
+    tiers = [jaxaot.MemoryCache() for _ in range(3)]
+    key, blob = make_blob()
+    tiers[0].put(key, blob)
+    tiered = TieredCache(*tiers, check=verify_entry)
+    assert tiered.get(key) == blob and tiers[2].get(key) is None
+    assert tiered.filling().get(key) == blob
+    assert all(t.get(key) == blob for t in tiers)
+    bad_key, bad = make_blob(tag=1)
+    tiers[0].put(bad_key, flip(bad))
+    assert tiered.filling().get(bad_key) is None
+    assert tiers[1].get(bad_key) is None and tiers[2].get(bad_key) is None
+
+
 @pytest.mark.parametrize("damage", ["flip", "misfiled", "garbage"])
 def test_bad_entry_is_not_promoted_and_removed(
     damage: str, caplog: pytest.LogCaptureFixture

@@ -179,6 +179,29 @@ def test_unpersistable_output_tree_warns_once_and_stays_in_memory(
     assert list(fresh_cache.keys()) == []
 
 
+def test_each_cause_of_an_unpersistable_tree_is_said_once_even_under_one_name(
+    fresh_cache: jaxaot.MemoryCache, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two components of one name, their results' node data of two local classes:
+    each class is a cause of its own, said once (the second was silent)."""
+
+    class Meta:
+        pass
+
+    class Other:
+        pass
+
+    def f(t: Tagged) -> Tagged:
+        return Tagged(t.value * 2, t.tag)
+
+    with caplog.at_level(logging.WARNING, logger="jaxaot"):
+        for tag in (Meta(), Other(), Other()):
+            jaxaot.component(f)(Tagged(jnp.ones(2), tag))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert ".Meta" in warnings[0] and ".Other" in warnings[1], warnings
+
+
 _WARM = textwrap.dedent(
     """
     import dataclasses, json, sys

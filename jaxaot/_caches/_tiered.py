@@ -54,6 +54,8 @@ class TieredCache(WarnOnce):
         the entry's key digest names the key it is stored under) when the cache
         becomes its cache (``jaxaot.set_cache``, ``using_cache``, ``JAXAOT_CACHE``)
         and has none.
+      write_back: a verified hit is copied into the slower tiers as well (see
+        :meth:`filling`).
 
     * ``get`` tries each tier in order and verifies each hit: a sound entry is copied into every faster tier
       and returned; a damaged one counts as that tier's miss, is removed from
@@ -74,7 +76,9 @@ class TieredCache(WarnOnce):
                                    RedisCache("redis://cache:6379/0")))
     """
 
-    def __init__(self, *caches: Cache, check: EntryCheck | None = None) -> None:
+    def __init__(
+        self, *caches: Cache, check: EntryCheck | None = None, write_back: bool = False
+    ) -> None:
         if not caches:
             raise ValueError("TieredCache needs at least one cache")
         for i, c in enumerate(caches):
@@ -85,6 +89,7 @@ class TieredCache(WarnOnce):
                 )
         self.tiers: tuple[Cache, ...] = tuple(caches)
         self.check = check
+        self.write_back = write_back
         self._state_lock = threading.Lock()
         self._warned: set[str] = set()
         self._counters = {
@@ -153,9 +158,18 @@ class TieredCache(WarnOnce):
             return False
         return True
 
+    def filling(self) -> TieredCache:
+        """These tiers, read as they are, but a hit in a faster tier is also
+        written to every slower one: what ``jaxaot precompile`` fills, so that
+        an entry it finds in the local tier reaches the shared store that the
+        deployment's machines read, rather than being "already present"."""
+        return TieredCache(*self.tiers, check=self.check, write_back=True)
+
     def _promote(self, i: int, key: str, blob: bytes) -> None:
-        """Copies a verified hit from tier ``i`` into every faster tier."""
-        for j in range(i):
+        """Copies a verified hit from tier ``i`` into every faster tier (and every
+        slower one, writing back)."""
+        others = range(len(self.tiers)) if self.write_back else range(i)
+        for j in (j for j in others if j != i):
             try:
                 self.tiers[j].put(key, blob)
             except Exception as e:

@@ -135,9 +135,7 @@ class RegionalFunction:
             program_entered()  # the trace that finds blocks starts here
             return fun(*args, **kwargs)
 
-        def tracer() -> Any:
-            # A jax.jit of its own to trace plans with (its trace cache apart from
-            # the fallback's, which traces without finding blocks).
+        def tracer() -> Any:  # a jax.jit to trace plans with (a trace cache of its own)
             wrapped = functools.wraps(fun)(lambda *args, **kwargs: entered(*args, **kwargs))
             return jax.jit(wrapped, **options)
 
@@ -303,6 +301,8 @@ class RegionalFunction:
             return self._call_slow(args, kwargs, *self._dynamic(args, kwargs))
         except Exception as error:
             if not nan_found(error):
+                if isinstance(error, ValueError):  # (the C++ path's, for an unhashable
+                    self._dynamic(args, kwargs)  # static: named as the Python path does)
                 raise
         # A NaN under jax_debug_nans: jax.jit of the function finds where, op by op.
         return self._jitted(*args, **kwargs)

@@ -38,11 +38,11 @@ from typing import Any, NamedTuple
 import jax
 
 from .. import _stats
-from .._caches import Held, Lease, Leasing
+from .._caches import Held, Lease, Leasing, TieredCache
 from .._component import Component
 from .._keys._sharding import concrete_mesh, mesh_axes, mesh_text
 from .._precompiled import ItemResult, PrecompileReport
-from .._store._active import get_cache
+from .._store._active import get_cache, using_cache
 from .._store._executables import wait_for_writes
 from .._store._once import drop, keep, lease_ttl, lease_wait
 from ._jit import RegionalFunction
@@ -274,6 +274,10 @@ class Manifest:
     ) -> PrecompileReport:
         """Loads or compiles every executable the signatures need into the active
         cache, without running anything; returns when every entry is written.
+        With a tiered cache (``JAXAOT_CACHE=redis://...`` puts the local cache
+        directory before the shared store), an entry found in a faster tier is
+        written to the slower ones too: the shared store ends up holding every
+        entry, whatever this machine held before.
 
         Processes sharing one cache split the signatures between them (see the
         module's docstring) when they share one ``run`` name: give each its
@@ -306,13 +310,25 @@ class Manifest:
                 f"jaxaot.Manifest.precompile: worker must be in range(workers), got worker="
                 f"{worker}, workers={workers}"
             )
+        cache = get_cache()
+        if isinstance(cache, TieredCache) and not cache.write_back:
+            # (``JAXAOT_CACHE=redis://...``: a local directory before the shared
+            # store.) What the local tier holds is written to the shared store too.
+            with using_cache(cache.filling()):
+                return self.precompile(
+                    worker=worker,
+                    workers=workers,
+                    run=run,
+                    on_item=on_item,
+                    finished=finished,
+                    raise_errors=raise_errors,
+                )
         started = time.perf_counter()
         report = PrecompileReport(len(self._items))
         n = len(self._items)
         # Its own share first, then the others' (each worker's in turn).
         order = sorted(range(n), key=lambda i: ((i % workers - worker) % workers, i))
         run = secrets.token_hex(8) if run is None else run
-        cache = get_cache()
         claims = isinstance(cache, Leasing) and lease_wait() > 0
         ttl = lease_ttl()
 
@@ -461,7 +477,9 @@ def _precompile_one(index: int, item: Signature) -> ItemResult:
     loaded = int(after["loaded_after_wait"] - before["loaded_after_wait"])
     note = ""
     if isinstance(item.function, RegionalFunction):
-        said = item.function.explain(*item.args, **item.kwargs)
+        # (Under the signature's mesh, as it was precompiled.)
+        with jax.set_mesh(item.mesh) if item.mesh is not None else contextlib.nullcontext():
+            said = item.function.explain(*item.args, **item.kwargs)
         if said.startswith(f"jaxaot.jit {item.function.__name__}: jax.jit"):
             note = "runs under plain jax.jit: nothing of it is cached"
             _stats.warn_once(

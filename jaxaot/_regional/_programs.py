@@ -5,6 +5,7 @@ compiled (and stored)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from .._store._entry import Entry
 from .._store._executables import (
     cost_dict,
     executable_key,
+    in_background,
     load_executable,
     store_executable,
 )
@@ -169,8 +171,11 @@ class ProgramCache:
             structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
             return _compile(fn, structs, donate, shardings, "jaxaot.jit")
 
-        def save(cache: Cache, key: ComponentKey, exe: Any) -> None:
-            self._store(cache, key, exe, avals, out_avals, callbacks)
+        def save(cache: Cache, key: ComponentKey, exe: Any) -> concurrent.futures.Future[None]:
+            # Serialized and written while the program runs its first call.
+            return in_background(
+                key.digest, lambda: self._store(cache, key, exe, avals, out_avals, callbacks)
+            )
 
         if what is None:
             label = self.kind if self.kind.endswith("program") else f"{self.kind} program"

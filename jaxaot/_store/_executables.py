@@ -37,7 +37,7 @@ __all__ = [
     "load_executable",
     "load_executable_entry",
     "store_executable",
-    "store_in_background",
+    "in_background",
     "target_process_keys",
     "wait_for_writes",
 ]
@@ -113,28 +113,21 @@ _pending: dict[str, concurrent.futures.Future[None]] = {}
 _pending_lock = threading.Lock()
 
 
-def store_in_background(
-    cache: Cache,
-    key: ComponentKey,
-    root: Entry,
-    exe: Any,
-    costs: dict[str, float] | None,
-    extra: dict[str, Any] | None = None,
-) -> concurrent.futures.Future[None]:
-    """Stores an executable entry from a worker thread; returns the write's future.
-    The interpreter waits for the worker at exit; ``wait_for_writes`` and reads of
-    the same key wait too."""
+def in_background(digest: str, write: Callable[[], None]) -> concurrent.futures.Future[None]:
+    """Runs ``write`` (storing the entry ``digest`` names) on the writer thread;
+    returns its future. The interpreter waits for the worker at exit;
+    ``wait_for_writes`` and reads of the same key wait too."""
     global _writer
     with _pending_lock:
         if _writer is None:
             _writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxaot-writer")
-        future = _writer.submit(store_executable, cache, key, root, exe, costs, extra)
-        _pending[key.digest] = future
+        future = _writer.submit(write)
+        _pending[digest] = future
 
     def done(_: Any) -> None:
         with _pending_lock:
-            if _pending.get(key.digest) is future:
-                del _pending[key.digest]
+            if _pending.get(digest) is future:
+                del _pending[digest]
 
     future.add_done_callback(done)
     return future

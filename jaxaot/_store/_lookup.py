@@ -34,9 +34,9 @@ from ._entry import Entry
 from ._executables import (
     BACKGROUND_AFTER_SECONDS,
     cost_dict,
+    in_background,
     load_executable,
     store_executable,
-    store_in_background,
 )
 from ._once import make_once
 from ._readwrite import callbacks_executable, decoder, read, write
@@ -309,7 +309,10 @@ class Store:
             if made["seconds"] >= BACKGROUND_AFTER_SECONDS:
                 # A big executable: serialize and write it while the first step
                 # runs, off the path to the first result.
-                return store_in_background(cache, exe_key, root, exe, costs, more)
+                return in_background(
+                    exe_key.digest,
+                    lambda: store_executable(cache, exe_key, root, exe, costs, more),
+                )
             store_executable(cache, exe_key, root, exe, costs, more)
             return None
 

@@ -39,6 +39,11 @@ LINEAR_ONLY = "custom_vjp_linear"
 logger = logging.getLogger("jaxaot")
 
 
+#: The digests of the entries this process wrote: read back (by a second wrapper
+#: of one function, after ``clear_cache``), they count as no entry ``loaded``.
+_WRITTEN_HERE: set[str] = set()
+
+
 def read(cache: Cache, key: ComponentKey) -> Entry | None:
     return read_blob(cache, key)[0]
 
@@ -73,7 +78,8 @@ def read_blob(cache: Cache, key: ComponentKey) -> tuple[Entry | None, bytes | No
         _stats.bump("corrupt_entries")
         dropped(cache, key.digest, f"a bad cache entry ({e})", "recomputing", blob)
         return None, blob
-    _stats.bump("loaded")
+    if key.digest not in _WRITTEN_HERE:  # (one this process wrote is no warm start)
+        _stats.bump("loaded")
     return entry, blob
 
 
@@ -136,9 +142,9 @@ def write(cache: Cache, entry: Entry) -> None:
         blob = _entry.encode(entry)
     except NotPersistable as e:
         # Silence would read as "jaxaot does not help": say once per component
-        # what keeps it from a warm start.
+        # and cause what keeps it from a warm start.
         _stats.warn_once(
-            f"not-persistable:{entry.name}",
+            f"not-persistable:{entry.name}:{e}",
             f"jaxaot: component {entry.name!r} is not written to the cache ({e}); "
             "its entries stay in this process, so a new process traces, lowers and "
             "compiles it again",
@@ -146,6 +152,7 @@ def write(cache: Cache, entry: Entry) -> None:
         return
     try:
         cache.put(entry.key.digest, blob)
+        _WRITTEN_HERE.add(entry.key.digest)
     except Exception as e:
         _stats.bump("cache_errors")
         lost_write()
