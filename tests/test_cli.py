@@ -265,6 +265,30 @@ def test_ls_json_fields(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert any(r["transform"] == "vmap(0,-)" for r in rows)
 
 
+def test_jaxaot_jit_programs_are_listed_and_exported_by_their_function(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``jaxaot.jit`` function's programs (glue, served whole) are named after
+    it, so that ``cache export --component`` finds them by its name."""
+    cache_dir = tmp_path / "cache"
+
+    @jaxaot.jit
+    def predict(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w).sum()
+
+    with jaxaot.using_cache(jaxaot.DirectoryCache(cache_dir)):
+        predict(jnp.ones((3, 4)), jnp.ones((4, 2)))
+        jaxaot.wait_for_writes()
+    rows = run_json(capsys, "cache", "ls", "--dir", str(cache_dir))
+    assert [(r["name"], r["transform"]) for r in rows] == [("predict", "glue")], rows
+    out = tmp_path / "predict.jxb"
+    assert (
+        cli.main(["cache", "export", "--dir", str(cache_dir), "--component", "predict", str(out)])
+        == 0
+    )
+    assert "exported 1 entry" in capsys.readouterr().out
+
+
 def test_ls_sorting(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     keys = sorted(headers(cache_dir))
     now = time.time()

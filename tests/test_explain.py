@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import jaxaot
 from jaxaot import cli
@@ -424,11 +425,16 @@ def test_jax_explain_cache_misses_names_what_changed_in_the_users_words(
             f(jnp.ones(3), 0.1)
             f(jnp.ones(3), 0.2)
             f(jnp.ones(4), 0.2)
+            # The same type placed otherwise (sharded over a mesh): said by placement.
+            mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+            f(jax.device_put(jnp.ones(4), jax.sharding.NamedSharding(mesh, P("d"))), 0.2)
     finally:
         jax.config.update("jax_explain_cache_misses", False)
     said = [r.getMessage() for r in caplog.records]
     ours = [m for m in said if "planned again" in m]
-    assert len(ours) == 2, said
+    assert len(ours) == 3, said
     assert "static argument 'lr': 0.1 → 0.2" in ours[0], ours
     assert "x: float32[3] → float32[4]" in ours[1], ours
+    assert "x: float32[4] on " in ours[2], ours
+    assert "→ float32[4] sharded P('d',) over the mesh {'d': 1})" in ours[2], ours
     assert not [m for m in said if "never seen" in m], said

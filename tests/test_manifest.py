@@ -344,6 +344,8 @@ def test_two_machines_on_one_redis_make_each_entry_once(
         outs = [p.communicate(timeout=600) for p in procs]
         for p, (out, err) in zip(procs, outs, strict=True):
             assert p.returncode == 0, out[-2000:] + err[-2000:]
+            # Its unsigned store said once per machine, not once per worker too.
+            assert err.count("entries are only checksummed") == 1, err
         counts = [_counts(out) for out, _ in outs]
         entries = len(RedisCache(server.url).keys())
         assert entries > 0
@@ -388,8 +390,11 @@ def test_a_precompile_into_redis_writes_what_the_local_directory_already_held(
 def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["precompile", "no_colon_here"]) == 2
     assert "MANIFEST must be module:attr" in capsys.readouterr().err
-    assert main(["precompile", "_precompile_targets:components", "--cache", "memory"]) == 2
-    assert "no later process can read" in capsys.readouterr().err
+    for memory in ("memory", "memory://deploy"):  # (fsspec's memory is this process's)
+        assert main(["precompile", "_precompile_targets:components", "--cache", memory]) == 2
+        assert "no later process can read" in capsys.readouterr().err
+    assert main(["precompile", "_precompile_targets:components", "--cache", "ftp://x.invalid/y"])
+    assert "cannot open ftp://x.invalid/y: " in capsys.readouterr().err
     assert main(["precompile", "--help"]) == 0
     assert "--workers" in capsys.readouterr().out
 
@@ -404,6 +409,25 @@ def test_cli_bad_target_in_workers(tmp_path: Path, subprocess_env: dict[str, str
     assert "Traceback" not in proc.stderr
     proc = _precompile(env, "_precompile_targets:empty", "--workers", "1", check=False)
     assert proc.returncode == 1 and "lists no signatures" in proc.stderr
+
+
+def test_cli_a_manifest_that_cannot_be_made_is_one_line_naming_where(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """A manifest module that raises while imported, or a function returning no
+    manifest: one line saying what and where, not a traceback per worker."""
+    env = _env(subprocess_env, tmp_path / "cache")
+    bad = tmp_path / "badmani.py"
+    bad.write_text("import jaxaot\n\nraise ValueError('no bucket sizes')\n\nf = lambda: 5\n")
+    proc = _precompile(env, f"{bad}:manifest", "--workers", "2", check=False)
+    assert proc.returncode == 2
+    said = [line for line in proc.stderr.splitlines() if "no bucket sizes" in line]
+    assert len(said) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "raised ValueError: no bucket sizes" in said[0] and f"{bad}:3" in said[0], said
+    bad.write_text("f = lambda: 5\n")
+    proc = _precompile(env, f"{bad}:f", "--workers", "1", check=False)
+    assert proc.returncode == 2
+    assert "f() returned an object of type int, not a jaxaot.Manifest" in proc.stderr
 
 
 def test_cli_failing_signatures_fail_the_run_and_the_others_are_done(
@@ -561,6 +585,8 @@ def test_progress_rich_on_a_terminal_plain_when_piped() -> None:
     out = Output(terminal)
     out._console = Console(file=terminal, force_terminal=True, width=100)
     progress = _Progress(out)
+    progress._bar.refresh()  # before the workers have read the manifest
+    assert "0/? " in terminal.getvalue() and "None" not in terminal.getvalue()
     progress.count(1)
     progress.finish(0, result)
     progress.stop()

@@ -27,6 +27,7 @@ __all__ = [
     "HMAC_ENV",
     "hmac_secret",
     "signing",
+    "unsigned_said_by_parent",
     "untrusted_writer",
     "warn_unsigned_remote",
 ]
@@ -77,10 +78,20 @@ def untrusted_writer(st: os.stat_result) -> str | None:
     return None
 
 
+def unsigned_said_by_parent() -> None:
+    """This process's parent (``jaxaot precompile``'s) said what
+    :func:`warn_unsigned_remote` says, of the same stores: not said again here."""
+    global _said_by_parent
+    _said_by_parent = True
+
+
+_said_by_parent = False
+
+
 def warn_unsigned_remote(kind: str, url: str) -> None:
     """Once per process and store: a loud warning that entries of a remote store are
     not signed, so whoever can write to the store can run code here."""
-    if signing():
+    if signing() or _said_by_parent:
         return
     with _remote_lock:
         first = url not in _remote_warned

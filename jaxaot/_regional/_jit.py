@@ -62,6 +62,7 @@ from ._placement import (
 from ._plan import WHOLE as WHOLE_MODE
 from ._plan import Plan, PlanFailed
 from ._planner import PlanSpec, build_plan, describe
+from ._signatures import say_new_signature
 
 __all__ = ["RegionalFunction", "jit"]
 
@@ -437,51 +438,22 @@ class RegionalFunction:
                 plan = self._plans.get(sig, False)
                 if plan is False:
                     if self._plans and (explain_misses() or jax_explains_misses()):
-                        self._say_new_signature(args, leaves, treedef, statics, arrays)
+                        say_new_signature(
+                            self.__name__,
+                            self._arguments,
+                            self._last,
+                            args,
+                            leaves,
+                            treedef,
+                            statics,
+                            arrays,
+                        )
                     plan = self._plan(args, kwargs, donated, leaves)
                     plan = self._agreed(plan)
                     self._plans[sig] = plan
         if arrays:
             self._last = (treedef, types, shardings, mesh, statics, context, plan)
         return plan  # type: ignore[return-value]
-
-    def _say_new_signature(
-        self,
-        args: tuple[Any, ...],
-        leaves: list[Any],
-        treedef: Any,
-        statics: tuple[Any, ...],
-        arrays: bool,
-    ) -> None:
-        """Says (explaining misses) what is new in a call traced and planned again,
-        against the last call with plain arrays: static values and argument types by
-        the user's names, as ``jax.jit`` explains its cache misses."""
-        last = self._last
-        changes: list[str] = []
-        if last is not None and arrays:
-            old = dict(last[4])
-            names = self._arguments.names(args)
-            for where, value in statics:
-                if where in old and old[where] != value:
-                    name = names[where] if isinstance(where, int) and where < len(names) else where
-                    changes.append(f"static argument {name!r}: {old[where]!r} → {value!r}")
-            if last[0] != treedef:
-                changes.append("the arguments' tree structure")
-            else:
-                types = tuple(map(_AVAL, leaves))
-                dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
-                for i, (was, now) in enumerate(zip(last[1], types, strict=True)):
-                    if was != now:
-                        path = self._arguments.leaf_path(dyn_args, dyn_kwargs, i)
-                        changes.append(f"{path}: {was.str_short()} → {now.str_short()}")
-                        break
-            if not changes:
-                changes.append("the arguments' shardings, the mesh or JAX's configuration")
-        logger.warning(
-            "jaxaot.jit %s: traced and planned again for a new signature (%s)",
-            self.__name__,
-            "; ".join(changes[:3]) or "the first call with these arguments",
-        )
 
     @staticmethod
     def _signature(leaves: Sequence[Any], treedef: Any, statics: Any, arrays: bool) -> Any:

@@ -173,8 +173,11 @@ class ProgramCache:
 
         def save(cache: Cache, key: ComponentKey, exe: Any) -> concurrent.futures.Future[None]:
             # Serialized and written while the program runs its first call.
+            # Listed (``jaxaot cache ls``) under the function it was compiled as.
+            name = getattr(fn, "__name__", self.kind)
             return in_background(
-                key.digest, lambda: self._store(cache, key, exe, avals, out_avals, callbacks)
+                key.digest,
+                lambda: self._store(cache, key, exe, (avals, out_avals), callbacks, name),
             )
 
         if what is None:
@@ -198,9 +201,9 @@ class ProgramCache:
         cache: Any,
         key: ComponentKey,
         exe: Any,
-        avals: tuple[Any, ...],
-        out_avals: tuple[Any, ...],
+        types: tuple[tuple[Any, ...], tuple[Any, ...]],
         callbacks: Callable[[], bool],
+        name: str,
     ) -> None:
         """Writes a compiled program; one that calls back into Python only where its
         callbacks can be bound again in another process."""
@@ -220,9 +223,10 @@ class ProgramCache:
                     "process compiles it again",
                 )
                 return
+        avals, out_avals = types
         record = Entry(
             key=key,
-            name=self.kind,
+            name=name,
             in_avals=avals,
             out_avals=out_avals,
             out_tree=jax.tree_util.tree_structure([0] * len(out_avals)),

@@ -105,6 +105,15 @@ def _split_target(target: str) -> tuple[str, str]:
     return where, attr
 
 
+def _raised(error: Exception) -> str:
+    """``error`` in one line, with where it was raised (the file and line)."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{text} ({error.filename}:{error.lineno})"
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "importlib" not in f.filename]
+    return f"{text} ({frames[-1].filename}:{frames[-1].lineno})" if frames else text
+
+
 def load_manifest(target: str) -> Any:
     """The :class:`jaxaot.Manifest` that ``target`` (``module:attr`` or
     ``file.py:attr``) names; one left unnamed is named ``target`` (its claims'
@@ -137,6 +146,11 @@ def load_manifest(target: str) -> Any:
         raise CLIError(f"cannot load {where!r}: {e.strerror}", 2) from None
     except ImportError as e:
         raise CLIError(f"cannot import {where!r}: {e}", 2) from None
+    except Exception as e:  # its own code raised (a SyntaxError, a bad Manifest.add)
+        raise CLIError(
+            f"importing {where!r} raised {_raised(e)} (import it in Python for the traceback)",
+            2,
+        ) from None
     try:
         value = getattr(module, attr)
     except AttributeError:
@@ -148,17 +162,19 @@ def load_manifest(target: str) -> Any:
             "with jax.ShapeDtypeStruct arguments) and name that",
             2,
         )
-    if not isinstance(value, jaxaot.Manifest) and callable(value):
+    called = not isinstance(value, jaxaot.Manifest) and callable(value)
+    if called:
         try:
             value = value()
         except Exception as e:
             raise CLIError(
-                f"{target}() raised {type(e).__name__}: {e} (call it in Python for the traceback)",
-                2,
+                f"{target}() raised {_raised(e)} (call it in Python for the traceback)", 2
             ) from None
     if not isinstance(value, jaxaot.Manifest):
         raise CLIError(
-            f"{target} is not a jaxaot.Manifest (or a function of no arguments returning "
+            f"{target}() returned an object of type {type(value).__name__}, not a jaxaot.Manifest"
+            if called
+            else f"{target} is not a jaxaot.Manifest (or a function of no arguments returning "
             f"one): it is of type {type(value).__name__}",
             2,
         )
@@ -197,6 +213,9 @@ def worker_main(argv: list[str]) -> int:
     compile_target = argv[4] if len(argv) > 4 else ""
     out = sys.stdout
     finished: set[int] = set()
+    from .._caches._trust import unsigned_said_by_parent
+
+    unsigned_said_by_parent()  # (the parent opened the store first, and said it)
 
     def listen() -> None:  # the signatures the other workers finished
         for line in sys.stdin:
@@ -259,7 +278,7 @@ def _cache_env(spec: str | None) -> dict[str, str]:
         setting = env.get("JAXAOT_CACHE", "dir")
     else:
         setting = spec
-    from .._store._active import cache_setting
+    from .._store._active import cache_setting, url_scheme
 
     try:
         parsed = cache_setting(setting)
@@ -285,7 +304,7 @@ def _cache_env(spec: str | None) -> dict[str, str]:
             raise CLIError(
                 f"cannot write to the cache directory {path}: {e.strerror or e}"
             ) from None
-    elif parsed.kind in ("memory", "off"):
+    elif parsed.kind in ("memory", "off") or url_scheme(setting) == "memory":
         raise CLIError(
             f"--cache {setting}: precompiling into a cache that no later process can read; "
             "give a directory or a shared store",
@@ -337,20 +356,23 @@ class _Progress:
             self._bar = Progress(
                 TextColumn("[bold]precompiling[/]"),
                 BarColumn(),
-                TextColumn("{task.completed}/{task.total}"),
+                TextColumn("{task.completed}/{task.fields[of]}"),
                 TimeElapsedColumn(),
                 TextColumn("{task.fields[now]}"),
                 console=out._console,
                 transient=True,
             )
             self._bar.start()
-            self._task = self._bar.add_task("precompile", total=None, now="")
+            # (Until the workers have read the manifest, its size is not known.)
+            self._task = self._bar.add_task(
+                "precompile", total=None, of="?", now="reading the manifest"
+            )
 
     def count(self, total: int) -> None:
         if self.total is None:
             self.total = total
             if self._bar is not None:
-                self._bar.update(self._task, total=total)
+                self._bar.update(self._task, total=total, of=str(total), now="")
 
     def _refresh(self) -> None:
         if self._bar is not None:

@@ -244,6 +244,9 @@ def open_url(url: str, *, create: bool = False) -> CacheView:
         cache = remote_cache_from_url(url)
     except (ImportError, ValueError) as e:
         raise CLIError(f"cannot open {shown}: {str(e).replace(url, shown)}") from None
+    except Exception as e:  # the backend's own (a host name that does not resolve)
+        why = f"{type(e).__name__}: {e}".replace(url, shown)
+        raise CLIError(f"cannot open {shown}: {why}") from None
     # The backend's own (redacted) spelling of its URL, where it keeps one: no
     # protocol declares it, and the URL given is as good a name.
     location = redact_url(str(getattr(cache, "url", url)))

@@ -1,0 +1,81 @@
+"""What is new in a call that ``jaxaot.jit`` traces and plans again: said when
+misses are explained (``JAXAOT_EXPLAIN_MISSES=1``, or JAX's own
+``jax_explain_cache_misses``), as ``jax.jit`` explains its cache misses."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import jax
+
+from .._component._arguments import Arguments
+
+__all__ = ["say_new_signature"]
+
+logger = logging.getLogger("jaxaot")
+
+
+def say_new_signature(
+    name: str,
+    arguments: Arguments,
+    last: tuple[Any, ...] | None,
+    args: tuple[Any, ...],
+    leaves: list[Any],
+    treedef: Any,
+    statics: tuple[Any, ...],
+    arrays: bool,
+) -> None:
+    """Says what is new in a call of the ``jaxaot.jit`` function ``name`` (its
+    ``arguments``) against its ``last`` call with plain arrays (its tree, types,
+    shardings, mesh, statics...): static values, and argument types and
+    shardings, by the user's names."""
+    changes: list[str] = []
+    if last is not None and arrays:
+        old = dict(last[4])
+        names = arguments.names(args)
+        for where, value in statics:
+            if where in old and old[where] != value:
+                arg = names[where] if isinstance(where, int) and where < len(names) else where
+                changes.append(f"static argument {arg!r}: {old[where]!r} → {value!r}")
+        if last[0] != treedef:
+            changes.append("the arguments' tree structure")
+        else:
+            changes += _leaf_change(arguments, last, leaves, treedef)
+        if not changes:
+            changes.append("the mesh or JAX's configuration")
+    logger.warning(
+        "jaxaot.jit %s: traced and planned again for a new signature (%s)",
+        name,
+        "; ".join(changes[:3]) or "the first call with these arguments",
+    )
+
+
+def _leaf_change(
+    arguments: Arguments, last: tuple[Any, ...], leaves: list[Any], treedef: Any
+) -> list[str]:
+    """The first argument whose type or sharding changed, as ``path: was → now``."""
+    dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+    for i, (was, now, sharded, leaf) in enumerate(
+        zip(last[1], map(_aval, leaves), last[2], leaves, strict=True)
+    ):
+        placed = getattr(leaf, "sharding", None)
+        if was == now and sharded == placed:
+            continue
+        a, b = was.str_short(), now.str_short()
+        if a == b:  # the same type on other devices (its mesh, its placement)
+            a, b = f"{a} {_placed(sharded)}", f"{b} {_placed(placed)}"
+        return [f"{arguments.leaf_path(dyn_args, dyn_kwargs, i)}: {a} → {b}"]
+    return []
+
+
+def _placed(sharding: Any) -> str:
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return f"sharded {sharding.spec} over the mesh {dict(sharding.mesh.shape)}"
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return f"on {next(iter(sharding.device_set))}"
+    return f"placed {sharding}"
+
+
+def _aval(leaf: Any) -> Any:
+    return leaf.aval
