@@ -55,6 +55,31 @@ def test_same_key_is_served_without_tracing(fresh_cache: jaxaot.MemoryCache) -> 
     assert sorted(e.executable is not None for e in entries) == [False, True]
 
 
+_SCALE = 0.5
+
+
+def _scaled(x: jax.Array) -> jax.Array:
+    return x * _SCALE
+
+
+def test_an_explicit_key_served_after_a_global_number_changed_says_so(
+    fresh_cache: jaxaot.MemoryCache, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An explicit key promises the computation: served the entry a process made
+    when a global it reads was another number, the component says so, once."""
+    global _SCALE
+    x = jnp.ones(3)
+    np.testing.assert_allclose(jaxaot.component(_scaled, key="scaled-v1")(x), x * 0.5)
+    _SCALE = 0.9
+    try:
+        with caplog.at_level(logging.WARNING, logger="jaxaot"):
+            jaxaot.component(_scaled, key="scaled-v1")(x)  # (the promise, kept as given)
+    finally:
+        _SCALE = 0.5
+    said = [r.getMessage() for r in caplog.records if "made by code that differs" in r.getMessage()]
+    assert len(said) == 1 and "'_scaled'" in said[0], caplog.text
+
+
 def test_raising_body_runs_for_a_new_signature() -> None:
     jaxaot.component(lambda x: x + 1, key="k")(jnp.ones(3))
     second = jaxaot.component(_raising, key="k")

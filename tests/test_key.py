@@ -317,6 +317,33 @@ def test_code_digest_follows_project_helpers() -> None:
     assert code_digest(helper) != code_digest(other_helper)
 
 
+_ALPHA = 0.5
+
+
+def test_code_digest_with_values_covers_the_numbers_a_function_reads() -> None:
+    """An explicit-key entry's code digest: a global number or a closure's
+    string the function reads is part of it (another value is other code)."""
+    global _ALPHA
+
+    def scaled(x: Any) -> Any:
+        return x * _ALPHA
+
+    def closing(mode: str) -> Any:
+        return lambda x: x if mode == "id" else -x
+
+    before, plain = code_digest(scaled, with_values=True), code_digest(scaled)
+    _ALPHA = 0.9
+    try:
+        assert code_digest(scaled, with_values=True) != before
+        assert code_digest(scaled) == plain  # (keys' digests stay as they were)
+    finally:
+        _ALPHA = 0.5
+    assert code_digest(scaled, with_values=True) == before
+    assert code_digest(closing("id"), with_values=True) != code_digest(
+        closing("neg"), with_values=True
+    )
+
+
 def test_stable_text_and_tree_text_hold_no_address() -> None:
     class Thing:
         pass

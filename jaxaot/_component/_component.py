@@ -118,7 +118,8 @@ class Component(Generic[P, R]):
         self._donate_argnums = self._args.donate_argnums
         self._counters = _stats.Counters(parent=_stats.PROCESS)
         self._lock = threading.RLock()
-        self._code = code_digest(fun) if key is not None else ""
+        # (The values it reads too: a changed constant is other code for this check.)
+        self._code = code_digest(fun, with_values=True) if key is not None else ""
         self.store = Store(self.name, self._counters, check=self._check_code)
         # signature -> (root key, the Traced it was found from (default keys), the
         # values the body saw by name, the devices the program names)
@@ -279,7 +280,8 @@ class Component(Generic[P, R]):
         _stats.warn_once(
             f"code:{self.name}:{id(self)}",
             f"jaxaot: component {self.name!r} (key {self._key!r:.60}) was served an entry "
-            "made by code that differs from the code running now. An explicit key is a "
+            "made by code that differs from the code running now (its code, or a number or "
+            "string it reads by name). An explicit key is a "
             "promise that the computation is the same; change the key when the "
             "computation changes.",
         )

@@ -23,6 +23,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from .. import _stats
@@ -41,7 +42,9 @@ from .._jax import (
     register_linearization,
     register_lowering,
 )
+from ._flat import flat_executable, runs_flat
 from ._plain import device_witness
+from ._types import sds
 
 __all__ = ["PREFETCH", "bind", "component_p", "in_regional_trace", "naming"]
 
@@ -114,8 +117,18 @@ def naming(error: Exception, name: str) -> Exception:
 
 
 def _impl(*args: Any, call: Any, devices: Any = None) -> Any:
-    # A transformed call run eagerly (``jax.vmap(component)(x)`` outside jax.jit):
-    # JAX compiles it op by op, not from jaxaot's cache; counted as a compile.
+    # A transformed call run eagerly (``jax.grad(component)(x)`` outside jax.jit):
+    # its entry's flat executable, from this process or the cache (as a jaxaot.jit
+    # region runs it); placed otherwise, JAX compiles it op by op, not from
+    # jaxaot's cache (counted as a compile).
+    if devices is None and runs_flat(call, args):
+
+        def compile() -> Any:
+            structs = [sds(a) for a in call.entry.in_avals]
+            traced = jax.jit(lambda *a: bind(call, a), keep_unused=True).trace(*structs)
+            return traced.lower().compile()
+
+        return flat_executable(call, compile, call.key)(*args)
     with _stats.eager():
         if devices is None:
             return apply_primitive(component_p, *args, call=call)

@@ -207,10 +207,16 @@ def _is_pytree_node(value: Any) -> bool:
     return bool(treedef.num_nodes > 1)
 
 
-def code_digest(fun: Any) -> str:
+#: Values that a digest ``with_values`` covers: those a function's computation
+#: reads as Python constants (an explicit key skips the trace that would see them).
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+
+
+def code_digest(fun: Any, with_values: bool = False) -> str:
     """A digest of the code of ``fun`` (through partials, methods and wrappers) and of
     the project functions it names: to tell that an explicit-key entry was made by
-    other code."""
+    other code. ``with_values``: the plain values (numbers, strings) of the
+    globals and closure cells that code reads, as well."""
     h = hashlib.sha256()
     seen: set[int] = set()
     stack: list[Any] = [fun]
@@ -228,6 +234,8 @@ def code_digest(fun: Any) -> str:
             inner = getattr(f, "f", None)
         if inner is not None and inner is not f:
             stack.append(inner)
+        code = getattr(f, "__code__", None)
+        project = isinstance(f, types.FunctionType) and code is not None and _is_project_code(code)
         for cell in getattr(f, "__closure__", None) or ():
             try:
                 value = cell.cell_contents
@@ -235,8 +243,9 @@ def code_digest(fun: Any) -> str:
                 continue
             if callable(value) and not isinstance(value, type):  # (a wrapper's own function)
                 stack.append(value)
-        code = getattr(f, "__code__", None)
-        if not isinstance(f, types.FunctionType) or code is None or not _is_project_code(code):
+            elif with_values and project and isinstance(value, _PLAIN):
+                h.update(f"cell={value!r}".encode())
+        if not project or code is None:
             continue
         digest, global_names = _code_digest(code)
         h.update(digest.encode())
@@ -244,6 +253,8 @@ def code_digest(fun: Any) -> str:
             value = f.__globals__.get(name)
             if isinstance(value, types.FunctionType):
                 stack.append(value)
+            elif with_values and isinstance(value, _PLAIN):
+                h.update(f"{name}={value!r}".encode())
     return h.hexdigest()[:32]
 
 

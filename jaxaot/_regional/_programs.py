@@ -16,6 +16,7 @@ import jax
 from .. import _stats
 from .._caches import Cache
 from .._component import Call
+from .._component._flat import flat_executable
 from .._component._parts import base_parts, types_text
 from .._component._rules import bind
 from .._component._types import sds
@@ -36,14 +37,13 @@ from .._keys._sharding import region_sharding_parts
 from .._store import _explain
 from .._store._entry import Entry
 from .._store._executables import (
-    cost_dict,
     executable_key,
     in_background,
     load_executable,
     store_executable,
 )
 from .._store._lookup import Codec, get_or_make
-from .._store._readwrite import callbacks_executable, read
+from .._store._readwrite import read
 from ._placement import MeshContext
 
 __all__ = ["GLUE", "WHOLE", "ProgramCache", "program_key", "region_executable"]
@@ -246,51 +246,22 @@ def region_executable(
 ) -> Any:
     """An executable running one entry (``call``'s) on flat arrays, compiled for the
     input ``shardings`` (``None`` for each input that needs none; all ``None``, or
-    no ``shardings``, outside a mesh: the unsharded executable), with the inputs
-    at ``donate`` donated: from this process, else loaded from the cache, else
-    compiled and stored. One per entry, shardings and donated inputs, in this
-    process and in the cache: one compiled for some shardings is never loaded
-    for others. Counted in the component's counters."""
-    store = call.component.store
-    key, entry = call.key, call.entry
+    no ``shardings``, outside a mesh: the unsharded executable, the one a
+    transformed call run eagerly runs), with the inputs at ``donate`` donated
+    (``_component._flat``). One compiled for some shardings is never loaded for
+    others."""
+    entry = call.entry
     memo: Any
-    shardings, memo = _placed(shardings, key)
+    shardings, memo = _placed(shardings, call.key)
     if donate:
         memo = (memo, "donate", donate)
 
-    def load(cache: Cache, exe_key: ComponentKey) -> Any:
-        loaded = load_executable(cache, exe_key)
-        return None if loaded is None else loaded[0]
-
-    def make() -> Any:
-        store.counters.add("compiles")
+    def compile() -> Any:
         structs = [sds(a) for a in entry.in_avals]
         where = f"jaxaot.jit region of {call.component.name!r}"
         return _compile(lambda *a: bind(call, a), structs, donate, shardings, where)
 
-    def save(cache: Cache, exe_key: ComponentKey, exe: Any) -> None:
-        payload = None
-        if entry.host_callbacks:
-            # Stored only where its callbacks can be bound again in a
-            # process that traced the same program (``_jax._callbacks``).
-            payload = callbacks_executable(entry, exe, call.component.name)
-            if payload is None:
-                return
-        store_executable(cache, exe_key, entry, exe, cost_dict(exe), serialized=payload)
-
-    # Not the top-level executable of the same entry: that one takes the call's
-    # pytrees, this one flat arrays. One lock per entry, so that jaxaot.jit
-    # compiles different entries of one component (its forward and its
-    # backward) at the same time.
-    return get_or_make(
-        store.region_executables,
-        memo,
-        store.region_locks(memo),
-        lambda: executable_key(key, donate, _placement(shardings, entry.in_avals), flat=True),
-        Codec(f"{call.component.name} region executable", load, save, memo_hits=False),
-        make,
-        store.counters,
-    )
+    return flat_executable(call, compile, memo, _placement(shardings, entry.in_avals), donate)
 
 
 def _placed(shardings: tuple[Any, ...] | None, memo: Any) -> tuple[Any, Any]:

@@ -1,0 +1,96 @@
+"""An entry's executable on flat arrays: a region of a ``jaxaot.jit`` split
+program, or a transformed component call run eagerly (``jax.grad(component)(x)``
+outside ``jax.jit``, which JAX would otherwise compile afresh in every process).
+
+One executable per entry, input placement and donated inputs, in this process
+(the component's ``region_executables``) and in the cache, under the entry's
+executable key (``flat``: it takes the entry's inputs as a flat list, unlike the
+top-level executable of the same entry, which takes the call's pytrees).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from .._caches import Cache
+from .._jax import Tracer
+from .._keys._key import ComponentKey
+from .._store._executables import (
+    cost_dict,
+    executable_key,
+    load_executable,
+    store_executable,
+)
+from .._store._lookup import Codec, get_or_make
+from .._store._readwrite import callbacks_executable
+
+__all__ = ["flat_executable", "runs_flat"]
+
+
+def flat_executable(
+    call: Any,
+    compile: Callable[[], Any],
+    memo: Any,
+    placement: tuple[tuple[str, Any], ...] = (),
+    donate: tuple[int, ...] = (),
+) -> Any:
+    """The executable running ``call``'s entry on flat arrays, compiled for the
+    input ``placement`` (its key parts; none: unsharded) with the inputs at
+    ``donate`` donated: from this process (under ``memo``), else loaded from the
+    cache, else ``compile()``d and stored. Counted in the component's counters."""
+    store = call.component.store
+    entry = call.entry
+
+    def load(cache: Cache, exe_key: ComponentKey) -> Any:
+        loaded = load_executable(cache, exe_key)
+        return None if loaded is None else loaded[0]
+
+    def make() -> Any:
+        store.counters.add("compiles")
+        return compile()
+
+    def save(cache: Cache, exe_key: ComponentKey, exe: Any) -> None:
+        payload = None
+        if entry.host_callbacks:
+            # Stored only where its callbacks can be bound again in a
+            # process that traced the same program (``_jax._callbacks``).
+            payload = callbacks_executable(entry, exe, call.component.name)
+            if payload is None:
+                return
+        store_executable(cache, exe_key, entry, exe, cost_dict(exe), serialized=payload)
+
+    # One lock per entry, so that jaxaot.jit compiles different entries of one
+    # component (its forward and its backward) at the same time.
+    return get_or_make(
+        store.region_executables,
+        memo,
+        store.region_locks(memo),
+        lambda: executable_key(call.key, donate, placement, flat=True),
+        Codec(f"{call.component.name} region executable", load, save, memo_hits=False),
+        make,
+        store.counters,
+    )
+
+
+def runs_flat(call: Any, args: tuple[Any, ...]) -> bool:
+    """Whether ``call`` run eagerly on ``args`` can run its unsharded flat
+    executable: every argument a concrete array on the default device alone, no
+    mesh set, and an entry without effects (tokens are JAX's to thread)."""
+    if call.entry.effects or not isinstance(call.key, ComponentKey):
+        return False
+    if not jax.sharding.get_abstract_mesh().empty or getattr(
+        jax.config, "jax_default_device", None
+    ):
+        return False
+    default = jax.devices()[0]
+    for x in args:
+        if not isinstance(x, jax.Array) or isinstance(x, Tracer):
+            return False
+        if not isinstance(x.sharding, jax.sharding.SingleDeviceSharding):
+            return False
+        if x.sharding.device_set != {default}:
+            return False
+    return True
