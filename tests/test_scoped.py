@@ -4,6 +4,7 @@ where it is not; values always those of ``jax.jit``."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -191,21 +192,35 @@ def test_a_few_small_linen_layers_are_compiled_whole_from_one_trace(layers: int)
     assert says in explained, explained
 
 
-def test_a_few_small_linen_layers_under_nn_jit_make_no_entry_of_their_model() -> None:
-    """``nn.jit`` around a model of a few small layers (gemma's form): the jit,
-    which wraps the repeated layers, is looked through rather than made a block
-    called once (its forward and backward entries made, only to be inlined into
-    the whole program again). One trace, one program compiled, nothing else
-    made, ``jax.jit``'s bits."""
+class _Few(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for _ in range(3):
+            x = Counted()(x)
+        return nn.Dense(1)(x)
 
-    class Model(nn.Module):
-        @nn.compact
-        def __call__(self, x: jax.Array) -> jax.Array:
-            for _ in range(3):
-                x = Counted()(x)
-            return nn.Dense(1)(x)
 
-    model, x = nn.jit(Model)(), jnp.ones((2, WIDTH))
+class _FewJitted(nn.Module):
+    """gemma's form: ``nn.jit`` on the model's ``__call__``."""
+
+    @functools.partial(nn.jit, static_argnames=("self",))
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for _ in range(3):
+            x = Counted()(x)
+        return nn.Dense(1)(x)
+
+
+@pytest.mark.parametrize("form", ["class", "method"])
+def test_a_few_small_linen_layers_under_nn_jit_make_no_entry_of_their_model(form: str) -> None:
+    """``nn.jit`` around a model of a few small layers (of its class, or of its
+    ``__call__`` as gemma's): the jit, which wraps the repeated layers, is looked
+    through rather than made a block called once (its forward and backward
+    entries made, only to be inlined into the whole program again). One trace,
+    one program compiled, nothing else made, ``jax.jit``'s bits."""
+    # (Rows of their own: the two forms are one program, which a process makes once.)
+    rows = 2 if form == "class" else 3
+    model, x = (nn.jit(_Few)() if form == "class" else _FewJitted()), jnp.ones((rows, WIDTH))
     variables = model.init(jax.random.key(0), x)
     step = jax.value_and_grad(lambda v, x: (model.apply(v, x) ** 2).mean())
     regional = jaxaot.jit(step)
@@ -221,7 +236,7 @@ def test_a_few_small_linen_layers_under_nn_jit_make_no_entry_of_their_model() ->
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
     explained = regional.explain(variables, x)
     assert "cached whole (a few small layers, Counted x3" in explained, explained
-    assert "Model.__call__): looked through (it wraps repeated layers)" in explained
+    assert "__call__): looked through (it wraps repeated layers)" in explained, explained
 
 
 class TwoNorms(nn.Module):

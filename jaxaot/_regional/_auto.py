@@ -241,10 +241,18 @@ class BlockFinder:
             return bind(block, operands)
 
     def _lifts_layers(self, call: BoundCall) -> bool:
-        """Whether ``call`` lifts a linen module (``nn.jit``) whose call, just
-        traced, called repeated layers."""
+        """Whether ``call`` lifts a linen module (``nn.jit`` of the class, or of its
+        ``__call__`` as gemma's ``Transformer``) whose call, just traced (the
+        last to end), called repeated layers."""
+        if self.wraps_layers is None:
+            return False
         known = _LIFTED.get(id(call_jaxpr(call)))
-        return known is not None and self.wraps_layers is not None and self.wraps_layers(known[1])
+        if known is not None:
+            return self.wraps_layers(known[1])
+        last = self.last_module
+        if last is None or block_name(call) != f"{call.kind}(__call__)":
+            return False
+        return self.wraps_layers(last)
 
     def _name(self, call: BoundCall) -> str | None:
         # A linen-lifted call (``nn.remat``, ``nn.jit``) is named after the module
