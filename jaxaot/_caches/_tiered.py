@@ -168,8 +168,7 @@ class TieredCache(WarnOnce):
     def _promote(self, i: int, key: str, blob: bytes) -> None:
         """Copies a verified hit from tier ``i`` into every faster tier (and every
         slower one, writing back)."""
-        others = range(len(self.tiers)) if self.write_back else range(i)
-        for j in (j for j in others if j != i):
+        for j in (j for j in range(len(self.tiers)) if j < i or (self.write_back and j > i)):
             try:
                 self.tiers[j].put(key, blob)
             except Exception as e:

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 from .._caches import Cache
-from .._jax import Tracer
+from .._jax import Tracer, active_target, on_target
 from .._keys._key import ComponentKey
 from .._store._executables import (
     cost_dict,
@@ -26,21 +26,24 @@ from .._store._executables import (
 )
 from .._store._lookup import Codec, get_or_make
 from .._store._readwrite import callbacks_executable
+from ._types import sds
 
-__all__ = ["flat_executable", "runs_flat"]
+__all__ = ["compiled", "flat_executable", "runs_flat"]
 
 
 def flat_executable(
     call: Any,
-    compile: Callable[[], Any],
+    run: Callable[..., Any],
     memo: Any,
+    shardings: tuple[Any, ...] | None = None,
     placement: tuple[tuple[str, Any], ...] = (),
     donate: tuple[int, ...] = (),
 ) -> Any:
-    """The executable running ``call``'s entry on flat arrays, compiled for the
-    input ``placement`` (its key parts; none: unsharded) with the inputs at
-    ``donate`` donated: from this process (under ``memo``), else loaded from the
-    cache, else ``compile()``d and stored. Counted in the component's counters."""
+    """The executable of ``run`` (the call of ``call``'s entry on flat arrays),
+    compiled for the input ``shardings`` (``None``: unsharded; ``placement``:
+    their key parts) with the inputs at ``donate`` donated: from this process
+    (under ``memo``), else loaded from the cache, else compiled and stored.
+    Counted in the component's counters."""
     store = call.component.store
     entry = call.entry
 
@@ -50,7 +53,10 @@ def flat_executable(
 
     def make() -> Any:
         store.counters.add("compiles")
-        return compile()
+        structs = [sds(a) for a in entry.in_avals]
+        return compiled(
+            run, structs, donate, shardings, f"jaxaot.component {call.component.name!r}"
+        )
 
     def save(cache: Cache, exe_key: ComponentKey, exe: Any) -> None:
         payload = None
@@ -75,11 +81,33 @@ def flat_executable(
     )
 
 
+def compiled(
+    fn: Callable[..., Any],
+    structs: list[Any],
+    donate: tuple[int, ...],
+    shardings: tuple[Any, ...] | None,
+    what: str,
+) -> Any:
+    """``fn`` compiled for ``structs`` with the inputs at ``donate`` donated, each
+    input placed as ``shardings`` says (where it says), under a compile target
+    for its devices (unplaced inputs on its first)."""
+    if shardings is not None:
+        structs = [
+            s
+            if sharding is None
+            else jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=sharding)
+            for s, sharding in zip(structs, shardings, strict=True)
+        ]
+    structs = on_target(structs, what)
+    return jax.jit(fn, keep_unused=True, donate_argnums=donate).trace(*structs).lower().compile()
+
+
 def runs_flat(call: Any, args: tuple[Any, ...]) -> bool:
     """Whether ``call`` run eagerly on ``args`` can run its unsharded flat
     executable: every argument a concrete array on the default device alone, no
-    mesh set, and an entry without effects (tokens are JAX's to thread)."""
-    if call.entry.effects or not isinstance(call.key, ComponentKey):
+    mesh set, no compile target, and an entry without effects (tokens are JAX's
+    to thread)."""
+    if call.entry.effects or active_target() is not None:
         return False
     if not jax.sharding.get_abstract_mesh().empty or getattr(
         jax.config, "jax_default_device", None

@@ -23,7 +23,6 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
 from .. import _stats
@@ -44,7 +43,6 @@ from .._jax import (
 )
 from ._flat import flat_executable, runs_flat
 from ._plain import device_witness
-from ._types import sds
 
 __all__ = ["PREFETCH", "bind", "component_p", "in_regional_trace", "naming"]
 
@@ -122,13 +120,7 @@ def _impl(*args: Any, call: Any, devices: Any = None) -> Any:
     # region runs it); placed otherwise, JAX compiles it op by op, not from
     # jaxaot's cache (counted as a compile).
     if devices is None and runs_flat(call, args):
-
-        def compile() -> Any:
-            structs = [sds(a) for a in call.entry.in_avals]
-            traced = jax.jit(lambda *a: bind(call, a), keep_unused=True).trace(*structs)
-            return traced.lower().compile()
-
-        return flat_executable(call, compile, call.key)(*args)
+        return flat_executable(call, lambda *a: bind(call, a), call.key)(*args)
     with _stats.eager():
         if devices is None:
             return apply_primitive(component_p, *args, call=call)

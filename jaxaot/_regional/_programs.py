@@ -16,10 +16,9 @@ import jax
 from .. import _stats
 from .._caches import Cache
 from .._component import Call
-from .._component._flat import flat_executable
+from .._component._flat import compiled, flat_executable
 from .._component._parts import base_parts, types_text
 from .._component._rules import bind
-from .._component._types import sds
 from .._jax import (
     CallbacksNotRebindable,
     default_platform,
@@ -27,7 +26,6 @@ from .._jax import (
     is_callback_equation,
     jaxpr_as_fun,
     named,
-    on_target,
     serialize_with_callbacks,
     walk_jaxprs,
 )
@@ -169,7 +167,7 @@ class ProgramCache:
         def make() -> Any:
             self.counters.add("compiles")
             structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
-            return _compile(fn, structs, donate, shardings, "jaxaot.jit")
+            return compiled(fn, structs, donate, shardings, "jaxaot.jit")
 
         def save(cache: Cache, key: ComponentKey, exe: Any) -> concurrent.futures.Future[None]:
             # Serialized and written while the program runs its first call.
@@ -177,7 +175,7 @@ class ProgramCache:
             name = getattr(fn, "__name__", self.kind)
             return in_background(
                 key.digest,
-                lambda: self._store(cache, key, exe, (avals, out_avals), callbacks, name),
+                lambda: self._store(cache, key, exe, avals, out_avals, callbacks, name),
             )
 
         if what is None:
@@ -201,7 +199,8 @@ class ProgramCache:
         cache: Any,
         key: ComponentKey,
         exe: Any,
-        types: tuple[tuple[Any, ...], tuple[Any, ...]],
+        avals: tuple[Any, ...],
+        out_avals: tuple[Any, ...],
         callbacks: Callable[[], bool],
         name: str,
     ) -> None:
@@ -223,7 +222,6 @@ class ProgramCache:
                     "process compiles it again",
                 )
                 return
-        avals, out_avals = types
         record = Entry(
             key=key,
             name=name,
@@ -250,18 +248,12 @@ def region_executable(
     transformed call run eagerly runs), with the inputs at ``donate`` donated
     (``_component._flat``). One compiled for some shardings is never loaded for
     others."""
-    entry = call.entry
     memo: Any
     shardings, memo = _placed(shardings, call.key)
     if donate:
         memo = (memo, "donate", donate)
-
-    def compile() -> Any:
-        structs = [sds(a) for a in entry.in_avals]
-        where = f"jaxaot.jit region of {call.component.name!r}"
-        return _compile(lambda *a: bind(call, a), structs, donate, shardings, where)
-
-    return flat_executable(call, compile, memo, _placement(shardings, entry.in_avals), donate)
+    placement = _placement(shardings, call.entry.in_avals)
+    return flat_executable(call, lambda *a: bind(call, a), memo, shardings, placement, donate)
 
 
 def _placed(shardings: tuple[Any, ...] | None, memo: Any) -> tuple[Any, Any]:
@@ -274,24 +266,3 @@ def _placed(shardings: tuple[Any, ...] | None, memo: Any) -> tuple[Any, Any]:
     if context.empty and all(s is None for s in shardings):
         return None, memo
     return shardings, (memo, shardings, context.key())
-
-
-def _compile(
-    fn: Callable[..., Any],
-    structs: list[Any],
-    donate: tuple[int, ...],
-    shardings: tuple[Any, ...] | None,
-    what: str,
-) -> Any:
-    """``fn`` compiled for ``structs`` with the inputs at ``donate`` donated, each
-    input placed as ``shardings`` says (where it says), under a compile target
-    for its devices (unplaced inputs on its first)."""
-    if shardings is not None:
-        structs = [
-            s
-            if sharding is None
-            else jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=sharding)
-            for s, sharding in zip(structs, shardings, strict=True)
-        ]
-    structs = on_target(structs, what)
-    return jax.jit(fn, keep_unused=True, donate_argnums=donate).trace(*structs).lower().compile()
