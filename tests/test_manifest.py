@@ -411,6 +411,41 @@ def test_cli_bad_target_in_workers(tmp_path: Path, subprocess_env: dict[str, str
     assert proc.returncode == 1 and "lists no signatures" in proc.stderr
 
 
+def test_cli_a_worker_whose_jax_fell_back_to_the_cpu_is_refused(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """On a GPU machine, a worker whose CUDA backend failed to start (JAX's default
+    memory reservation left it none) falls back to the CPU, and JAX only logs it:
+    its entries would be keyed for the CPU, and the deployment would compile
+    everything. The worker says so and stops, writing nothing; the workers are
+    started without that reservation. (The failed start is staged in the
+    manifest module: this machine has no GPU.)"""
+    cache, seen = tmp_path / "cache", tmp_path / "seen"
+    env = _env(subprocess_env, cache, SEEN=str(seen))
+    env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
+    staged = tmp_path / "gpu_fell_back.py"
+    staged.write_text(
+        "import os, pathlib\n"
+        "import jax, jax.numpy as jnp\n"
+        "from jax._src import hardware_utils, xla_bridge\n"
+        "import jaxaot\n"
+        "pathlib.Path(os.environ['SEEN']).write_text("
+        "os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE', 'unset'))\n"
+        "jax.devices()\n"
+        "xla_bridge._backend_errors['cuda'] = 'no supported devices found for platform CUDA.'\n"
+        "hardware_utils.has_visible_nvidia_gpu = lambda: True\n"
+        "f = jaxaot.component(jnp.sin)\n"
+        "manifest = jaxaot.manifest().add(f, jax.ShapeDtypeStruct((4,), jnp.float32))\n"
+    )
+    proc = _precompile(env, f"{staged}:manifest", "--workers", "1", check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = proc.stdout + proc.stderr
+    assert "worker 0 would compile for the CPU: its cuda backend failed to start" in said
+    assert "no supported devices found for platform CUDA." in said
+    assert seen.read_text() == "false"
+    assert not [p for p in cache.rglob("*") if p.is_file() and p.suffix != ".lock"]
+
+
 def test_cli_a_manifest_that_cannot_be_made_is_one_line_naming_where(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:

@@ -838,6 +838,33 @@ def test_precompile_waits_for_every_executable() -> None:
         close(grad(blocks, x), jax.grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x))
 
 
+def test_a_precompile_whose_compile_failed_at_run_time_fails_and_plans_again(
+    monkeypatch: pytest.MonkeyPatch, fresh_cache: jaxaot.MemoryCache
+) -> None:
+    """XLA failing at run time (seen on a GPU: out of memory while autotuning,
+    beside other precompile workers) fails the precompile with XLA's error. It
+    used to leave the signature to plain jax.jit for good and report it done, so
+    the deployment compiled it. A later precompile plans it again and caches it."""
+
+    def fn(bs: Any, x: jax.Array) -> jax.Array:
+        return loss(bs, x * 1.2345, block)  # a program no other test compiled
+
+    blocks, x = setup(3)
+    grad = jaxaot.jit(jax.grad(fn))
+    real = _programs.compiled
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: staged out of memory")
+
+    monkeypatch.setattr(_programs, "compiled", failing)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="staged out of memory"):
+        grad.precompile(blocks, x)
+    monkeypatch.setattr(_programs, "compiled", real)
+    grad.precompile(blocks, x)
+    assert not grad.explain(blocks, x).startswith(f"jaxaot.jit {grad.__name__}: jax.jit")
+    close(grad(blocks, x), jax.grad(fn)(blocks, x))
+
+
 def test_autodiff_executables_start_compiling_during_the_trace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -525,6 +525,15 @@ class RegionalFunction:
             try:
                 plan.wait()
             except PlanFailed as e:
+                if isinstance(e.__cause__, jax.errors.JaxRuntimeError):
+                    # XLA failed at run time (a GPU out of memory while autotuning,
+                    # beside other workers): a failure of this precompile, not the
+                    # program's; a later call or precompile plans it again.
+                    with self._lock:
+                        self._plans.pop(sig, None)
+                        self._last = None
+                        self._reset_dispatch()
+                    raise e.__cause__ from None
                 self._give_up(sig, e)
                 plan, failed = None, e
         if plan is None:

@@ -206,6 +206,21 @@ def _compile_target(text: str | None) -> Any:
     return target
 
 
+def _refuse_a_fallback(worker: int) -> None:
+    """Stops a worker whose JAX fell back to the CPU on an accelerator machine
+    (JAX only logs it): its entries would be keyed for the CPU, and the
+    deployment would compile everything the manifest names."""
+    from .._jax import accelerator_left_out
+
+    why = accelerator_left_out()
+    if why is not None:
+        raise CLIError(
+            f"worker {worker} would compile for the CPU: {why}. Run fewer --workers, or "
+            "set JAX_PLATFORMS=cpu to precompile for the CPU",
+            1,
+        )
+
+
 def worker_main(argv: list[str]) -> int:
     """A worker: ``MANIFEST WORKER WORKERS RUN [COMPILE_TARGET]``. Precompiles its
     share, reporting on stdout."""
@@ -235,6 +250,8 @@ def worker_main(argv: list[str]) -> int:
                 raise CLIError(str(e), 2) from None
         manifest = load_manifest(target)
         _report(out, "manifest", count=len(manifest))
+        if not compile_target:
+            _refuse_a_fallback(worker)
         from .. import _stats
 
         lost = _stats.stats()["cache_write_errors"]
@@ -452,6 +469,12 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         # machine's accelerators (unless told otherwise): JAX starts on the CPU,
         # without trying (and locking) a local TPU.
         env.setdefault("JAX_PLATFORMS", "cpu")
+    else:
+        # The workers share this machine's GPUs: JAX's default reservation of most
+        # of a GPU's memory per process leaves the other workers' compiles none
+        # (XLA's autotuner runs out of memory), or their CUDA backend fails to
+        # start and JAX falls back to the CPU (refused, _refuse_a_fallback).
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     workers = args.workers or os.cpu_count() or 1
     run = args.run or secrets.token_hex(8)
     started = time.perf_counter()
