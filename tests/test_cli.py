@@ -289,6 +289,22 @@ def test_jaxaot_jit_programs_are_listed_and_exported_by_their_function(
     assert "exported 1 entry" in capsys.readouterr().out
 
 
+def test_cache_takes_what_precompile_took(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--cache SPEC`` (what ``jaxaot precompile --cache`` takes, the next command a
+    user types after it) names a directory, or a URL when it has a scheme."""
+    want = {r["digest"] for r in run_json(capsys, "cache", "ls", "--dir", str(cache_dir))}
+    assert want
+    got = {r["digest"] for r in run_json(capsys, "cache", "ls", "--cache", str(cache_dir))}
+    assert got == want
+    as_url = run_json(capsys, "cache", "ls", "--cache", f"file://{cache_dir}")
+    assert {r["digest"] for r in as_url} == want
+    code, _, err = run(capsys, "cache", "ls", "--cache", str(cache_dir / "nothing"))
+    assert code == 1
+    assert_one_line_error(err, f"no such directory: {cache_dir / 'nothing'}")
+
+
 def test_ls_sorting(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     keys = sorted(headers(cache_dir))
     now = time.time()

@@ -268,6 +268,12 @@ def open_cache(args: argparse.Namespace, *, create: bool = False) -> CacheView:
     from ..._caches import DirectoryCache, UnsafeCacheDirError
     from ..._store._active import cache_setting, default_cache_dir, default_max_bytes
 
+    spec = getattr(args, "cache", None)
+    if spec is not None:
+        if "://" in spec:
+            args.url = spec
+        else:
+            args.dir = spec
     if getattr(args, "url", None) is not None:
         return open_url(args.url, create=create)
     try:
@@ -336,7 +342,15 @@ _URL_HELP = (
 
 
 def add_location_arguments(p: argparse.ArgumentParser) -> None:
-    """``--dir PATH`` or ``--url URL``, not both: every ``cache`` command takes them."""
+    """``--dir PATH``, ``--url URL`` or ``--cache SPEC`` (either), one of them: every
+    ``cache`` command takes them."""
     where = p.add_mutually_exclusive_group()
     where.add_argument("--dir", metavar="PATH", default=None, help=_DIR_HELP)
     where.add_argument("--url", metavar="URL", default=None, help=_URL_HELP)
+    # What ``jaxaot precompile --cache`` took: the next command a user types after it.
+    where.add_argument(
+        "--cache",
+        metavar="SPEC",
+        default=None,
+        help="a cache directory or a URL, as `jaxaot precompile --cache` takes them",
+    )
