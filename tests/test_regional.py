@@ -1193,3 +1193,32 @@ def test_compiled_programs_are_named_after_the_function(
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling jit(")]
     assert any(m.startswith("Compiling jit(step)") for m in said), said
     assert not [m for m in said if "jit(fun)" in m or "jaxpr_as_fun" in m], said
+
+
+def test_in_shardings_precompile_from_shapes(
+    fresh_cache: jaxaot.MemoryCache, compiles: list[str]
+) -> None:
+    """A function with ``in_shardings`` precompiles from ``jax.ShapeDtypeStruct``s
+    (a manifest's signatures), without or with that sharding, as ``jax.jit(...).lower``
+    takes them; the call then compiles nothing. (It used to put the shapes on the
+    devices with ``jax.device_put`` and fail.)"""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    sharding = NamedSharding(mesh, P("data"))
+
+    def f(x: jax.Array) -> jax.Array:
+        return jnp.tanh(x) * 2.5
+
+    fn = jaxaot.jit(f, in_shardings=sharding)
+    fn.precompile(jax.ShapeDtypeStruct((8, 4), jnp.float32))
+    fn.precompile(jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=sharding))
+    made = len(compiles)
+    assert made >= 1
+    x = np.linspace(0, 1, 32, dtype=np.float32).reshape(8, 4)
+    got = fn(x)
+    assert len(compiles) == made
+    want = jax.jit(f, in_shardings=sharding)(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert got.sharding.is_equivalent_to(want.sharding, 2)

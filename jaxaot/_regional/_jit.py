@@ -269,6 +269,13 @@ class RegionalFunction:
             if isinstance(leaf, jax.Array) and leaf.committed:
                 if not leaf.sharding.is_equivalent_to(target, leaf.ndim):
                     return None
+            elif isinstance(leaf, jax.ShapeDtypeStruct):  # precompile's and explain's
+                if leaf.sharding is None:
+                    placed[i] = jax.ShapeDtypeStruct(
+                        leaf.shape, leaf.dtype, sharding=target, weak_type=leaf.weak_type
+                    )
+                elif not leaf.sharding.is_equivalent_to(target, len(leaf.shape)):
+                    return None
             else:
                 placed[i] = jax.device_put(leaf, target)
         return placed
@@ -513,6 +520,8 @@ class RegionalFunction:
         if self._in_shardings is not UNSET:
             placed = self._placed(leaves, treedef)
             if placed is None:
+                # A leaf placed other than in_shardings says: jax.jit's error says how.
+                self._jitted.lower(*args, **kwargs)
                 return
             leaves = placed
         sig = self._signature(leaves, treedef, statics, set(map(type, leaves)) <= _ARRAY_TYPES)
