@@ -1222,3 +1222,33 @@ def test_in_shardings_precompile_from_shapes(
     want = jax.jit(f, in_shardings=sharding)(x)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert got.sharding.is_equivalent_to(want.sharding, 2)
+
+
+def test_in_an_enable_x64_block_it_lowers_for_64_bit_types(
+    fresh_cache: jaxaot.MemoryCache,
+) -> None:
+    """Inside ``with jax.enable_x64(True):`` (JAX keeps it per thread), the plan's
+    executables are made on other threads: they see the block's options, so a
+    float64 call runs and is cached as ``jax.jit``'s would be. (They were lowered
+    for float32 and the call raised, or a Python float fell back to plain
+    ``jax.jit``.)"""
+    layer = jaxaot.component(lambda w, x: jnp.tanh(x @ w))
+
+    def f(w: jax.Array, x: jax.Array, scale: float) -> jax.Array:
+        for _ in range(3):
+            x = layer(w, x)
+        return x * scale
+
+    fn = jaxaot.jit(f)
+    with jax.enable_x64(True):
+        w = jnp.linspace(0, 1, 64).reshape(8, 8) / 3
+        x = jnp.ones((4, 8))
+        assert x.dtype == jnp.float64
+        got = fn(w, x, 1.5)
+        want = jax.jit(f)(w, x, 1.5)
+        assert got.dtype == want.dtype == jnp.float64
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12)
+        said = fn.explain(w, x, 1.5)
+        assert not said.startswith("jaxaot.jit f: jax.jit"), said
+    small = fn(np.ones((8, 8), np.float32), np.ones((4, 8), np.float32), 1.5)
+    assert small.dtype == jnp.float32

@@ -127,7 +127,9 @@ from ._runtime import (
     named_shardings,
     nan_found,
     one_auto_layout,
+    options_set,
     serialize_executable,
+    thread_options,
     trace_context,
     trace_context_items,
 )
@@ -244,6 +246,8 @@ __all__ = [
     "serialize_executable",
     "trace_context",
     "trace_context_items",
+    "thread_options",
+    "options_set",
     "trace_state_clean",
     "uses_primitive",
     "walk_jaxprs",

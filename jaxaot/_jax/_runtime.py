@@ -80,6 +80,40 @@ def trace_context() -> Any:
     return _config.trace_context()
 
 
+def thread_options() -> tuple[tuple[Any, Any], ...]:
+    """The JAX options this thread set for itself (``with jax.enable_x64(True):``,
+    ``jax.numpy_dtype_promotion("strict")``...), as ``(state, value)`` pairs: JAX
+    keeps them per thread, so a job run on another thread would not see them."""
+    unset = _config.config_ext.unset
+    holders = getattr(_config.config, "_value_holders", {})
+    found = []
+    for holder in holders.values():
+        if isinstance(holder, _config.State):
+            value = holder.get_local()
+            if value is not unset:
+                found.append((holder, value))
+    return tuple(found)
+
+
+@contextlib.contextmanager
+def options_set(options: Sequence[tuple[Any, Any]]) -> Iterator[None]:
+    """Sets ``options`` (from :func:`thread_options`) for this thread, as JAX's
+    own context managers set them, during the block."""
+    unset = _config.config_ext.unset
+    done: list[tuple[Any, Any]] = []
+    try:
+        for state, value in options:
+            done.append((state, state.swap_local(value)))
+            if state._update_thread_local_hook:
+                state._update_thread_local_hook(value)
+        yield
+    finally:
+        for state, previous in reversed(done):
+            state.set_local(previous)
+            if state._update_thread_local_hook:
+                state._update_thread_local_hook(None if previous is unset else previous)
+
+
 def trace_context_items() -> tuple[tuple[str, Any], ...]:
     """:func:`trace_context` option by option: ``(name, value)`` pairs, the values
     as JAX holds them (enums, meshes, the axis environment...)."""

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .._jax import options_set, thread_options
 from ._placement import MeshContext
 
 __all__ = ["submit_background", "submit_jobs", "wait_for_background"]
@@ -26,8 +27,9 @@ def submit_jobs(
     """Starts the jobs (loading or compiling executables), in order, on a pool of
     threads: XLA compiles without holding the GIL, so a block's forward and
     backward executables compile at the same time, and while earlier steps run.
-    Each job sees the caller's context (the cache set by ``using_cache``) and
-    mesh (``jax.set_mesh``: JAX keeps it per thread)."""
+    Each job sees the caller's context (the cache set by ``using_cache``), mesh
+    (``jax.set_mesh``) and JAX options set in a ``with`` block
+    (``jax.enable_x64``): JAX keeps the last two per thread."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
@@ -37,11 +39,19 @@ def submit_jobs(
     mesh = MeshContext()
     if not mesh.empty:
         jobs = {k: functools.partial(_with_mesh, mesh, job) for k, job in jobs.items()}
+    options = thread_options()
+    if options:  # (``with jax.enable_x64(True):``: lowered for 64-bit types)
+        jobs = {k: functools.partial(_with_options, options, job) for k, job in jobs.items()}
     return {k: pool.submit(contextvars.copy_context().run, job) for k, job in jobs.items()}
 
 
 def _with_mesh(mesh: MeshContext, job: Callable[[], Any]) -> Any:
     with mesh.entered():
+        return job()
+
+
+def _with_options(options: tuple[tuple[Any, Any], ...], job: Callable[[], Any]) -> Any:
+    with options_set(options):
         return job()
 
 
