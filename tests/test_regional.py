@@ -1252,3 +1252,31 @@ def test_in_an_enable_x64_block_it_lowers_for_64_bit_types(
         assert not said.startswith("jaxaot.jit f: jax.jit"), said
     small = fn(np.ones((8, 8), np.float32), np.ones((4, 8), np.float32), 1.5)
     assert small.dtype == jnp.float32
+
+
+def test_donate_argnames_as_jax_jit_takes_it(fresh_cache: jaxaot.MemoryCache) -> None:
+    """``donate_argnames``, as ``jax.jit`` takes it: the argument is donated
+    whether passed by position or by name; a name that is no parameter is a
+    ValueError (it used to be a TypeError: an unexpected keyword)."""
+    layer = jaxaot.component(lambda w, x: jnp.tanh(x @ w))
+
+    def step(state: dict[str, jax.Array], x: jax.Array, *, scale: float = 1.0) -> Any:
+        y = layer(state["w"], layer(state["w"], x))
+        return {"w": state["w"] * 0.5 + y.sum() * scale}, y
+
+    fn = jaxaot.jit(step, donate_argnames="state")
+    want = jax.jit(step)({"w": jnp.eye(4) * 0.5}, jnp.ones((2, 4)))
+    for call in (
+        lambda st: fn(st, jnp.ones((2, 4))),
+        lambda st: fn(state=st, x=jnp.ones((2, 4))),
+    ):
+        state = {"w": jnp.eye(4) * 0.5}
+        got = call(state)
+        assert state["w"].is_deleted()
+        jax.tree.map(
+            lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6),
+            got,
+            want,
+        )
+    with pytest.raises(ValueError, match="donate_argnames"):
+        jaxaot.jit(step, donate_argnames="nope")

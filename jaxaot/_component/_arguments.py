@@ -164,6 +164,30 @@ class Arguments:
             nums = tuple(sorted(set(nums + extra_nums)))
         return nums, names
 
+    def donated(self, argnames: str | Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """``donate_argnums`` and ``donate_argnames`` completed from each other
+        through the signature, as ``jax.jit`` completes them: a donated argument
+        is donated whether it is passed by position or by name."""
+        names = (argnames,) if isinstance(argnames, str) else tuple(argnames)
+        for n in names:
+            if not isinstance(n, str):
+                raise TypeError(f"{self.who}: donate_argnames must be strings, got {n!r}")
+        nums = self.donate_argnums
+        if self.signature is None:
+            return nums, names
+        params = self.signature.parameters
+        unknown = [n for n in names if n not in params]
+        if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise ValueError(f"{self.who}: donate_argnames {unknown} are not its parameters")
+        positional = [
+            p.name
+            for p in params.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        extra_names = tuple(positional[i] for i in nums if -len(positional) <= i < len(positional))
+        extra_nums = tuple(positional.index(n) for n in names if n in positional)
+        return tuple(sorted(set(nums + extra_nums))), tuple(dict.fromkeys(names + extra_names))
+
     @property
     def simple(self) -> bool:
         """No static arguments."""

@@ -95,6 +95,7 @@ class RegionalFunction:
         static_argnums: int | Sequence[int] = (),
         static_argnames: str | Sequence[str] = (),
         donate_argnums: int | Sequence[int] = (),
+        donate_argnames: str | Sequence[str] = (),
         whole_program: bool = True,
         in_shardings: Any = UNSET,
         out_shardings: Any = UNSET,
@@ -114,12 +115,14 @@ class RegionalFunction:
         )
         self._static_argnums = self._arguments.static_argnums
         self._static_argnames = self._arguments.static_argnames
-        self._donate_argnums = self._arguments.donate_argnums
+        self._donate_argnums, self._donate_argnames = self._arguments.donated(donate_argnames)
         options: dict[str, Any] = {
             "static_argnums": self._static_argnums,
             "static_argnames": self._static_argnames,
             "donate_argnums": self._donate_argnums,
         }
+        if self._donate_argnames:
+            options["donate_argnames"] = self._donate_argnames
         if in_shardings is not UNSET:
             check_shardings("in_shardings", in_shardings)
             options["in_shardings"] = in_shardings
@@ -193,7 +196,12 @@ class RegionalFunction:
             the argument).
           TypeError: an input is not an array, naming its path.
         """
-        if not self._static_argnums and not self._static_argnames and not self._donate_argnums:
+        if not (
+            self._static_argnums
+            or self._static_argnames
+            or self._donate_argnums
+            or self._donate_argnames
+        ):
             leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
             if not set(map(type, leaves)) <= _ARRAY_TYPES:
                 self._check_leaves(leaves, args, kwargs, values)
@@ -224,7 +232,10 @@ class RegionalFunction:
             self._check_leaves(leaves, tuple(dyn_args), dyn_kwargs, values)
         donated_leaves: list[int] = []
         offset = 0
-        for a, donated in zip(dyn_args, donated_flags, strict=True):
+        # (Leaves in flattening order: the positional arguments', then the keyword
+        # arguments' by name; a keyword argument is donated by its name.)
+        named = [(dyn_kwargs[k], k in self._donate_argnames) for k in sorted(dyn_kwargs)]
+        for a, donated in [*zip(dyn_args, donated_flags, strict=True), *named]:
             count = len(jax.tree_util.tree_leaves(a))
             if donated:
                 donated_leaves.extend(range(offset, offset + count))
@@ -626,6 +637,7 @@ def jit(
     static_argnums: int | Sequence[int] = (),
     static_argnames: str | Sequence[str] = (),
     donate_argnums: int | Sequence[int] = (),
+    donate_argnames: str | Sequence[str] = (),
     whole_program: bool = True,
     in_shardings: Any = UNSET,
     out_shardings: Any = UNSET,
@@ -680,6 +692,7 @@ def jit(
             static_argnums=static_argnums,
             static_argnames=static_argnames,
             donate_argnums=donate_argnums,
+            donate_argnames=donate_argnames,
             whole_program=whole_program,
             in_shardings=in_shardings,
             out_shardings=out_shardings,
