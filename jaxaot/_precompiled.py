@@ -86,14 +86,17 @@ class PrecompileReport:
         here = {r.index for r in self.items if r.state != "elsewhere"}
         return len({r.index for r in self.items} - here)
 
-    def line(self) -> str:
+    def line(self, target: str = "") -> str:
         """``precompiled N signatures: M entries made, L loaded, P already present, in T s``
         (with ``, K by other processes`` when another process precompiled some, and
-        ``, F failed`` when some could not be precompiled)."""
+        ``, F failed`` when some could not be precompiled); ``target``: the
+        compile target they were made for (``for tpu:v5e:2x2`` after the count)."""
         others = f", {self.elsewhere} by other processes" if self.elsewhere else ""
         failed = f", {len(self.failed)} failed" if self.failed else ""
+        made_for = f" for {target}" if target else ""
         return (
-            f"precompiled {self.signatures} signature{'s' if self.signatures != 1 else ''}: "
+            f"precompiled {self.signatures} signature{'s' if self.signatures != 1 else ''}"
+            f"{made_for}: "
             f"{self.made} entr{'ies' if self.made != 1 else 'y'} made, {self.loaded} loaded, "
             f"{self.present} already present{others}{failed}, in {self.seconds:.1f} s"
         )

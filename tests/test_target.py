@@ -305,7 +305,7 @@ def test_precompile_for_a_topology_is_not_loaded_on_cpu(
         env, "_precompile_targets:topology", "--target", "tpu:v5e:2x2", "--workers", "2"
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "precompiled 2 signatures" in proc.stdout
+    assert "precompiled 2 signatures for tpu:v5e:2x2: " in proc.stdout
     store = DirectoryCache(cache)
     parts = _executable_parts([store.get(k) for k in store.keys()])  # type: ignore[misc]
     assert len(parts) == 2, parts

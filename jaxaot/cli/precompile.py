@@ -555,7 +555,7 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         errors = [w.error for w in failed if w.error]
         raise CLIError(errors[0] if errors else "no worker read the manifest", 2 if errors else 1)
     missing = sorted(set(range(total)) - finished)
-    out.line(report.line())
+    out.line(report.line(compile_target.spec if compile_target is not None else ""))
     if total == 0:
         raise CLIError(f"{args.target} lists no signatures: nothing was precompiled", 1)
     if missing:
