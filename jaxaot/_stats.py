@@ -96,7 +96,9 @@ def bump(name: str, n: float = 1) -> None:
 
 
 def stats() -> dict[str, float]:
-    """Process-wide counts: hits, misses, traces, lowerings, compiles, faults
+    """Process-wide counts: hits, misses, traces (of component bodies: every
+    process traces a ``jaxaot.jit`` program, as ``jax.jit`` does, and that is not
+    counted), lowerings, compiles, faults
     (``cache_write_errors``: values a cache did not store, the write failed or
     was skipped),
     entries ``loaded`` from a cache and ``compile_seconds`` (XLA's time compiling
