@@ -80,7 +80,7 @@ _PROCESS_ONLY = (
     "components",
     # One maker per entry across processes (``_store._once``):
     "made_here",  # entries (lowered, derived, executables) this process made
-    "made_in_process",  # of which, entries no process writes (custom_vjp linear parts)
+    "made_in_process",  # of which, entries no process writes (kept in each process)
     "loaded_after_wait",  # entries another process made while this one waited
     "wait_seconds",  # time spent waiting for other processes' entries
     "lease_takeovers",  # entries whose maker died: made here instead

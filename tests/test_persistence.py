@@ -140,6 +140,56 @@ def test_a_component_holding_a_custom_vjp_warm_starts_without_a_warning(
     assert warm["lowerings"] == 0 and warm["compiles"] == 0 and warm["loaded"] > 0
 
 
+_CALLBACK_RUN = textwrap.dedent(
+    """
+    import json
+    import jax, jax.numpy as jnp, jaxaot
+
+    seen = []
+
+    @jaxaot.component
+    def layer(w, x):
+        jax.debug.callback(lambda v: seen.append(float(v)), x.sum())
+        return jnp.tanh(x @ w)
+
+    def loss(w, x):
+        return layer(w, layer(w, x)).sum()
+
+    w, x = jnp.eye(3) * 0.5, jnp.ones((2, 3))
+    got = jaxaot.jit(jax.grad(loss))(w, x)
+    want = jax.grad(lambda w, x: jnp.tanh(jnp.tanh(x @ w) @ w).sum())(w, x)
+    assert jnp.allclose(got, want, atol=1e-6), (got, want)
+    jaxaot.wait_for_writes()
+    print(json.dumps({"report": jaxaot.report(), "seen": len(seen), **jaxaot.stats()}))
+    """
+)
+
+
+def test_entries_kept_in_each_process_leave_a_warm_start_warm(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """``grad`` of components with a host callback under ``jaxaot.jit``: their
+    derived entries stay in each process (the callback is bound there), and the
+    program's executable is loaded. A warm process made them again, and its
+    report said "partly warm" although it lowered and compiled nothing (diffrax's
+    error checks, in a user's solve)."""
+    script = tmp_path / "callback_run.py"
+    script.write_text(_CALLBACK_RUN)
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, env=subprocess_env
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["report"].startswith("jaxaot: cold start"), cold["report"]
+    assert warm["lowerings"] == 0 and warm["compiles"] == 0 and warm["loaded"] > 0, warm
+    assert warm["report"].startswith("jaxaot: warm start"), warm["report"]
+    assert warm["made_in_process"] >= 1 and warm["made_here"] == warm["made_in_process"], warm
+    assert warm["seen"] == cold["seen"] > 0
+
+
 # -- in-process helpers --------------------------------------------------------------
 
 
