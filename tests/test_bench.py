@@ -508,6 +508,34 @@ def test_bench_sharded_refuses_settings_it_cannot_run(
     assert err.startswith("jaxaot: error: jaxaot bench sharded: ") and message in err, err
 
 
+def test_workers_run_on_the_machines_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``jaxaot bench`` shows the gain on the user's own machine: its workers run on
+    the GPU (or TPU) the machine has, not on the CPU as they used to unless told;
+    ``JAX_PLATFORMS`` still decides where set; the sharded suite's simulated
+    devices are CPU devices; the report names the platform without starting JAX
+    in the parent (it would hold most of the GPU's memory). The machine's GPU is
+    staged: this one has none."""
+    import jax
+
+    from jaxaot import _jax
+    from jaxaot.cli.bench._config import MeshLayout
+
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setattr(_jax, "local_accelerator", lambda: "cuda")
+    assert _runner.worker_env(None)["JAX_PLATFORMS"] == "cuda"
+    mesh = _runner.worker_env(MeshLayout("data-parallel", 8, "explicit"))
+    assert mesh["JAX_PLATFORMS"] == "cpu"
+    assert "--xla_force_host_platform_device_count=8" in mesh["XLA_FLAGS"]
+    assert ", platform cuda, " in _report.header("Regional-compilation benchmark")
+    assert ", platform cuda, " in _plots.figure_note("2026-01-01")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert _runner.worker_env(None)["JAX_PLATFORMS"] == "cpu"
+    monkeypatch.delenv("JAX_PLATFORMS")
+    monkeypatch.setattr(_jax, "local_accelerator", lambda: None)
+    assert _runner.worker_env(None)["JAX_PLATFORMS"] == "cpu"
+    assert jax.__version__ in _report.header("X")
+
+
 def test_a_job_travels_as_json() -> None:
     """What the parent passes a worker process on its command line comes back equal."""
     from jaxaot.cli.bench._config import MeshLayout

@@ -132,6 +132,19 @@ def check_tpu_available() -> None:
         raise TargetError(f"TPU targets need libtpu ({why}): {EXTRA}")
 
 
+def local_accelerator() -> str | None:
+    """The platform of this machine's accelerator (``"cuda"``, ``"tpu"``), from its
+    devices alone (JAX's own checks: nothing is started, no device is locked),
+    or None."""
+    from jax._src import hardware_utils
+
+    if hardware_utils.has_visible_nvidia_gpu():
+        return "cuda"
+    if hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0:
+        return "tpu"
+    return None
+
+
 def accelerator_left_out() -> str | None:
     """Why JAX runs on the CPU although this machine has an accelerator (its
     backend failed to start, which JAX only logs before falling back), or None.

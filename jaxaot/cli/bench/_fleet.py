@@ -62,6 +62,9 @@ def run_members(job: Job, n: int, env: dict[str, str]) -> list[Row]:
     """Runs ``n`` fleet members of ``job`` started together (``env`` added to each
     one's environment); returns each one's row."""
     base = {**worker_env(None), **env}
+    # Members started together share the machine's GPU: without this, the first
+    # would reserve most of its memory and leave the others none.
+    base.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     procs: list[subprocess.Popen[str]] = []
     logs: list[IO[str]] = []
     try:

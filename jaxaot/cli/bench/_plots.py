@@ -11,7 +11,7 @@ from typing import Any
 
 from ._config import CONTENDERS, REGIONAL, Table
 from ._measure import PHASES
-from ._report import machine
+from ._report import setting
 from ._runner import Row
 
 __all__ = ["depth_axes", "figure_note", "regional_plot", "save_figure", "warm_start_plot"]
@@ -58,11 +58,8 @@ def _stage_bar(ax: Any, y: int, name: str, row: Row, labelled: set[str]) -> None
 
 
 def figure_note(date: str | None = None) -> str:
-    """The date, JAX version, backend and machine a figure's numbers come from."""
-    import jax
-
-    day = date or datetime.date.today().isoformat()
-    return f"{day}, jax {jax.__version__}, backend {jax.default_backend()}, {machine()}"
+    """The date, JAX version, platform and machine a figure's numbers come from."""
+    return f"{date or datetime.date.today().isoformat()}, {setting()}"
 
 
 def warm_start_plot(rows: list[Row], path: Path, note: str | None = None) -> None:

@@ -10,7 +10,7 @@ import platform
 from collections.abc import Callable, Sequence
 
 from ._config import ModelShape
-from ._runner import Row
+from ._runner import Row, worker_env
 
 __all__ = [
     "best_steady",
@@ -36,14 +36,21 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
 
 
-def header(title: str) -> str:
-    """The first words of a report: what, when, on which JAX, backend and machine."""
-    import jax
+def setting(platform: str | None = None) -> str:
+    """``jax VERSION, platform P, MACHINE``: what a run's figures come from.
+    ``platform``: the workers' (default: what :func:`._runner.worker_env` gives
+    them), named without starting JAX here: this process would hold an
+    accelerator the workers need (most of a GPU's memory)."""
+    from importlib.metadata import version
 
-    return (
-        f"{title}, {datetime.date.today().isoformat()}, jax {jax.__version__}, "
-        f"backend {jax.default_backend()}, {machine()}"
-    )
+    if platform is None:
+        platform = worker_env(None)["JAX_PLATFORMS"]
+    return f"jax {version('jax')}, platform {platform}, {machine()}"
+
+
+def header(title: str, platform: str | None = None) -> str:
+    """The first words of a report: what, when, on which JAX, platform and machine."""
+    return f"{title}, {datetime.date.today().isoformat()}, {setting(platform)}"
 
 
 def warm_start_markdown(rows: list[Row]) -> str:

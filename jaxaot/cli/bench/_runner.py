@@ -36,11 +36,19 @@ _WORKER_CODE = (
 
 
 def worker_env(mesh: MeshLayout | None) -> dict[str, str]:
-    """A worker's environment: this one on the CPU backend unless told otherwise;
-    for a mesh, its device count in ``XLA_FLAGS`` (set before the worker imports
-    JAX; any other flags kept, any other device count replaced)."""
+    """A worker's environment: this one, on this machine's accelerator where it
+    has one (a GPU, a TPU) and on the CPU otherwise, unless ``JAX_PLATFORMS``
+    says; for a mesh, simulated CPU devices, their count in ``XLA_FLAGS`` (set
+    before the worker imports JAX; any other flags kept, any other device count
+    replaced). Naming the platform spares a CPU machine JAX's attempt at every
+    installed plugin (libtpu) in every worker."""
+    from ..._jax import local_accelerator
+
     env = dict(os.environ)
-    env.setdefault("JAX_PLATFORMS", "cpu")
+    if mesh is not None:
+        env["JAX_PLATFORMS"] = "cpu"
+    else:
+        env.setdefault("JAX_PLATFORMS", local_accelerator() or "cpu")
     if mesh is not None:
         flags = re.sub(rf"{DEVICE_FLAG}=\S*", "", env.get("XLA_FLAGS", "")).split()
         flags.append(f"{DEVICE_FLAG}={mesh.devices}")

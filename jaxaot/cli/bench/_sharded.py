@@ -114,7 +114,7 @@ def markdown(rows: list[Row], shape: ModelShape, devices: int) -> str:
     and depth, and a table of the three ratios that matter."""
     layouts = [lo for lo in LAYOUTS if any(r["layout"] == lo for r in rows)]
     lines = [
-        f"{header('Sharded benchmark')}, {devices} simulated devices. {model_sentence(shape)}. "
+        f"{header('Sharded benchmark', 'cpu')}, {devices} simulated devices. {model_sentence(shape)}. "
         + "; ".join(_LAYOUT_TEXT[lo] for lo in layouts)
         + ". Axis types: explicit (jax.make_mesh's default: shardings in the types, inputs "
         "placed and the step traced under jax.set_mesh) or auto (XLA propagates them). "
