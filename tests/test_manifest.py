@@ -411,6 +411,25 @@ def test_cli_bad_target_in_workers(tmp_path: Path, subprocess_env: dict[str, str
     assert proc.returncode == 1 and "lists no signatures" in proc.stderr
 
 
+def test_cli_default_workers_share_a_gpu_four_to_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``--workers``: the machine's cores, but four per GPU where the
+    workers would share the machine's GPUs (on one H100, sixteen workers took
+    twice as long as four); counted from ``/dev``, staged here."""
+    from jaxaot.cli import precompile
+
+    monkeypatch.setattr(precompile.os, "cpu_count", lambda: 16)
+    gpus: list[str] = []
+    monkeypatch.setattr(precompile.glob, "glob", lambda pattern: list(gpus))
+    assert precompile._default_workers({}, False) == 16  # no GPU
+    gpus[:] = ["/dev/nvidia0"]
+    assert precompile._default_workers({}, False) == 4
+    assert precompile._default_workers({"JAX_PLATFORMS": "cuda"}, False) == 4
+    assert precompile._default_workers({"JAX_PLATFORMS": "cpu"}, False) == 16
+    assert precompile._default_workers({}, True) == 16  # --target: the CPU compiles
+    gpus[:] = [f"/dev/nvidia{i}" for i in range(8)]
+    assert precompile._default_workers({}, False) == 16
+
+
 def test_cli_a_worker_whose_jax_fell_back_to_the_cpu_is_refused(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:

@@ -4,7 +4,8 @@ into a cache, in parallel worker processes, running nothing.
 ``jaxaot precompile MANIFEST [--workers N] [--cache SPEC] [--target tpu:TOPOLOGY]``.
 ``MANIFEST`` is ``module:attr`` (or ``path/to/file.py:attr``): a
 :class:`jaxaot.Manifest`, or a function of no arguments that returns one.
-Each of the ``N`` workers (default: the machine's cores) is a fresh Python
+Each of the ``N`` workers (default: the machine's cores; on a GPU machine, four
+per GPU, which the workers share) is a fresh Python
 process (``sys.executable``: never a fork of a process that has started JAX)
 that imports the manifest and precompiles its share (``Manifest.precompile``:
 signatures are claimed through the cache's leases, so the workers of every
@@ -28,6 +29,7 @@ and keyed as, the topology, from any machine with libtpu installed.
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib
 import importlib.util
 import json
@@ -77,7 +79,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=positive_int,
         default=None,
-        help="worker processes (default: the machine's cores)",
+        help="worker processes (default: the machine's cores; four per GPU on a GPU "
+        "machine)",
     )
     parser.add_argument(
         "--cache",
@@ -447,6 +450,24 @@ def _close(worker: _Worker) -> None:
             pass
 
 
+# Workers per local GPU by default: they share it (each starts a CUDA client,
+# and XLA autotunes on it). On one H100 the serving example's six buckets took
+# 9.0 s with 1 worker, 7.0 s with 4 and 13.8 s with 16 (its 16 cores); see the
+# GPU section of docs/benchmarks.md.
+_PER_GPU = 4
+
+
+def _default_workers(env: dict[str, str], for_a_target: bool) -> int:
+    """The machine's cores, or fewer where the workers share its GPUs: the
+    devices are counted from ``/dev`` (this process does not import JAX)."""
+    cores = os.cpu_count() or 1
+    platforms = env.get("JAX_PLATFORMS", "").lower()
+    if for_a_target or (platforms and not {"cuda", "gpu"} & set(platforms.split(","))):
+        return cores
+    gpus = len(glob.glob("/dev/nvidia[0-9]*"))
+    return min(cores, _PER_GPU * gpus) if gpus else cores
+
+
 def _on_sigterm() -> tuple[bool, Any]:
     """Makes SIGTERM stop the run as Ctrl-C does (its workers killed, one line said);
     whether it could (not outside the main thread), and the handler it replaced."""
@@ -475,7 +496,7 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         # (XLA's autotuner runs out of memory), or their CUDA backend fails to
         # start and JAX falls back to the CPU (refused, _refuse_a_fallback).
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    workers = args.workers or os.cpu_count() or 1
+    workers = args.workers or _default_workers(env, compile_target is not None)
     run = args.run or secrets.token_hex(8)
     started = time.perf_counter()
     events: queue.Queue[tuple[int, dict[str, Any] | None]] = queue.Queue()
