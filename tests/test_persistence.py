@@ -176,17 +176,21 @@ def test_entries_kept_in_each_process_leave_a_warm_start_warm(
     script = tmp_path / "callback_run.py"
     script.write_text(_CALLBACK_RUN)
     runs = []
+    env = dict(subprocess_env, JAXAOT_EXPLAIN_MISSES="1")
     for _ in range(2):
         proc = subprocess.run(
-            [sys.executable, str(script)], capture_output=True, text=True, env=subprocess_env
+            [sys.executable, str(script)], capture_output=True, text=True, env=env
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert "missed the cache" not in proc.stderr, proc.stderr  # (the warm process)
     cold, warm = runs
     assert cold["report"].startswith("jaxaot: cold start"), cold["report"]
     assert warm["lowerings"] == 0 and warm["compiles"] == 0 and warm["loaded"] > 0, warm
     assert warm["report"].startswith("jaxaot: warm start"), warm["report"]
     assert warm["made_in_process"] >= 1 and warm["made_here"] == warm["made_in_process"], warm
+    # Made in every process, by design: no miss a cache could fix, nor explained.
+    assert warm["misses"] == 0, warm
     assert warm["seen"] == cold["seen"] > 0
 
 

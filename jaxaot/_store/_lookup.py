@@ -62,7 +62,9 @@ class Codec(Generic[T]):
     (lowered entries: executables are bound to their process's devices).
     ``memo_hits``: whether a value found in the in-process table counts as a hit
     (entries and programs, looked up once per trace; not the executables that
-    calls run, looked up once per call)."""
+    calls run, looked up once per call). ``kept_here``: whether a made value
+    stays in this process (never written: every process makes it), which is no
+    miss a cache could fix: neither counted nor explained."""
 
     what: str
     load: Callable[[Cache, ComponentKey], T | None]
@@ -70,6 +72,7 @@ class Codec(Generic[T]):
     to_bytes: Callable[[T], bytes | None] | None = None
     from_bytes: Callable[[ComponentKey], Callable[[bytes], T | None]] | None = None
     memo_hits: bool = True
+    kept_here: Callable[[T], bool] | None = None
 
 
 def get_or_make(
@@ -130,8 +133,10 @@ def _miss(
     explain: Callable[[ComponentKey, Cache | None], None] | None,
 ) -> T:
     """A missed value: made here, by another process of the fleet (``_once``), or
-    by process 0 of the job (``_job``)."""
-    if explain is not None:
+    by process 0 of the job (``_job``). Explained at once, or, for a kind of
+    value that may stay in this process, once made, unless it does."""
+    kept_here = codec.kept_here
+    if explain is not None and kept_here is None:
         explain(key, cache)
     save = codec.save
 
@@ -177,6 +182,11 @@ def _miss(
                 publish(outcome.value)  # another job's process made it
             else:
                 store(outcome.value)  # received from process 0: kept in this process's cache
+    if outcome.made and kept_here is not None:
+        if kept_here(outcome.value):
+            return outcome.value
+        if explain is not None:
+            explain(key, cache)
     # Made by another process: a hit, after all.
     counters.add("misses" if outcome.made else "hits")
     return outcome.value
@@ -211,6 +221,7 @@ class Store:
             lambda cache, _, entry: write(cache, entry),
             _entry.encode,
             decoder,
+            kept_here=lambda entry: entry.host_callbacks,
         )
 
     def clear(self) -> None:
