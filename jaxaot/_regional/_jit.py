@@ -116,6 +116,8 @@ class RegionalFunction:
         self._static_argnums = self._arguments.static_argnums
         self._static_argnames = self._arguments.static_argnames
         self._donate_argnums, self._donate_argnames = self._arguments.donated(donate_argnames)
+        donates = bool(self._donate_argnums or self._donate_argnames)
+        self._arguments_plain = self._arguments.simple and not donates
         options: dict[str, Any] = {
             "static_argnums": self._static_argnums,
             "static_argnames": self._static_argnames,
@@ -196,12 +198,7 @@ class RegionalFunction:
             the argument).
           TypeError: an input is not an array, naming its path.
         """
-        if not (
-            self._static_argnums
-            or self._static_argnames
-            or self._donate_argnums
-            or self._donate_argnames
-        ):
+        if self._arguments_plain:
             leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
             if not set(map(type, leaves)) <= _ARRAY_TYPES:
                 self._check_leaves(leaves, args, kwargs, values)
@@ -232,8 +229,7 @@ class RegionalFunction:
             self._check_leaves(leaves, tuple(dyn_args), dyn_kwargs, values)
         donated_leaves: list[int] = []
         offset = 0
-        # (Leaves in flattening order: the positional arguments', then the keyword
-        # arguments' by name; a keyword argument is donated by its name.)
+        # (Flattened: positional arguments, then keyword ones by name, donated by name.)
         named = [(dyn_kwargs[k], k in self._donate_argnames) for k in sorted(dyn_kwargs)]
         for a, donated in [*zip(dyn_args, donated_flags, strict=True), *named]:
             count = len(jax.tree_util.tree_leaves(a))
@@ -546,9 +542,8 @@ class RegionalFunction:
                 plan.wait()
             except PlanFailed as e:
                 if isinstance(e.__cause__, jax.errors.JaxRuntimeError):
-                    # XLA failed at run time (a GPU out of memory while autotuning,
-                    # beside other workers): a failure of this precompile, not the
-                    # program's; a later call or precompile plans it again.
+                    # XLA failed at run time (out of memory while autotuning): this
+                    # precompile's failure, not the program's; it is planned again.
                     with self._lock:
                         self._plans.pop(sig, None)
                         self._last = None

@@ -79,8 +79,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=positive_int,
         default=None,
-        help="worker processes (default: the machine's cores; four per GPU on a GPU "
-        "machine)",
+        help="worker processes (default: the machine's cores; four per GPU on a GPU machine)",
     )
     parser.add_argument(
         "--cache",
