@@ -146,42 +146,35 @@ class Arguments:
     def _normalize_static(
         self, argnums: int | Sequence[int], argnames: str | Sequence[str]
     ) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        nums = as_ints(argnums, "static_argnums", self.who)
-        names = (argnames,) if isinstance(argnames, str) else tuple(argnames)
-        for n in names:
-            if not isinstance(n, str):
-                raise TypeError(f"{self.who}: static_argnames must be strings, got {n!r}")
-        if self.signature is not None:
-            params = list(self.signature.parameters.values())
-            positional = [
-                p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-            ]
-            extra_names = tuple(
-                positional[i] for i in nums if -len(positional) <= i < len(positional)
-            )
-            extra_nums = tuple(positional.index(n) for n in names if n in positional)
-            names = tuple(dict.fromkeys(names + extra_names))
-            nums = tuple(sorted(set(nums + extra_nums)))
-        return nums, names
+        return self._completed(as_ints(argnums, "static_argnums", self.who), argnames, "static")
 
     def donated(self, argnames: str | Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """``donate_argnums`` and ``donate_argnames`` completed from each other
-        through the signature, as ``jax.jit`` completes them: a donated argument
-        is donated whether it is passed by position or by name."""
+        """``donate_argnums`` and ``donate_argnames`` completed from each other, as
+        ``jax.jit`` completes them: a donated argument is donated whether it is
+        passed by position or by name. A name that is no parameter is a
+        ValueError."""
+        nums, names = self._completed(self.donate_argnums, argnames, "donate")
+        if self.signature is not None:
+            params = self.signature.parameters
+            unknown = [n for n in names if n not in params]
+            if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                raise ValueError(f"{self.who}: donate_argnames {unknown} are not its parameters")
+        return nums, names
+
+    def _completed(
+        self, nums: tuple[int, ...], argnames: str | Sequence[str], what: str
+    ) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """``nums`` and ``argnames`` (of ``what``: static, donate) completed from
+        each other through the signature's positional parameters."""
         names = (argnames,) if isinstance(argnames, str) else tuple(argnames)
         for n in names:
             if not isinstance(n, str):
-                raise TypeError(f"{self.who}: donate_argnames must be strings, got {n!r}")
-        nums = self.donate_argnums
+                raise TypeError(f"{self.who}: {what}_argnames must be strings, got {n!r}")
         if self.signature is None:
             return nums, names
-        params = self.signature.parameters
-        unknown = [n for n in names if n not in params]
-        if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            raise ValueError(f"{self.who}: donate_argnames {unknown} are not its parameters")
         positional = [
             p.name
-            for p in params.values()
+            for p in self.signature.parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
         extra_names = tuple(positional[i] for i in nums if -len(positional) <= i < len(positional))

@@ -68,10 +68,6 @@ def build_entry(
     local = callbacks or context or plain is not None
     # Only a linear part: every process derives it again, and writes its transposes.
     linear_only = linear and not callbacks and plain is None
-    if local:
-        # Made again by every process (a linear part, host callbacks, an outer
-        # axis, plain JAX's devices): not a miss a cache could fix.
-        _stats.bump("made_in_process")
     if not local and lower:
         platform = key.parts["platforms"][0]
         with traced_under((*closed.in_avals, *closed.out_avals)):

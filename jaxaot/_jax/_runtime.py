@@ -114,6 +114,32 @@ def options_set(options: Sequence[tuple[Any, Any]]) -> Iterator[None]:
                 state._update_thread_local_hook(None if previous is unset else previous)
 
 
+def local_accelerator() -> str | None:
+    """The platform of this machine's accelerator (``"cuda"``, ``"tpu"``), from its
+    devices alone (JAX's own checks: nothing is started, no device is locked),
+    or None."""
+    from jax._src import hardware_utils
+
+    if hardware_utils.has_visible_nvidia_gpu():
+        return "cuda"
+    if hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0:
+        return "tpu"
+    return None
+
+
+def accelerator_left_out() -> str | None:
+    """Why JAX runs on the CPU although this machine has an accelerator (its
+    backend failed to start, which JAX only logs before falling back), or None.
+
+    A process that fell back compiles for the CPU: its entries are keyed for the
+    CPU, and none of them serves a deployment on the accelerator."""
+    if jax.default_backend() != "cpu":
+        return None
+    platform = local_accelerator()
+    error = getattr(_xb, "_backend_errors", {}).get(platform) if platform else None
+    return None if error is None else f"its {platform} backend failed to start ({error.strip()})"
+
+
 def trace_context_items() -> tuple[tuple[str, Any], ...]:
     """:func:`trace_context` option by option: ``(name, value)`` pairs, the values
     as JAX holds them (enums, meshes, the axis environment...)."""

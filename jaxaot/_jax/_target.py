@@ -132,40 +132,6 @@ def check_tpu_available() -> None:
         raise TargetError(f"TPU targets need libtpu ({why}): {EXTRA}")
 
 
-def local_accelerator() -> str | None:
-    """The platform of this machine's accelerator (``"cuda"``, ``"tpu"``), from its
-    devices alone (JAX's own checks: nothing is started, no device is locked),
-    or None."""
-    from jax._src import hardware_utils
-
-    if hardware_utils.has_visible_nvidia_gpu():
-        return "cuda"
-    if hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0:
-        return "tpu"
-    return None
-
-
-def accelerator_left_out() -> str | None:
-    """Why JAX runs on the CPU although this machine has an accelerator (its
-    backend failed to start, which JAX only logs before falling back), or None.
-
-    A process that fell back compiles for the CPU: its entries are keyed for the
-    CPU, and none of them serves a deployment on the accelerator."""
-    from jax._src import hardware_utils, xla_bridge
-
-    if jax.default_backend() != "cpu":
-        return None
-    errors: dict[str, str] = getattr(xla_bridge, "_backend_errors", {})
-    present = {
-        "cuda": hardware_utils.has_visible_nvidia_gpu,
-        "tpu": lambda: hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0,
-    }
-    for platform, found in present.items():
-        if platform in errors and found():
-            return f"its {platform} backend failed to start ({errors[platform].strip()})"
-    return None
-
-
 @functools.lru_cache(maxsize=16)
 def _topology_devices(platform: str, topology: str) -> tuple[Any, ...]:
     check_tpu_available()

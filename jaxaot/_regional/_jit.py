@@ -506,12 +506,17 @@ class RegionalFunction:
             return None
         return plan
 
-    def _give_up(self, sig: Any, error: Exception) -> None:
+    def _give_up(self, sig: Any, error: Exception, for_good: bool = True) -> None:
         """This signature runs under jax.jit from now on (said by the caller once
-        jax.jit has taken the arguments: where it refuses them, the error is theirs)."""
-        logger.debug("jaxaot.jit %s: not split (%s); using jax.jit", self.__name__, error)
+        jax.jit has taken the arguments: where it refuses them, the error is theirs);
+        not ``for_good``: its plan is forgotten, and made again by the next call."""
+        then = "using jax.jit" if for_good else "planned again by the next call"
+        logger.debug("jaxaot.jit %s: not split (%s); %s", self.__name__, error, then)
         with self._lock:
-            self._plans[sig] = None
+            if for_good:
+                self._plans[sig] = None
+            else:
+                self._plans.pop(sig, None)
             self._last = None
             self._reset_dispatch()
 
@@ -544,10 +549,7 @@ class RegionalFunction:
                 if isinstance(e.__cause__, jax.errors.JaxRuntimeError):
                     # XLA failed at run time (out of memory while autotuning): this
                     # precompile's failure, not the program's; it is planned again.
-                    with self._lock:
-                        self._plans.pop(sig, None)
-                        self._last = None
-                        self._reset_dispatch()
+                    self._give_up(sig, e, for_good=False)
                     raise e.__cause__ from None
                 self._give_up(sig, e)
                 plan, failed = None, e

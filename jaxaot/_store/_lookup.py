@@ -184,6 +184,7 @@ def _miss(
                 store(outcome.value)  # received from process 0: kept in this process's cache
     if outcome.made and kept_here is not None:
         if kept_here(outcome.value):
+            _stats.bump("made_in_process")  # as every process does
             return outcome.value
         if explain is not None:
             explain(key, cache)

@@ -450,9 +450,9 @@ def _close(worker: _Worker) -> None:
 
 
 # Workers per local GPU by default: they share it (each starts a CUDA client,
-# and XLA autotunes on it). On one H100 the serving example's six buckets took
-# 9.0 s with 1 worker, 7.0 s with 4 and 13.8 s with 16 (its 16 cores); see the
-# GPU section of docs/benchmarks.md.
+# and XLA autotunes on it), and past a few more workers only add that start.
+# Measured by `jaxaot precompile examples/precompile_serving.py:manifest` with
+# --workers 1, 4 and 16 on one GPU (docs/precompile.md, "Example").
 _PER_GPU = 4
 
 
