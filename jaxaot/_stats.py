@@ -86,6 +86,7 @@ _PROCESS_ONLY = (
     "lease_takeovers",  # entries whose maker died: made here instead
     "lease_wait_timeouts",  # waits past $JAXAOT_LEASE_WAIT: made here instead
     "loaded",  # entries (lowered, derived, executables) read from a cache, not written here
+    "prefetched",  # of which, executables loaded while their program was traced (``_prefetch``)
     "compile_seconds",  # XLA's time compiling what this process made
 )
 
@@ -101,8 +102,9 @@ def stats() -> dict[str, float]:
     counted), lowerings, compiles, faults
     (``cache_write_errors``: values a cache did not store, the write failed or
     was skipped),
-    entries ``loaded`` from a cache and ``compile_seconds`` (XLA's time compiling
-    what jaxaot made here), and the fleet's (entries ``made_here``,
+    entries ``loaded`` from a cache (of which executables ``prefetched``: loaded
+    on a background thread while their program was traced), ``compile_seconds``
+    (XLA's time compiling what jaxaot made here), and the fleet's (entries ``made_here``,
     ``loaded_after_wait`` for another process, ``wait_seconds``,
     ``lease_takeovers``, ``lease_wait_timeouts``). All are whole numbers but
     ``wait_seconds`` and ``compile_seconds``."""

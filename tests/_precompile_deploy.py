@@ -18,7 +18,20 @@ import jax
 import numpy as np
 
 import jaxaot
+from jaxaot._store import _executables
 from jaxaot.cli.precompile import load_manifest
+
+# Executables deserialized by a lookup, after its trace (not loaded ahead of it).
+_by_lookup: list[int] = []
+_deserialize = _executables.deserialize_executable
+
+
+def _counted(*args: Any, **kwargs: Any) -> Any:
+    _by_lookup.append(1)
+    return _deserialize(*args, **kwargs)
+
+
+_executables.deserialize_executable = _counted
 
 EVENTS = (
     "/jax/core/compile/backend_compile_duration",
@@ -87,6 +100,8 @@ def main() -> None:
                 "compiles": seen[EVENTS[0]],
                 "lowerings": seen[EVENTS[1]],
                 "jaxaot": {k: after[k] - before[k] for k in ("lowerings", "compiles")},
+                "prefetched": after["prefetched"] - before["prefetched"],
+                "by_lookup": len(_by_lookup),
                 "equal": equal,
                 "devices": jax.device_count(),
             }

@@ -77,6 +77,9 @@ def _assert_warm(result: dict[str, Any], n: int) -> None:
     assert result["compiles"] == [] and result["lowerings"] == [], result
     assert result["jaxaot"] == {"lowerings": 0, "compiles": 0}
     assert result["equal"] == [True] * n
+    # Every executable was loaded while its signature was traced, as the
+    # precompile noted them: none waited for its trace to end.
+    assert result["prefetched"] > 0 and result["by_lookup"] == 0, result
 
 
 def _env(subprocess_env: dict[str, str], cache: Path, **more: str) -> dict[str, str]:

@@ -85,6 +85,28 @@ def test_a_filling_view_writes_a_fast_hit_back_to_the_slower_tiers() -> None:
     assert tiers[1].get(bad_key) is None and tiers[2].get(bad_key) is None
 
 
+def test_a_filling_view_writes_the_notes_a_slower_tier_lacks_back_to_it() -> None:
+    """The notes of what a signature used (``_store._prefetch``) reach the shared
+    tier with the entries, in their order; a plain tiered cache reads them as
+    they are."""
+    fast, slow = jaxaot.MemoryCache(), jaxaot.MemoryCache()
+    keys = []
+    for i in range(3):
+        key, blob = make_blob(tag=i)
+        fast.put(key, blob)
+        slow.put(key, blob)
+        keys.append(key)
+    tag = "ab" * 32
+    for key in keys:
+        fast.note(tag, key, b"")
+    slow.note(tag, keys[0], b"")
+    plain = TieredCache(fast, slow, check=verify_entry)
+    assert [k for k, _ in plain.notes(tag)] == keys[::-1]
+    assert [k for k, _ in slow.notes(tag)] == [keys[0]]
+    assert [k for k, _ in plain.filling().notes(tag)] == keys[::-1]
+    assert [k for k, _ in slow.notes(tag)] == keys[::-1]
+
+
 @pytest.mark.parametrize("damage", ["flip", "misfiled", "garbage"])
 def test_bad_entry_is_not_promoted_and_removed(
     damage: str, caplog: pytest.LogCaptureFixture

@@ -307,16 +307,30 @@ class TieredCache(WarnOnce):
 
     def notes(self, tag: str) -> list[tuple[str, bytes]]:
         """The notes under ``tag`` from the tiers that keep them, fastest tier first,
-        each key once (no entry is read)."""
+        each key once (no entry is read). Writing back (``filling``), the notes a
+        slower tier lacks are written to it, as the entries are."""
         found: dict[str, bytes] = {}
+        held: dict[int, set[str]] = {}
         for i, tier in enumerate(self.tiers):
             if isinstance(tier, Indexing):
                 try:
-                    for key, item in tier.notes(tag):
-                        found.setdefault(key, item)
+                    noted = tier.notes(tag)
                 except Exception as e:
                     self._tier_failed(i, "notes", e)
-        return list(found.items())[:INDEX_ITEMS]
+                    continue
+                held[i] = {key for key, _ in noted}
+                for key, item in noted:
+                    found.setdefault(key, item)
+        out = list(found.items())[:INDEX_ITEMS]
+        if self.write_back:
+            for i, keys in held.items():
+                for key, item in reversed(out):  # (the oldest first: the newest ends first)
+                    if key not in keys:
+                        try:
+                            self.tiers[i].note(tag, key, item)  # type: ignore[attr-defined]
+                        except Exception as e:
+                            self._tier_failed(i, "note", e)
+        return out
 
     def quarantine(self, key: str, *, force: bool = False, check: EntryCheck | None = None) -> None:
         """Removes a bad entry: from the tier that last served ``key`` and the faster

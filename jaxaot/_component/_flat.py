@@ -75,7 +75,9 @@ def flat_executable(
         memo,
         store.region_locks(memo),
         lambda: executable_key(call.key, donate, placement, flat=True),
-        Codec(f"{call.component.name} region executable", load, save, memo_hits=False),
+        Codec(
+            f"{call.component.name} region executable", load, save, memo_hits=False, executable=True
+        ),
         make,
         store.counters,
     )

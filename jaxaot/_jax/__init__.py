@@ -42,6 +42,7 @@ between those versions are all handled here, keyed on the installed version
 
 from ._callbacks import (
     CallbacksNotRebindable,
+    binds_callbacks,
     callback_arguments,
     callback_functions,
     called_callbacks,
@@ -201,6 +202,7 @@ __all__ = [
     "register_program",
     "serialize_with_callbacks",
     "bind_plainly",
+    "binds_callbacks",
     "call_jaxpr",
     "current_trace",
     "differentiating",

@@ -43,6 +43,7 @@ from ._target import target_devices
 
 __all__ = [
     "CallbacksNotRebindable",
+    "binds_callbacks",
     "callback_arguments",
     "callback_functions",
     "called_callbacks",
@@ -365,6 +366,13 @@ def serialize_with_callbacks(compiled: Any, component: str, program: str) -> byt
     with io.BytesIO() as file:
         Pickler(file).dump((unloaded, args_info_flat, compiled._no_kwargs))
         return file.getvalue()
+
+
+def binds_callbacks(payload: bytes) -> bool:
+    """Whether a serialized executable binds this process's host callbacks when it
+    is loaded (``serialize_with_callbacks``'): those of a program this process
+    must have traced first."""
+    return _rebound_executable.__name__.encode() in payload
 
 
 def called_callbacks(call: Any) -> list[Any]:

@@ -11,10 +11,9 @@ A program with nothing to split is served whole, as one cached region; one
 that cannot be split runs under plain ``jax.jit``. Either way the result is
 the one ``jax.jit`` would give.
 
-Donation, sharded programs (regions compiled for the shardings their inputs
-have, in program order) and multi-process jobs (every process takes the same
-decisions from the same program and global shardings) are described in
-docs/regional.md and docs/sharding.md.
+Donation, sharded programs (regions compiled for their inputs' shardings, in
+program order) and multi-process jobs (every process takes the same decisions
+from the same program and global shardings): docs/regional.md, docs/sharding.md.
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ from ._placement import (
 from ._plan import WHOLE as WHOLE_MODE
 from ._plan import Plan, PlanFailed
 from ._planner import PlanSpec, build_plan, describe
-from ._signatures import say_new_signature
+from ._signatures import loading_ahead, say_new_signature
 
 __all__ = ["RegionalFunction", "jit"]
 
@@ -462,7 +461,7 @@ class RegionalFunction:
                             statics,
                             arrays,
                         )
-                    plan = self._plan(args, kwargs, donated, leaves)
+                    plan = self._plan(args, kwargs, leaves, treedef, statics, donated)
                     plan = self._agreed(plan)
                     self._plans[sig] = plan
         if arrays:
@@ -539,7 +538,8 @@ class RegionalFunction:
         sig = self._signature(leaves, treedef, statics, set(map(type, leaves)) <= _ARRAY_TYPES)
         with self._lock:
             if sig not in self._plans:
-                self._plans[sig] = self._agreed(self._plan(args, kwargs, donated, leaves))
+                parts = (leaves, treedef, statics, donated)
+                self._plans[sig] = self._agreed(self._plan(args, kwargs, *parts))
             plan = self._plans[sig]
         failed: PlanFailed | None = None
         if plan is not None:
@@ -597,11 +597,11 @@ class RegionalFunction:
             return "\n".join([f"{head}: one program, cached whole ({why})", *summary.splitlines()])
         return f"{head}: split into\n{summary}"
 
-    def _plan(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: list[int], leaves: list[Any]
-    ) -> Plan | None:
+    def _plan(self, args: tuple[Any, ...], kwargs: dict[str, Any], *parts: Any) -> Plan | None:
+        leaves, treedef, statics, donated = parts  # (those of ``_dynamic``)
         try:
-            return build_plan(self._spec, args, kwargs, donated, leaves)
+            with loading_ahead(self.__wrapped__, leaves, treedef, statics):
+                return build_plan(self._spec, args, kwargs, donated, leaves)
         except Exception as e:  # never a wrong result: fall back to jax.jit
             logger.debug(
                 "jaxaot.jit %s: not split (%s: %s); using jax.jit",

@@ -186,7 +186,7 @@ class ProgramCache:
             memo_key,
             self._locks(memo_key),
             lambda: program_key(self.kind, digest, avals, donate, shardings),
-            Codec(f"{self.kind} executable", load, save),
+            Codec(f"{self.kind} executable", load, save, executable=True),
             make,
             self.counters,
             # Noted under what it is of (``jaxaot.jit step's whole program``): its

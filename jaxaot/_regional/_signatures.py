@@ -1,17 +1,23 @@
-"""What is new in a call that ``jaxaot.jit`` traces and plans again: said when
-misses are explained (``JAXAOT_EXPLAIN_MISSES=1``, or JAX's own
+"""A call signature that ``jaxaot.jit`` traces and plans for the first time: its
+executables loaded while it is traced (``loading_ahead``), and what is new in it,
+said when misses are explained (``JAXAOT_EXPLAIN_MISSES=1``, or JAX's own
 ``jax_explain_cache_misses``), as ``jax.jit`` explains its cache misses."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import jax
 
 from .._component._arguments import Arguments
+from .._store._active import get_cache
+from .._store._executables import platform_text
+from .._store._prefetch import ahead
 
-__all__ = ["say_new_signature"]
+__all__ = ["loading_ahead", "say_new_signature"]
 
 logger = logging.getLogger("jaxaot")
 
@@ -79,3 +85,25 @@ def _placed(sharding: Any) -> str:
 
 def _aval(leaf: Any) -> Any:
     return leaf.aval
+
+
+def loading_ahead(
+    function: Callable[..., Any], leaves: Sequence[Any], treedef: Any, statics: tuple[Any, ...]
+) -> AbstractContextManager[None]:
+    """Around the first plan of a signature of ``function`` (its dynamic
+    ``leaves``, its ``treedef`` and its ``statics``): the executables the last
+    process that planned it used load on a background thread while it is traced
+    (``_store._prefetch``), and those it uses are noted for the next."""
+    module = getattr(function, "__module__", None)
+    name = getattr(function, "__qualname__", type(function).__qualname__)
+
+    def text() -> str:
+        mesh = jax.sharding.get_abstract_mesh()
+        types = []
+        for leaf in leaves:
+            sharding = getattr(leaf, "sharding", None)
+            placed = isinstance(sharding, jax.sharding.NamedSharding)
+            types.append(f"{jax.typeof(leaf)}{sharding if placed else ''}")
+        return "\n".join((str(treedef), repr(statics), str(mesh), " ".join(types)))
+
+    return ahead(get_cache(), f"jaxaot.jit {module}.{name}", text, platform_text)

@@ -4,6 +4,8 @@
   decoding), with ``_trees`` for tree structures as JSON;
 * ``_readwrite``: reading and writing entries in a byte cache, faults as misses;
 * ``_executables``: executable entries, loaded and stored (big ones in the background);
+* ``_prefetch``: a signature's executables, noted in the cache by the process
+  that used them, loaded by the next one while it traces the signature;
 * ``_lookup``: :class:`Store`, one component's lookup chain (this process, the
   active cache, the job, another process of the fleet, or made here);
 * ``_once``: one maker per entry across a fleet of processes sharing a cache

@@ -25,6 +25,7 @@ from .._jax import (
     topology_text,
 )
 from .._keys._key import ComponentKey
+from . import _prefetch
 from ._entry import Entry, EntryError
 from ._readwrite import dropped, read_blob, write
 from ._trees import NotPersistable, tree_from_json, tree_to_json
@@ -36,6 +37,7 @@ __all__ = [
     "executable_parts",
     "load_executable",
     "load_executable_entry",
+    "platform_text",
     "store_executable",
     "in_background",
     "target_process_keys",
@@ -73,6 +75,12 @@ def executable_parts(donate_argnums: tuple[int, ...]) -> tuple[tuple[str, Any], 
         # Less the dump and debug flags, which cannot change the code (as JAX's cache).
         *compile_flags(),
     )
+
+
+def platform_text() -> str:
+    """The devices (or the compile target) executables are made for here, and
+    how (``executable_parts`` of an executable that donates nothing), as text."""
+    return repr(executable_parts(()))
 
 
 def executable_key(
@@ -168,6 +176,9 @@ def load_executable_entry(
     pending = _pending.get(key.digest)
     if pending is not None:
         pending.result()
+    ahead = _prefetch.take(cache, key)
+    if ahead is not None:
+        return ahead[1], ahead[0]
     entry, blob = read_blob(cache, key)
     if entry is None or blob is None:
         return None

@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 from .. import _stats
 from .._caches import Cache
 from .._keys._key import ComponentKey
-from . import _entry, _explain, _job
+from . import _entry, _explain, _job, _prefetch
 from ._active import get_cache
 from ._entry import Entry
 from ._executables import (
@@ -36,6 +36,7 @@ from ._executables import (
     cost_dict,
     in_background,
     load_executable,
+    platform_text,
     store_executable,
 )
 from ._once import make_once
@@ -64,7 +65,9 @@ class Codec(Generic[T]):
     (entries and programs, looked up once per trace; not the executables that
     calls run, looked up once per call). ``kept_here``: whether a made value
     stays in this process (never written: every process makes it), which is no
-    miss a cache could fix: neither counted nor explained."""
+    miss a cache could fix: neither counted nor explained. ``executable``: values
+    are executables, noted under the signature being looked up for the next
+    process to load ahead (``_prefetch``)."""
 
     what: str
     load: Callable[[Cache, ComponentKey], T | None]
@@ -73,6 +76,7 @@ class Codec(Generic[T]):
     from_bytes: Callable[[ComponentKey], Callable[[bytes], T | None]] | None = None
     memo_hits: bool = True
     kept_here: Callable[[T], bool] | None = None
+    executable: bool = False
 
 
 def get_or_make(
@@ -97,8 +101,13 @@ def get_or_make(
         with lock:  # (looked at again: another thread may have made it meanwhile)
             value = memo.get(memo_key)
             if value is None:
-                value = memo[memo_key] = _lookup(key(), codec, make, counters, explain)
+                k = key()
+                value = memo[memo_key] = _lookup(k, codec, make, counters, explain)
+                if codec.executable:
+                    _prefetch.noted(k)
                 return value
+    if codec.executable:
+        _prefetch.noted(key)
     if codec.memo_hits:
         counters.add("hits")
     return value
@@ -329,8 +338,11 @@ class Store:
             return None
 
         codec: Codec[tuple[Any, dict[str, float] | None]] = Codec(
-            f"{self.name} executable", load, save, memo_hits=False
+            f"{self.name} executable", load, save, memo_hits=False, executable=True
         )
-        return get_or_make(
-            self.executables, sig, self.lock, key, codec, make, self.counters, self.explain_miss
-        )[0]
+        # A new signature here: its executable loads while its key is traced.
+        name = f"component {self.name}"
+        with _prefetch.ahead(get_cache(), name, lambda: repr(sig), platform_text):
+            return get_or_make(
+                self.executables, sig, self.lock, key, codec, make, self.counters, self.explain_miss
+            )[0]

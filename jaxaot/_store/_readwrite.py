@@ -20,6 +20,7 @@ __all__ = [
     "CALLBACKS_ONLY",
     "LINEAR_ONLY",
     "callbacks_executable",
+    "counted_loaded",
     "decoder",
     "dropped",
     "read",
@@ -78,9 +79,15 @@ def read_blob(cache: Cache, key: ComponentKey) -> tuple[Entry | None, bytes | No
         _stats.bump("corrupt_entries")
         dropped(cache, key.digest, f"a bad cache entry ({e})", "recomputing", blob)
         return None, blob
-    if key.digest not in _WRITTEN_HERE:  # (one this process wrote is no warm start)
-        _stats.bump("loaded")
+    counted_loaded(key.digest)
     return entry, blob
+
+
+def counted_loaded(digest: str) -> None:
+    """Counts the entry ``digest`` as ``loaded`` from a cache, unless this process
+    wrote it (one it reads back is no warm start)."""
+    if digest not in _WRITTEN_HERE:
+        _stats.bump("loaded")
 
 
 def decoder(key: ComponentKey) -> Callable[[bytes], Entry | None]:

@@ -1,0 +1,182 @@
+"""Loading a signature's executables while its program is traced.
+
+A new process must trace a program before it knows its keys, and only then
+can it load the program's executables: on a warm start the two costs add up.
+But which executables a function's signature used is known from the last
+process that ran it. Under a *tag* naming the function, the signature (the
+call's tree, types and shardings, its static arguments) and the platform, the
+cache keeps notes of the executables the signature looked up
+(``_caches.Indexing``: hints beside the entries, never entries). The first
+call of that signature in a new process reads the notes and loads those
+executables on a background thread while its own thread traces. An
+executable loaded ahead is used only where the key the trace computed is the
+very key it was stored under, checked as every read checks it: a program whose
+code changed computes other keys, and the executables loaded ahead for it go
+unused (and are dropped). Nothing is ever taken on the tag's word.
+
+``ahead(name, text)`` wraps the first lookup of a signature; every executable
+looked up inside it (``_lookup.get_or_make``, on any thread the lookup hands
+work to) is noted under its tag; ``take`` is where a read of an executable
+entry (``_executables.load_executable_entry``) looks first.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import contextvars
+import hashlib
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .. import _stats
+from .._caches import Cache, Indexing
+from .._jax import binds_callbacks, deserialize_executable
+from .._keys._key import ComponentKey
+from . import _entry
+from ._entry import Entry
+from ._readwrite import counted_loaded
+from ._trees import tree_from_json
+
+__all__ = ["ahead", "noted", "take"]
+
+logger = logging.getLogger("jaxaot")
+
+#: The most executables loaded ahead and not yet taken that this process keeps
+#: (the oldest are dropped): those of programs whose code changed are never taken.
+KEEP = 64
+
+Loaded = tuple[Entry, Any]
+
+
+class _Signature:
+    """The notes of one signature's first lookup: what it found noted, and where
+    to note what it uses that was not."""
+
+    def __init__(self, cache: Indexing, tag: str, known: set[str]) -> None:
+        self.cache = cache
+        self.tag = tag
+        self.known = known
+        self.lock = threading.Lock()
+
+    def note(self, digest: str) -> None:
+        with self.lock:
+            if digest in self.known:
+                return
+            self.known.add(digest)
+        try:
+            self.cache.note(self.tag, digest, b"")
+        except Exception:  # notes are hints: a fault loses one
+            logger.debug("jaxaot: could not note %s under %s", digest[:16], self.tag[:16])
+
+
+_current: contextvars.ContextVar[_Signature | None] = contextvars.ContextVar(
+    "jaxaot_prefetch", default=None
+)
+_lock = threading.Lock()
+_ready: collections.OrderedDict[str, tuple[Cache, concurrent.futures.Future[Loaded | None]]] = (
+    collections.OrderedDict()
+)
+_loader: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+#: An object's address in its repr (``<... object at 0x7f...>``): another in each process.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def tag(name: str, text: str, platform: str) -> str:
+    """The tag of function ``name``'s signature ``text`` (objects' addresses left
+    out) on ``platform`` (the devices, or compile target, executables are made for)."""
+    signature = _ADDRESS.sub("", text)
+    body = "\n".join(("jaxaot prefetch", name, platform, signature))
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def ahead(
+    cache: Cache | None, name: str, text: Callable[[], str], platform: Callable[[], str]
+) -> Iterator[None]:
+    """Around the first lookup of a signature of function ``name`` (``text()``
+    names the signature, ``platform()`` the devices its executables are made
+    for): starts loading the executables noted for it in ``cache`` (in the
+    order they were first used), and notes the ones it uses that were not
+    noted. A cache that keeps no notes, or a signature that cannot be named,
+    does neither."""
+    if not isinstance(cache, Indexing):
+        yield
+        return
+    try:
+        t = tag(name, text(), platform())
+        found = [digest for digest, _ in cache.notes(t)]
+    except Exception as e:  # a hint lost: the lookup runs as it would without
+        logger.debug("jaxaot: no notes for %s (%s: %s)", name, type(e).__name__, e)
+        yield
+        return
+    for digest in reversed(found):  # (most recent first: the first used is last)
+        _start(cache, digest)
+    token = _current.set(_Signature(cache, t, set(found)))
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def noted(key: ComponentKey | Callable[[], ComponentKey]) -> None:
+    """Notes the executable ``key`` (or ``key()``) names under the signature being
+    looked up (if any: ``key`` is not called otherwise)."""
+    signature = _current.get()
+    if signature is not None:
+        signature.note((key if isinstance(key, ComponentKey) else key()).digest)
+
+
+def _start(cache: Cache, digest: str) -> None:
+    global _loader
+    with _lock:
+        if digest in _ready:
+            return
+        if _loader is None:
+            # One thread: the executables load in the order they are needed.
+            _loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxaot-prefetch")
+        _ready[digest] = (cache, _loader.submit(_load, cache, digest))
+        while len(_ready) > KEEP:
+            _ready.popitem(last=False)
+
+
+def _load(cache: Cache, digest: str) -> Loaded | None:
+    """The entry stored under ``digest`` and its executable, or ``None`` (anything
+    wrong with it is left to the lookup, which reads it again and says so)."""
+    try:
+        blob = cache.get(digest)
+        if blob is None:
+            return None
+        entry = _entry.decode(blob)
+        stored = entry.extra.get("executable_in_tree")
+        if entry.executable is None or stored is None or binds_callbacks(entry.executable):
+            return None  # (its callbacks are bound from this process's trace of it)
+        return entry, deserialize_executable(
+            entry.executable, tree_from_json(stored), entry.out_tree
+        )
+    except Exception as e:
+        logger.debug("jaxaot: %s not loaded ahead (%s: %s)", digest[:16], type(e).__name__, e)
+        return None
+
+
+def take(cache: Cache, key: ComponentKey) -> Loaded | None:
+    """The entry and executable loaded ahead under ``key`` from ``cache`` (waiting
+    for it if it is loading), if it is stored under this very key; else ``None``."""
+    with _lock:
+        held = _ready.pop(key.digest, None)
+    if held is None or held[0] is not cache:
+        return None
+    # (Waited for even before it starts: the loader takes the GIL this thread
+    # gives up here, and what it loads first was noted as needed first.)
+    loaded = held[1].result()
+    if loaded is None or loaded[0].key != key:
+        return None
+    _stats.bump("prefetched")
+    counted_loaded(key.digest)
+    return loaded
