@@ -725,6 +725,7 @@ def test_bench_precompile_quick_in_a_subprocess(
         assert deployed["backend_compiles"] == 0, deployed
         assert deployed["jaxaot_made"] == {"lowerings": 0, "compiles": 0}
         assert data[model]["limit"]["loaded"] == executables
+        assert data[model]["limit"]["ran"] == executables  # (each run once, on zeros)
         assert data[model]["limit"]["trace_seconds"] > 0
         assert deployed["again_seconds"] > 0
         assert data[model]["precompile"]["made"] > 0
@@ -735,8 +736,9 @@ def test_bench_precompile_quick_in_a_subprocess(
     text = (out / "precompile.md").read_text()
     assert text.startswith("Precompile benchmark")
     rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
-    assert len(rows) == 18, rows
+    assert len(rows) == 20, rows
     assert sum("load + trace limit" in row for row in rows) == 2
+    assert sum("load + first-run limit" in row for row in rows) == 2
     assert sum("load + trace + run limit" in row for row in rows) == 2
     for target in ("0.8 x jax.jit + JAX cache warm", "1.1 x jax.jit's", "1.1 x the load limit"):
         assert f"≤ {target} |" in text

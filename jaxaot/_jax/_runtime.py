@@ -310,18 +310,35 @@ def _nothing(*args: Any) -> None:
     return None
 
 
-def device_zeros(shape: Sequence[int], dtype: Any) -> jax.Array:
-    """Zeros of ``shape`` and ``dtype`` on the default device, made on the host and
-    put there (no XLA compile); typed PRNG keys over zero key data."""
+def device_zeros(shape: Sequence[int], dtype: Any, sharding: Any = None) -> jax.Array:
+    """Zeros of ``shape`` and ``dtype`` on the default device (or placed by
+    ``sharding``), made on the host and put there (no XLA compile); typed PRNG
+    keys over zero key data."""
     import numpy as np
 
     from ._jaxpr import PRNGKeyArray
 
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
         impl = dtype._impl
-        data = jax.device_put(np.zeros((*shape, *impl.key_shape), np.uint32))
+        data = jax.device_put(np.zeros((*shape, *impl.key_shape), np.uint32), sharding)
         return PRNGKeyArray(impl, data)  # type: ignore[no-any-return]
-    return jax.device_put(np.zeros(shape, dtype))
+    return jax.device_put(np.zeros(shape, dtype), sharding)
+
+
+def run_on_zeros(compiled: Any) -> None:
+    """Runs ``compiled`` (a ``jax.stages.Compiled``) once on zeros of its input
+    types, placed as its inputs are compiled to be, and waits for it. (XLA:CPU
+    readies an executable's code on its first run; a program must not call back
+    into Python: its callbacks would see the zeros.)"""
+    infos = jax.tree_util.tree_leaves(compiled.args_info)
+    shardings = jax.tree_util.tree_leaves(
+        compiled.input_shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+    )
+    if len(shardings) != len(infos):
+        shardings = [None] * len(infos)
+    zeros = [device_zeros(i.shape, i.dtype, s) for i, s in zip(infos, shardings, strict=True)]
+    args, kwargs = jax.tree_util.tree_unflatten(compiled.in_tree, zeros)
+    jax.block_until_ready(compiled(*args, **kwargs))
 
 
 def cpp_dispatcher(

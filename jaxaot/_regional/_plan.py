@@ -160,7 +160,7 @@ class Plan:
                 out_tree = self.out_tree
 
                 def load() -> Any:
-                    from .._jax import deserialize_executable, device_zeros, serialize_executable
+                    from .._jax import deserialize_executable, run_on_zeros, serialize_executable
 
                     data = payload(flat)
                     if data is None:
@@ -169,12 +169,7 @@ class Plan:
                     # Run once on zeros before any call relies on it: an executable
                     # loaded from the cache and serialized again can lack its
                     # kernels on XLA:CPU ("Function ... not found" when it runs).
-                    zeros = [
-                        device_zeros(info.shape, info.dtype)
-                        for info in jax.tree_util.tree_leaves(flat.args_info)
-                    ]
-                    args, kwargs = jax.tree_util.tree_unflatten(in_tree, zeros)
-                    jax.block_until_ready(exe(*args, **kwargs))
+                    run_on_zeros(exe)
                     return exe
 
                 job = self._structured[in_tree] = submit_background(load)

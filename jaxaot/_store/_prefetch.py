@@ -14,7 +14,7 @@ very key it was stored under, checked as every read checks it: a program whose
 code changed computes other keys, and the executables loaded ahead for it go
 unused (and are dropped). Nothing is ever taken on the tag's word.
 
-``ahead(name, text)`` wraps the first lookup of a signature; every executable
+``ahead`` wraps the first lookup of a signature; every executable
 looked up inside it (``_lookup.get_or_make``, on any thread the lookup hands
 work to) is noted under its tag; ``take`` is where a read of an executable
 entry (``_executables.load_executable_entry``) looks first.
@@ -35,6 +35,7 @@ from typing import Any
 
 from .. import _stats
 from .._caches import Cache, Indexing
+from .._caches._protocol import INDEX_ITEMS
 from .._jax import binds_callbacks, deserialize_executable
 from .._keys._key import ComponentKey
 from . import _entry
@@ -47,8 +48,9 @@ __all__ = ["ahead", "noted", "take"]
 logger = logging.getLogger("jaxaot")
 
 #: The most executables loaded ahead and not yet taken that this process keeps
-#: (the oldest are dropped): those of programs whose code changed are never taken.
-KEEP = 64
+#: (the oldest are dropped): those of programs whose code changed are never
+#: taken. As many as one signature has notes of.
+KEEP = INDEX_ITEMS
 
 Loaded = tuple[Entry, Any]
 

@@ -16,6 +16,7 @@ __all__ = [
     "PHASES",
     "early_steps",
     "load_all_executables",
+    "run_once",
     "quiesce",
     "ROUND_SECONDS",
     "block",
@@ -126,9 +127,10 @@ def quiesce() -> None:
     jaxaot.wait_for_writes()
 
 
-def load_all_executables(cache: Any) -> int:
+def load_all_executables(cache: Any, ran: list[Any] | None = None) -> int:
     """The load limit of a warm start: reads, verifies and deserializes every
-    executable entry of ``cache``, nothing else; how many it loaded."""
+    executable entry of ``cache``, nothing else; how many it loaded. Each
+    executable loaded is appended to ``ran`` where given (see ``run_once``)."""
     from ..._store._entry import decode
     from ..._store._executables import load_executable
 
@@ -138,6 +140,25 @@ def load_all_executables(cache: Any) -> int:
         if blob is None:
             continue
         entry = decode(blob)
-        if entry.executable is not None and load_executable(cache, entry.key) is not None:
+        got = None if entry.executable is None else load_executable(cache, entry.key)
+        if got is not None:
             loaded += 1
+            if ran is not None:
+                ran.append(got[0])
     return loaded
+
+
+def run_once(executables: list[Any]) -> int:
+    """Runs each executable once on zeros of its input types: what a first call
+    costs on top of its loading (XLA:CPU readies an executable's code when it
+    first runs); how many ran."""
+    from ..._jax import run_on_zeros
+
+    ran = 0
+    for exe in executables:
+        try:
+            run_on_zeros(exe)
+            ran += 1
+        except Exception:  # (one that cannot run on zeros is left out of the limit)
+            continue
+    return ran
