@@ -167,6 +167,34 @@ def test_equal_static_values_share_a_key() -> None:
     )
 
 
+def test_a_static_argument_passed_by_position_or_by_keyword_is_one_key(
+    compiles: list[str],
+) -> None:
+    """A deployment calls ``dense(w, x, n=2, act="tanh")`` where its manifest gave
+    ``n`` by position: the same entry, loaded rather than compiled again."""
+
+    def dense(w: jax.Array, x: jax.Array, n: int, *, act: str = "tanh") -> jax.Array:
+        h = x @ w
+        for _ in range(n):
+            h = jnp.tanh(h) if act == "tanh" else jnp.sin(h)
+        return h
+
+    comp = jaxaot.component(dense, static_argnums=(2,), static_argnames=("act",))
+    w, x = jnp.ones((3, 3)) / 3, jnp.arange(6.0).reshape(2, 3)
+    by_position = comp.cache_key(w, x, 2, act="tanh")
+    assert comp.cache_key(w, x, n=2, act="tanh").digest == by_position.digest
+    assert comp.cache_key(w, x, 2, act="sin").digest != by_position.digest
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        want = comp(w, x, 2, act="tanh")
+        comp.clear_cache()
+        before = len(compiles)
+        got = comp(w, x, n=2, act="tanh")
+    assert len(compiles) == before  # (loaded from the cache)
+    np.testing.assert_array_equal(got, want)
+    plain = jax.jit(dense, static_argnums=(2,), static_argnames=("act",))
+    np.testing.assert_allclose(got, plain(w, x, 2, act="tanh"), rtol=1e-6)
+
+
 WORKER = textwrap.dedent(
     """
     import json, sys

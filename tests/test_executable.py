@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import jaxaot
+from jaxaot._jax import host_cpu_text
 from jaxaot._store import _entry, _executables, _lookup
 
 STEP_MODULE = textwrap.dedent(
@@ -140,6 +141,58 @@ def test_executable_key_parts(fresh_cache: jaxaot.MemoryCache) -> None:
     assert parts["device_kind"] == jax.devices()[0].device_kind
     assert parts["device_count"] == jax.device_count()
     assert {"platform_version", "xla_flags", "donate_argnums", "process_count"} <= set(parts)
+    assert parts["host_cpu"] == host_cpu_text()  # (a CPU executable)
+
+
+def test_another_cpus_executable_is_neither_loaded_nor_dropped(
+    fresh_cache: jaxaot.MemoryCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache shared by machines whose CPUs differ (with and without AVX-512): each
+    compiles for its own CPU, and neither removes the other's executable (XLA:CPU
+    would refuse to load it, and some jaxlib versions crash on it)."""
+    comp = jaxaot.component(lambda x: jnp.sin(x) * 3, key="exe-cpu")
+    x = jnp.arange(3.0)
+    comp(x)
+    [(digest, _)] = _exe_entries(fresh_cache)
+    machine = host_cpu_text().split()[0]
+    monkeypatch.setattr(
+        "jaxaot._store._executables.host_cpu_text", lambda: f"{machine} 0123456789abcdef"
+    )
+    again = jaxaot.component(lambda x: jnp.sin(x) * 3, key="exe-cpu")
+    np.testing.assert_allclose(again(x), np.sin(np.arange(3.0)) * 3, rtol=1e-6)
+    assert again.cache_info().compiles == 1
+    entries = dict(_exe_entries(fresh_cache))
+    assert digest in entries and len(entries) == 2
+    cpus = {dict(e.key.parts["executable"])["host_cpu"] for e in entries.values()}
+    assert cpus == {host_cpu_text(), f"{machine} 0123456789abcdef"}
+
+
+def test_the_host_cpu_names_its_instruction_set_not_its_kernels_flags(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from jaxaot._jax import _runtime
+
+    def text_for(flags: str) -> str:
+        info = tmp_path / "cpuinfo"
+        info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        real_open = open
+        monkeypatch.setattr(
+            "builtins.open",
+            lambda path, *a, **k: real_open(info if path == "/proc/cpuinfo" else path, *a, **k),
+        )
+        monkeypatch.setattr("platform.machine", lambda: "x86_64")
+        _runtime.host_cpu_text.cache_clear()
+        try:
+            return _runtime.host_cpu_text()
+        finally:
+            monkeypatch.undo()
+            _runtime.host_cpu_text.cache_clear()
+
+    base = "fpu sse sse2 pni ssse3 sse4_1 sse4_2 avx avx2 fma"
+    assert text_for(base) == text_for(base + " hypervisor constant_tsc")  # (a VM's, a kernel's)
+    assert text_for(base) == text_for(" ".join(reversed(base.split())))
+    assert text_for(base) != text_for(base + " avx512f avx512bw")
+    assert text_for(base).startswith("x86_64 ")
 
 
 def test_foreign_entry_planted_under_our_key_is_never_loaded(

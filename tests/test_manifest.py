@@ -133,6 +133,29 @@ def test_progress_labels_show_every_argument() -> None:
     assert all(len(label) <= 100 and "cfg=" in label for label in labels), labels
 
 
+def test_a_call_added_twice_is_one_signature() -> None:
+    """Buckets whose arguments ignore the sequence length, and a call added again:
+    each call once; another dtype or static value is another call."""
+    f = jaxaot.jit(lambda x, scale: x * scale, static_argnames="scale")
+    m = jaxaot.manifest().buckets(
+        f,
+        lambda b, s: (jax.ShapeDtypeStruct((b, 4), jnp.float32),),
+        batch=(1, 2),
+        seq=(8, 16, 32),
+        kwargs={"scale": 2.0},
+    )
+    assert [item.label for item in m] == [
+        "<lambda>(f32[1,4], scale=2.0)",
+        "<lambda>(f32[2,4], scale=2.0)",
+    ]
+    m.add(f, jax.ShapeDtypeStruct((1, 4), jnp.float32), scale=2.0)
+    assert len(m) == 2
+    m.add(f, jax.ShapeDtypeStruct((1, 4), jnp.bfloat16), scale=2.0)
+    m.add(f, jax.ShapeDtypeStruct((1, 4), jnp.float32), scale=3.0)
+    m.add(jaxaot.jit(lambda x, scale: x * scale, static_argnames="scale"), m[0].args[0], scale=2.0)
+    assert len(m) == 5
+
+
 def test_buckets_and_claims() -> None:
     f = jaxaot.jit(lambda x: x * 2)
     m = jaxaot.manifest("serving").buckets(
@@ -267,6 +290,19 @@ def test_killed_worker_is_taken_over(tmp_path: Path, subprocess_env: dict[str, s
     # Every entry made once: what the survivors made is what the cache holds.
     assert counts["made"] == len(DirectoryCache(tmp_path / "cache").keys()) > 0
     _assert_warm(_deploy(env, "_precompile_targets:killed"), 6)
+
+
+def test_a_run_whose_only_worker_died_names_what_it_left_undone(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    marker = tmp_path / "killed"
+    env = _env(subprocess_env, tmp_path / "cache", PRECOMPILE_KILL_MARKER=str(marker))
+    proc = _precompile(env, "_precompile_targets:killed", "--workers", "1", check=False)
+    assert proc.returncode == 1 and marker.exists()
+    (line,) = [x for x in proc.stderr.splitlines() if "precompile incomplete" in x]
+    assert "6 of 6 signatures not done (fragile(<dict of 2 leaves>, f32[2,16]), " in line, line
+    assert "layer(<dict of 2 leaves>, f32[3,16])" in line, line
+    assert line.endswith("and 1 more: their workers stopped)"), line
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for the workers")
@@ -485,6 +521,31 @@ def test_cli_a_manifest_that_cannot_be_made_is_one_line_naming_where(
     proc = _precompile(env, f"{bad}:f", "--workers", "1", check=False)
     assert proc.returncode == 2
     assert "f() returned an object of type int, not a jaxaot.Manifest" in proc.stderr
+
+
+def test_a_manifest_file_imports_the_modules_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``jaxaot precompile deploy/serve.py:manifest`` run from elsewhere: the file
+    imports its siblings, as ``python deploy/serve.py`` would."""
+    from jaxaot.cli.precompile import load_manifest
+
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    (folder / "model_parts_beside.py").write_text(
+        "import jax.numpy as jnp\n\ndef act(x):\n    return jnp.tanh(x)\n"
+    )
+    (folder / "serve_beside.py").write_text(
+        "import jax, jax.numpy as jnp, jaxaot\n"
+        "from model_parts_beside import act\n"
+        "f = jaxaot.jit(lambda x: act(x) * 2)\n"
+        "manifest = jaxaot.manifest('beside').add(f, jax.ShapeDtypeStruct((3,), jnp.float32))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    loaded = load_manifest("deploy/serve_beside.py:manifest")
+    assert loaded.name == "beside" and len(loaded) == 1
 
 
 def test_cli_failing_signatures_fail_the_run_and_the_others_are_done(

@@ -259,7 +259,8 @@ class Arguments:
                 statics.append((k, self._static_text(kwargs[k], k)))
             else:
                 dyn_kwargs[k] = kwargs[k]
-        return tuple(dyn_args), dyn_kwargs, tuple(statics)
+        # By name: a static argument passed by position or by keyword is one key.
+        return tuple(dyn_args), dyn_kwargs, tuple(sorted(statics))
 
     def static_values(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The static arguments themselves (hashable), positional then by name: with

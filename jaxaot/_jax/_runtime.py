@@ -12,6 +12,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -112,6 +113,40 @@ def options_set(options: Sequence[tuple[Any, Any]]) -> Iterator[None]:
             state.set_local(previous)
             if state._update_thread_local_hook:
                 state._update_thread_local_hook(None if previous is unset else previous)
+
+
+#: The x86 flags of ``/proc/cpuinfo`` that name instruction-set extensions (those
+#: XLA:CPU compiles for), not the kernel's and hypervisor's own flags.
+_X86_ISA = re.compile(
+    r"(sse\w*|pni|ssse3|avx\w*|fma\w*|f16c|bmi\d|adx|v?aes|v?pclmulqdq|popcnt|abm|movbe|"
+    r"sha_ni|gfni|amx\w*|cx16|prefetchw|rdrand|rdseed|clflushopt|clwb|movdir\w*|serialize)"
+)
+
+
+@functools.cache
+def host_cpu_text() -> str:
+    """This machine's CPU as its executables depend on it: the architecture and
+    (a digest of) its instruction-set extensions. XLA:CPU compiles for the
+    host's extensions, and its loader refuses an executable that uses one this
+    CPU lacks (some jaxlib versions crash instead)."""
+    import hashlib
+    import platform
+
+    features: list[str] = []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() in ("flags", "Features"):  # (x86, Arm)
+                    features = value.split()
+                    break
+    except OSError:
+        features = [platform.processor()]  # (no /proc: the processor's name)
+    machine = platform.machine()
+    if machine in ("x86_64", "AMD64", "i686"):
+        features = [f for f in features if _X86_ISA.fullmatch(f)]
+    digest = hashlib.sha256(" ".join(sorted(set(features))).encode()).hexdigest()[:16]
+    return f"{machine} {digest}"
 
 
 def local_accelerator() -> str | None:

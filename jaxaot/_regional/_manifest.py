@@ -33,7 +33,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Container, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 
@@ -136,6 +136,28 @@ def _leaf_identity(leaf: Any) -> str:
     return repr(leaf)
 
 
+def _same_call(a: Signature, b: Signature) -> bool:
+    """Whether two signatures are one call: one function and mesh, one tree, arrays
+    of one type and sharding, and equal static values."""
+    if a.function is not b.function or a.mesh != b.mesh:
+        return False
+    leaves_a, tree_a = jax.tree_util.tree_flatten((a.args, a.kwargs))
+    leaves_b, tree_b = jax.tree_util.tree_flatten((b.args, b.kwargs))
+    if tree_a != cast(Any, tree_b):
+        return False
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        if hasattr(x, "shape") and hasattr(x, "dtype"):
+            if _leaf_identity(x) != _leaf_identity(y):
+                return False
+            continue
+        try:
+            if type(x) is not type(y) or not bool(x == y):
+                return False
+        except Exception:  # (no equality to trust: kept as two)
+            return False
+    return True
+
+
 def _function_name(function: Any) -> str:
     return str(getattr(function, "name", None) or getattr(function, "__name__", None) or function)
 
@@ -180,7 +202,8 @@ class Manifest:
         """Adds the call ``function(*args, **kwargs)``: ``function`` is a component or
         a ``jaxaot.jit`` function; array arguments are ``jax.ShapeDtypeStruct``s
         (with the shardings the deployment's arrays will have) or arrays; static
-        arguments are their values. Returns the manifest.
+        arguments are their values. Returns the manifest. A call it holds already
+        (the same function, types, shardings and static values) is not added again.
 
         Added inside ``with jax.set_mesh(mesh):``, the call is precompiled inside
         it too, as a deployment that calls it there (the mesh in context is part
@@ -201,7 +224,9 @@ class Manifest:
                 break
         if len(label) > _LABEL_CHARS:
             label = label[: _LABEL_CHARS - 2] + "…)"
-        self._items.append(Signature(function, tuple(args), dict(kwargs), label, mesh))
+        item = Signature(function, tuple(args), dict(kwargs), label, mesh)
+        if not any(other.label == label and _same_call(other, item) for other in self._items):
+            self._items.append(item)  # (a call added twice, buckets that repeat one: once)
         return self
 
     def buckets(

@@ -19,6 +19,7 @@ from .._jax import (
     active_target,
     compile_flags,
     deserialize_executable,
+    host_cpu_text,
     platform_version_text,
     serialize_executable,
     target_devices,
@@ -66,6 +67,8 @@ def executable_parts(donate_argnums: tuple[int, ...]) -> tuple[tuple[str, Any], 
         ("backend", str(client.platform)),
         ("platform_version", platform_version_text(client)),
         ("device_kind", str(device.device_kind)),
+        # XLA:CPU's code is this CPU's: another CPU's is not loaded (nor dropped).
+        *((("host_cpu", host_cpu_text()),) if str(client.platform) == "cpu" else ()),
         ("device_count", count),
         ("process_count", processes),
         # An executable is bound to its process's devices: each process has its own.

@@ -132,6 +132,9 @@ def load_manifest(target: str) -> Any:
             # Named by its file's stem, as `import stem` names it in the deployment:
             # functions are keyed by their module's name.
             name = os.path.splitext(os.path.basename(where))[0]
+            folder = os.path.dirname(os.path.abspath(where))
+            if folder not in sys.path:
+                sys.path.insert(0, folder)  # its own imports, as `python file.py` finds them
             spec = importlib.util.spec_from_file_location(name, where)
             if spec is None or spec.loader is None:
                 raise CLIError(f"cannot load {where!r} (not a Python file)", 2)
@@ -183,6 +186,10 @@ def load_manifest(target: str) -> Any:
     if value.name == "manifest":  # unnamed: named by where it was found
         value.name = target
     return value
+
+
+#: The most signatures an incomplete run names.
+_NAMED = 5
 
 
 def _report(stream: IO[str], event: str, **fields: Any) -> None:
@@ -251,7 +258,7 @@ def worker_main(argv: list[str]) -> int:
             except TargetError as e:
                 raise CLIError(str(e), 2) from None
         manifest = load_manifest(target)
-        _report(out, "manifest", count=len(manifest))
+        _report(out, "manifest", count=len(manifest), labels=[item.label for item in manifest])
         if not compile_target:
             _refuse_a_fallback(worker)
         from .. import _stats
@@ -527,6 +534,7 @@ def _run(args: argparse.Namespace, out: Output) -> int:
     previous = _on_sigterm()
     results: list[ItemResult] = []
     finished: set[int] = set()
+    labels: dict[int, str] = {}  # (what a signature not done is called)
     open_streams = workers
     try:
         while open_streams:
@@ -538,6 +546,7 @@ def _run(args: argparse.Namespace, out: Output) -> int:
             if kind == "manifest":
                 total = int(event["count"])
                 progress.count(total)
+                labels = dict(enumerate(event.get("labels", [])))
             elif kind == "start":
                 progress.start(w, str(event["label"]))
             elif kind in ("done", "elsewhere"):
@@ -579,7 +588,13 @@ def _run(args: argparse.Namespace, out: Output) -> int:
     if total == 0:
         raise CLIError(f"{args.target} lists no signatures: nothing was precompiled", 1)
     if missing:
-        raise CLIError(f"precompile incomplete: {len(missing)} of {total} signatures not done", 1)
+        names = ", ".join(labels.get(i, f"#{i}") for i in missing[:_NAMED])
+        more = f" and {len(missing) - _NAMED} more" if len(missing) > _NAMED else ""
+        raise CLIError(
+            f"precompile incomplete: {len(missing)} of {total} signatures not done "
+            f"({names}{more}: their workers stopped)",
+            1,
+        )
     if report.failed:
         raise CLIError(
             f"{len(report.failed)} of {total} signature{'s' if total != 1 else ''} failed "
