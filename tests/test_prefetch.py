@@ -213,6 +213,21 @@ def test_a_signature_that_cannot_be_named_or_a_cache_without_notes_loads_nothing
         _prefetch.noted(lambda: pytest.fail("noted in a cache without notes"))
 
 
+def test_under_a_compile_target_nothing_is_loaded_ahead_or_noted(
+    cache: jaxaot.MemoryCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``jaxaot precompile --target tpu:...`` makes executables for devices this
+    machine lacks: none is loaded here, and none is noted."""
+    a, _ = _fill(cache)
+    with _prefetch.ahead(cache, "fn", lambda: "sig", lambda: "cpu"):
+        _prefetch.noted(a.key)
+    assert [d for d, _ in cache.notes(_prefetch.tag("fn", "sig", "cpu"))] == [a.key.digest]
+    monkeypatch.setattr(_prefetch, "active_target", lambda: object())
+    monkeypatch.setattr(_prefetch, "_start", lambda *a: pytest.fail("loaded under a target"))
+    with _prefetch.ahead(cache, "fn", lambda: "sig", lambda: "cpu"):
+        _prefetch.noted(lambda: pytest.fail("noted under a target"))
+
+
 def test_a_warm_program_with_host_callbacks_calls_its_own(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 from .. import _stats
 from .._caches import Cache, Indexing
 from .._caches._protocol import INDEX_ITEMS
-from .._jax import binds_callbacks, deserialize_executable
+from .._jax import active_target, binds_callbacks, deserialize_executable
 from .._keys._key import ComponentKey
 from . import _entry
 from ._entry import Entry
@@ -108,8 +108,8 @@ def ahead(
     order they were first used), and notes the ones it uses that were not
     noted. A cache that keeps no notes, or a signature that cannot be named,
     does neither."""
-    if not isinstance(cache, Indexing):
-        yield
+    if not isinstance(cache, Indexing) or active_target() is not None:
+        yield  # (a compile target's executables are for other devices: never loaded here)
         return
     try:
         t = tag(name, text(), platform())
