@@ -193,6 +193,11 @@ def test_the_host_cpu_names_its_instruction_set_not_its_kernels_flags(
     assert text_for(base) == text_for(" ".join(reversed(base.split())))
     assert text_for(base) != text_for(base + " avx512f avx512bw")
     assert text_for(base).startswith("x86_64 ")
+    # No flags to read (macOS, Windows): the processor's name tells CPUs apart.
+    monkeypatch.setattr(_runtime, "_processor_name", lambda: "Apple M1")
+    m1 = text_for("")
+    monkeypatch.setattr(_runtime, "_processor_name", lambda: "Apple M3 Pro")
+    assert text_for("") != m1
 
 
 def test_foreign_entry_planted_under_our_key_is_never_loaded(

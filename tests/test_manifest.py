@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxaot
@@ -154,6 +155,13 @@ def test_a_call_added_twice_is_one_signature() -> None:
     m.add(f, jax.ShapeDtypeStruct((1, 4), jnp.float32), scale=3.0)
     m.add(jaxaot.jit(lambda x, scale: x * scale, static_argnames="scale"), m[0].args[0], scale=2.0)
     assert len(m) == 5
+    # Static values that are NumPy scalars are told apart by value; types by weak type.
+    g = jaxaot.jit(lambda x, n: x * n, static_argnums=1)
+    sds = jax.ShapeDtypeStruct((2,), jnp.float32)
+    weak = jax.ShapeDtypeStruct((2,), jnp.float32, weak_type=True)
+    m = jaxaot.manifest().add(g, sds, np.int32(3)).add(g, sds, np.int32(4))
+    m.add(g, sds, np.int32(3)).add(g, weak, np.int32(3))
+    assert len(m) == 3
 
 
 def test_buckets_and_claims() -> None:

@@ -130,7 +130,10 @@ def test_a_warm_process_loads_every_executable_ahead_and_only_the_right_ones(
 
 
 @pytest.fixture
-def cache() -> jaxaot.MemoryCache:
+def cache(monkeypatch: pytest.MonkeyPatch) -> jaxaot.MemoryCache:
+    # As in a new process: nothing looked up or loading yet.
+    monkeypatch.setattr(_prefetch, "_looked_up", set())
+    monkeypatch.setattr(_prefetch, "_ready", type(_prefetch._ready)())
     return jaxaot.MemoryCache()
 
 
@@ -151,10 +154,12 @@ def _fill(cache: jaxaot.MemoryCache) -> list[_entry.Entry]:
     with jaxaot.using_cache(cache):
         f(jnp.ones(3))
         g(jnp.ones(3))
+    _prefetch._looked_up.clear()  # (as in the next process)
     return _stored_executables(cache)
 
 
 def _loaded_ahead(cache: jaxaot.MemoryCache, digest: str) -> None:
+    _prefetch._looked_up.discard(digest)  # (as in a process that has not looked it up)
     _prefetch._start(cache, digest)
 
 
@@ -175,8 +180,11 @@ def test_an_executable_is_taken_only_under_the_key_it_was_stored_under(
     assert taken is not None and taken[0].key == b.key
     assert jaxaot.stats()["prefetched"] == before + 1
     np.testing.assert_allclose(taken[1](jnp.ones(3)), np.sin(np.ones(3)) + 1, rtol=1e-6)
-    # Taken once: a second lookup reads it as any lookup does.
+    # Taken once: a second lookup reads it as any lookup does, and a signature
+    # that shares it does not load it again.
     assert _prefetch.take(cache, b.key) is None
+    _prefetch._start(cache, b.key.digest)
+    assert b.key.digest not in _prefetch._ready
 
 
 def test_notes_name_the_executables_a_signature_used_in_the_order_used(
@@ -189,6 +197,11 @@ def test_notes_name_the_executables_a_signature_used_in_the_order_used(
             _prefetch.noted(lambda d=digest: keys[d])
     t = _prefetch.tag("fn", "sig", "cpu")
     assert [d for d, _ in cache.notes(t)] == list(keys)[::-1]  # (most recent first)
+    assert _prefetch._in_order(cache.notes(t)) == list(keys)  # (loaded as used)
+    # A later process that used another executable first: its own come first, in
+    # its order, then the earlier process's.
+    later = [("c" * 64, b"later:2"), ("d" * 64, b"later:1"), *cache.notes(t)]
+    assert _prefetch._in_order(later) == ["d" * 64, "c" * 64, *keys]
     # Another signature, function or platform has notes of its own.
     for other in (("fn", "other", "cpu"), ("other", "sig", "cpu"), ("fn", "sig", "tpu")):
         assert cache.notes(_prefetch.tag(*other)) == []

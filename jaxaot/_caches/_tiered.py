@@ -308,7 +308,8 @@ class TieredCache(WarnOnce):
     def notes(self, tag: str) -> list[tuple[str, bytes]]:
         """The notes under ``tag`` from the tiers that keep them, fastest tier first,
         each key once (no entry is read). Writing back (``filling``), the notes a
-        slower tier lacks are written to it, as the entries are."""
+        tier lacks are written to it, so that the shared tiers hold what the
+        local one noted."""
         found: dict[str, bytes] = {}
         held: dict[int, set[str]] = {}
         for i, tier in enumerate(self.tiers):

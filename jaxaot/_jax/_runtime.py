@@ -132,6 +132,7 @@ def host_cpu_text() -> str:
     import hashlib
     import platform
 
+    machine = platform.machine()
     features: list[str] = []
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -141,12 +142,33 @@ def host_cpu_text() -> str:
                     features = value.split()
                     break
     except OSError:
-        features = [platform.processor()]  # (no /proc: the processor's name)
-    machine = platform.machine()
+        pass
     if machine in ("x86_64", "AMD64", "i686"):
         features = [f for f in features if _X86_ISA.fullmatch(f)]
+    if not features:
+        # No flags to read (macOS, Windows, or a CPU /proc lists none of): the
+        # processor's own name, which tells its generations apart.
+        features = [_processor_name() or "unknown"]
     digest = hashlib.sha256(" ".join(sorted(set(features))).encode()).hexdigest()[:16]
     return f"{machine} {digest}"
+
+
+def _processor_name() -> str:
+    import platform
+    import subprocess
+
+    if sys.platform == "darwin":
+        try:
+            return subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor()
 
 
 def local_accelerator() -> str | None:
@@ -345,33 +367,27 @@ def _nothing(*args: Any) -> None:
     return None
 
 
-def device_zeros(shape: Sequence[int], dtype: Any, sharding: Any = None) -> jax.Array:
-    """Zeros of ``shape`` and ``dtype`` on the default device (or placed by
-    ``sharding``), made on the host and put there (no XLA compile); typed PRNG
-    keys over zero key data."""
+def device_zeros(shape: Sequence[int], dtype: Any) -> jax.Array:
+    """Zeros of ``shape`` and ``dtype`` on the default device, made on the host and
+    put there (no XLA compile); typed PRNG keys over zero key data."""
     import numpy as np
 
     from ._jaxpr import PRNGKeyArray
 
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
         impl = dtype._impl
-        data = jax.device_put(np.zeros((*shape, *impl.key_shape), np.uint32), sharding)
+        data = jax.device_put(np.zeros((*shape, *impl.key_shape), np.uint32))
         return PRNGKeyArray(impl, data)  # type: ignore[no-any-return]
-    return jax.device_put(np.zeros(shape, dtype), sharding)
+    return jax.device_put(np.zeros(shape, dtype))
 
 
 def run_on_zeros(compiled: Any) -> None:
     """Runs ``compiled`` (a ``jax.stages.Compiled``) once on zeros of its input
-    types, placed as its inputs are compiled to be, and waits for it. (XLA:CPU
+    types on the default device, and waits for it. (XLA:CPU
     readies an executable's code on its first run; a program must not call back
     into Python: its callbacks would see the zeros.)"""
     infos = jax.tree_util.tree_leaves(compiled.args_info)
-    shardings = jax.tree_util.tree_leaves(
-        compiled.input_shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
-    )
-    if len(shardings) != len(infos):
-        shardings = [None] * len(infos)
-    zeros = [device_zeros(i.shape, i.dtype, s) for i, s in zip(infos, shardings, strict=True)]
+    zeros = [device_zeros(i.shape, i.dtype) for i in infos]
     args, kwargs = jax.tree_util.tree_unflatten(compiled.in_tree, zeros)
     jax.block_until_ready(compiled(*args, **kwargs))
 

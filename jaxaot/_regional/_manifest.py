@@ -36,6 +36,7 @@ from collections.abc import Callable, Container, Iterator, Sequence
 from typing import Any, NamedTuple, cast
 
 import jax
+import numpy as np
 
 from .. import _stats
 from .._caches import Held, Lease, Leasing, TieredCache
@@ -146,8 +147,11 @@ def _same_call(a: Signature, b: Signature) -> bool:
     if tree_a != cast(Any, tree_b):
         return False
     for x, y in zip(leaves_a, leaves_b, strict=True):
-        if hasattr(x, "shape") and hasattr(x, "dtype"):
-            if _leaf_identity(x) != _leaf_identity(y):
+        if isinstance(x, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
+            if type(x) is not type(y) or (
+                _leaf_identity(x),
+                getattr(x, "weak_type", False),
+            ) != (_leaf_identity(y), getattr(y, "weak_type", False)):
                 return False
             continue
         try:

@@ -29,6 +29,7 @@ import contextvars
 import hashlib
 import logging
 import re
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -55,6 +56,11 @@ KEEP = INDEX_ITEMS
 Loaded = tuple[Entry, Any]
 
 
+#: This process's notes say it noted them (with their order): a later process
+#: loads the latest process's executables first, in the order that one used them.
+_RUN = secrets.token_hex(4)
+
+
 class _Signature:
     """The notes of one signature's first lookup: what it found noted, and where
     to note what it uses that was not."""
@@ -64,16 +70,30 @@ class _Signature:
         self.tag = tag
         self.known = known
         self.lock = threading.Lock()
+        self.count = 0
 
     def note(self, digest: str) -> None:
         with self.lock:
             if digest in self.known:
                 return
             self.known.add(digest)
+            self.count += 1
+            item = f"{_RUN}:{self.count}".encode()
         try:
-            self.cache.note(self.tag, digest, b"")
+            self.cache.note(self.tag, digest, item)
         except Exception:  # notes are hints: a fault loses one
             logger.debug("jaxaot: could not note %s under %s", digest[:16], self.tag[:16])
+
+
+def _in_order(noted: list[tuple[str, bytes]]) -> list[str]:
+    """Noted digests (most recent first) in the order to load them: the latest
+    process's first, in the order it used them, then each earlier one's (what
+    it still uses that an earlier process noted, and what it no longer uses)."""
+    runs: dict[str, list[tuple[int, str]]] = {}
+    for digest, item in noted:
+        run, _, count = item.decode("ascii", "replace").partition(":")
+        runs.setdefault(run, []).append((int(count) if count.isdigit() else 0, digest))
+    return [digest for used in runs.values() for _, digest in sorted(used)]
 
 
 _current: contextvars.ContextVar[_Signature | None] = contextvars.ContextVar(
@@ -84,6 +104,8 @@ _ready: collections.OrderedDict[str, tuple[Cache, concurrent.futures.Future[Load
     collections.OrderedDict()
 )
 _loader: concurrent.futures.ThreadPoolExecutor | None = None
+# The executables this process looked up (a signature sharing one loads none again).
+_looked_up: set[str] = set()
 
 
 #: An object's address in its repr (``<... object at 0x7f...>``): another in each process.
@@ -113,13 +135,13 @@ def ahead(
         return
     try:
         t = tag(name, text(), platform())
-        found = [digest for digest, _ in cache.notes(t)]
-    except Exception as e:  # a hint lost: the lookup runs as it would without
-        logger.debug("jaxaot: no notes for %s (%s: %s)", name, type(e).__name__, e)
+        found = _in_order(cache.notes(t))
+        for digest in found:
+            _start(cache, digest)
+    except Exception as e:  # a hint lost (or no thread to load on): as without it
+        logger.debug("jaxaot: nothing loaded ahead for %s (%s: %s)", name, type(e).__name__, e)
         yield
         return
-    for digest in reversed(found):  # (most recent first: the first used is last)
-        _start(cache, digest)
     token = _current.set(_Signature(cache, t, set(found)))
     try:
         yield
@@ -138,14 +160,24 @@ def noted(key: ComponentKey | Callable[[], ComponentKey]) -> None:
 def _start(cache: Cache, digest: str) -> None:
     global _loader
     with _lock:
-        if digest in _ready:
-            return
+        if digest in _ready or digest in _looked_up:
+            return  # (loading, or loaded here already)
         if _loader is None:
             # One thread: the executables load in the order they are needed.
             _loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxaot-prefetch")
+            stop_at_exit = getattr(threading, "_register_atexit", None)
+            if stop_at_exit is not None:  # (before the pool's own exit, which runs the queue)
+                stop_at_exit(_stop)
         _ready[digest] = (cache, _loader.submit(_load, cache, digest))
         while len(_ready) > KEEP:
-            _ready.popitem(last=False)
+            _ready.popitem(last=False)[1][1].cancel()
+
+
+def _stop() -> None:
+    """At exit: loads not started yet are dropped (a process ends without them)."""
+    with _lock:
+        for _, loading in _ready.values():
+            loading.cancel()
 
 
 def _load(cache: Cache, digest: str) -> Loaded | None:
@@ -172,11 +204,15 @@ def take(cache: Cache, key: ComponentKey) -> Loaded | None:
     for it if it is loading), if it is stored under this very key; else ``None``."""
     with _lock:
         held = _ready.pop(key.digest, None)
+        _looked_up.add(key.digest)
     if held is None or held[0] is not cache:
         return None
     # (Waited for even before it starts: the loader takes the GIL this thread
-    # gives up here, and what it loads first was noted as needed first.)
-    loaded = held[1].result()
+    # gives up here, and it loads first what the latest process used first.)
+    try:
+        loaded = held[1].result()
+    except concurrent.futures.CancelledError:
+        return None
     if loaded is None or loaded[0].key != key:
         return None
     _stats.bump("prefetched")
