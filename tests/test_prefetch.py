@@ -84,15 +84,18 @@ STEP = textwrap.dedent(
 )
 
 
-def _run(tmp_path: Path, env: dict[str, str], variant: str = "") -> dict[str, Any]:
-    script = tmp_path / "step.py"
-    script.write_text(STEP)
-    env = dict(env, STEP_VARIANT=variant)
+def _python(script: Path, code: str, env: dict[str, str]) -> str:
+    """The last line ``code``, written to ``script`` and run in a fresh process, printed."""
+    script.write_text(code)
     proc = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def _run(tmp_path: Path, env: dict[str, str], variant: str = "") -> dict[str, Any]:
+    return dict(json.loads(_python(tmp_path / "step.py", STEP, dict(env, STEP_VARIANT=variant))))
 
 
 def test_a_warm_process_loads_every_executable_ahead_and_only_the_right_ones(
@@ -247,38 +250,23 @@ def test_a_warm_program_with_host_callbacks_calls_its_own(
     """An executable with host callbacks binds them from this process's own trace
     of the program, which has not run when the loader starts: it is left to the
     lookup, after the trace, and the warm process's callbacks are its own."""
-    script = tmp_path / "cb.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import json
-            import jax, jax.numpy as jnp, numpy as np, jaxaot
-            from jaxaot._store import _prefetch
-            seen = []
+    code = textwrap.dedent(
+        """
+        import json
+        import jax, jax.numpy as jnp, numpy as np, jaxaot
+        seen = []
 
-            def checked(x):
-                jax.debug.callback(lambda v: seen.append(float(v)), x.sum())
-                return x * 2
+        def checked(x):
+            jax.debug.callback(lambda v: seen.append(float(v)), x.sum())
+            return x * 2
 
-            step = jaxaot.jit(lambda x: jaxaot.component(checked)(jnp.sin(x)) + 1)
-            out = step(jnp.arange(4.0))
-            jax.effects_barrier()
-            print(json.dumps({"out": np.asarray(out).tolist(), "seen": seen,
-                              "prefetched": jaxaot.stats()["prefetched"]}))
-            """
-        )
+        step = jaxaot.jit(lambda x: jaxaot.component(checked)(jnp.sin(x)) + 1)
+        out = step(jnp.arange(4.0))
+        jax.effects_barrier()
+        print(json.dumps({"out": np.asarray(out).tolist(), "seen": seen}))
+        """
     )
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run(
-            [sys.executable, str(script)],
-            capture_output=True,
-            text=True,
-            env=subprocess_env,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    runs = [json.loads(_python(tmp_path / "cb.py", code, subprocess_env)) for _ in range(2)]
     want = (np.sin(np.arange(4.0)) * 2 + 1).tolist()
     for run in runs:
         np.testing.assert_allclose(run["out"], want, rtol=1e-6)
@@ -296,9 +284,5 @@ def test_a_process_without_a_cache_notes_nothing(
         "f = jaxaot.jit(lambda x: jaxaot.component(lambda y: y * 3)(x) + 1)\n"
         "print(float(f(jnp.ones(2)).sum()), jaxaot.stats()['prefetched'])\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["8.0", "0"]
+    assert _python(tmp_path / "nocache.py", code, env).split() == ["8.0", "0"]
     assert not any(tmp_path.rglob("*.index"))

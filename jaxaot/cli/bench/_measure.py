@@ -127,14 +127,13 @@ def quiesce() -> None:
     jaxaot.wait_for_writes()
 
 
-def load_all_executables(cache: Any, ran: list[Any] | None = None) -> int:
+def load_all_executables(cache: Any) -> list[Any]:
     """The load limit of a warm start: reads, verifies and deserializes every
-    executable entry of ``cache``, nothing else; how many it loaded. Each
-    executable loaded is appended to ``ran`` where given (see ``run_once``)."""
+    executable entry of ``cache``, nothing else; the executables loaded."""
     from ..._store._entry import decode
     from ..._store._executables import load_executable
 
-    loaded = 0
+    loaded = []
     for key in cache.keys():
         blob = cache.get(key)
         if blob is None:
@@ -142,9 +141,7 @@ def load_all_executables(cache: Any, ran: list[Any] | None = None) -> int:
         entry = decode(blob)
         got = None if entry.executable is None else load_executable(cache, entry.key)
         if got is not None:
-            loaded += 1
-            if ran is not None:
-                ran.append(got[0])
+            loaded.append(got[0])
     return loaded
 
 

@@ -197,7 +197,7 @@ def _remat_limit(run: _Run) -> None:
     import jaxaot
 
     cache = jaxaot.DirectoryCache(run.work / "jaxaot-remat")
-    run.result["loaded"], run.result["compile"] = timed(lambda: load_all_executables(cache))
+    run.result["loaded"], run.result["compile"] = timed(lambda: len(load_all_executables(cache)))
     jaxaot.set_cache(cache)
     step = jaxaot.jit(run.make_step(jax.checkpoint(run.block)))
     # Trace, split and load everything first (not part of the floor), then time the
