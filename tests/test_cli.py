@@ -729,6 +729,24 @@ def test_prune_by_age(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert code == 0 and cache.keys() == []
 
 
+def test_prune_removes_the_notes_of_what_it_removed(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A warm start's notes (one index per signature) go with their entries once
+    they are old, as the entries they name are pruned."""
+    cache = jaxaot.DirectoryCache(cache_dir)
+    for i, k in enumerate(sorted(cache.keys())):
+        cache.note(f"{i:02x}" * 16, k, b"noted")
+    indexes = list(cache_dir.glob("*/*.index"))
+    assert indexes
+    long_ago = time.time() - 10 * 86400
+    for path in indexes:
+        os.utime(path, (long_ago, long_ago))
+    code, _, _ = run(capsys, "cache", "prune", "--max-bytes", "0", "--dir", str(cache_dir))
+    assert code == 0 and cache.keys() == []
+    assert list(cache_dir.glob("*/*.index")) == []
+
+
 def test_prune_older_than_a_bare_number_removes_nothing(
     cache_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -178,6 +178,41 @@ def test_files_beside_entries_count_against_the_cap_and_go_with_clear(
     held.release()
 
 
+def test_notes_whose_entries_are_all_gone_go_once_old(tmp_path: Path) -> None:
+    """An index of notes (one per signature) whose entries were all evicted or
+    deleted is removed by a tidy or an eviction once it has not been written for
+    an hour; one still naming a stored entry stays, and so does a recent one (its
+    entry may still be on its way)."""
+    root = tmp_path / "c"
+    cache = DirectoryCache(root, max_bytes=10_000)
+    for i in range(4):
+        cache.put(k(i), bytes(100))
+    gone, kept, recent = "ab" * 16, "cd" * 16, "ef" * 16
+    cache.note(gone, k(0), b"x")
+    cache.note(gone, k(1), b"y")
+    cache.note(kept, k(1), b"x")
+    cache.note(kept, k(2), b"y")
+    cache.note(recent, k(3), b"x")
+    assert cache.delete(k(0)) and cache.delete(k(1)) and cache.delete(k(3))
+
+    def index(tag: str) -> Path:
+        return root / tag[:2] / (tag + ".index")
+
+    hours_ago = time.time() - 2 * 3600
+    for tag in (gone, kept):
+        os.utime(index(tag), (hours_ago, hours_ago))
+    before = cache.stats()["other_bytes"]
+    cache.tidy()
+    assert not index(gone).exists()
+    assert index(kept).exists() and cache.notes(kept) == [(k(2), b"y")]
+    assert index(recent).exists()
+    assert cache.stats()["other_bytes"] < before
+    # A write's scan for eviction removes them too.
+    os.utime(index(recent), (hours_ago, hours_ago))
+    cache.put(k(5), bytes(100))
+    assert not index(recent).exists() and index(kept).exists()
+
+
 def test_put_keeps_existing_entry_and_refreshes_access_time(tmp_path: Path) -> None:
     cache = DirectoryCache(tmp_path / "c")
     key = k(1)

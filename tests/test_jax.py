@@ -25,6 +25,7 @@ from jaxaot._jax import (
     ClosedJaxpr,
     call_body,
     jaxpr_as_fun,
+    jaxpr_program,
 )
 from jaxaot._versions import check_supported
 
@@ -200,6 +201,31 @@ def test_types_made_again_by_pickling_or_copying_equal_the_originals() -> None:
     layout = getattr(aval, "layout", None)
     if layout is not None:  # the JAX versions that carry it: one object
         assert pickle.loads(pickle.dumps(layout)) is layout
+
+
+def test_a_jaxpr_program_binds_one_call_and_computes_what_the_jaxpr_does() -> None:
+    w = jnp.arange(3.0)
+
+    def f(x: jax.Array, unused: jax.Array, k: float) -> tuple[jax.Array, jax.Array]:
+        return jnp.tanh(x * w) + k, jnp.sum(x)
+
+    args = (jnp.linspace(0.0, 1.0, 3), jnp.ones(2), 2.0)
+    closed = jax.make_jaxpr(f)(*args)
+    program = jaxpr_program(closed, "step")
+    assert program.__name__ == "step"
+    # Traced, its equations are not bound again: one call holds them all.
+    (eqn,) = jax.make_jaxpr(program)(*args).jaxpr.eqns
+    assert eqn.primitive.name in CALL_PRIMITIVES
+    assert eqn.params["jaxpr"] is closed and eqn.params["name"] == "step"
+    compiled = jax.jit(program, keep_unused=True).trace(*args).lower().compile()
+    assert "jit_step" in compiled.as_text()
+    got = compiled(*args)
+    want = jax.jit(f)(*args)
+    for g, e in zip(got, want, strict=True):
+        assert g.dtype == e.dtype
+        np.testing.assert_array_equal(g, e)
+    # Its unused input is kept, as the program's callers pass every input.
+    assert len(compiled.in_tree.children()[0].children()) == 3
 
 
 def test_inner_jit_calls_are_seen_and_inlined_ones_are_told_apart() -> None:

@@ -496,6 +496,11 @@ class DirectoryCache(WarnOnce):
         except OSError as e:
             logger.debug("jaxaot directory cache %s: cannot clear: %s", self._root, e)
 
+    def tidy(self) -> None:
+        """Removes what no entry needs any more: temp and lease files left by dead
+        writers, and notes whose entries are all gone (see ``_dirlayout.scan``)."""
+        self._scan_root(clean=True)
+
     def stats(self) -> dict[str, Any]:
         """Entries, bytes, temp files on disk and this instance's counters."""
         scan = self._scan_root(clean=False)

@@ -215,11 +215,14 @@ def scan(root_fd: int, root: str, *, clean: bool, everything: bool = False) -> S
     Only real shard directories and regular files count; nothing is followed.
 
     With ``clean``, temp files and lease files older than :data:`TEMP_MAX_AGE`
-    are removed (a lease file only once no process holds its lock). With
+    are removed (a lease file only once no process holds its lock), and so are
+    notes untouched for as long whose entries are all gone (evicted or pruned:
+    one index per signature would otherwise outlive its entries for ever). With
     ``everything`` too (a clear), notes, hit counts and lease files go whatever
     their age (a lease file still only once no process holds its lock).
     """
     entries: list[ScannedEntry] = []
+    old_indexes: list[tuple[str, str, int]] = []  # (shard, file name, size)
     temps = 0
     temp_bytes = 0
     other_bytes = 0
@@ -250,6 +253,8 @@ def scan(root_fd: int, root: str, *, clean: bool, everything: bool = False) -> S
                 if name.endswith((LEASE_SUFFIX, INDEX_SUFFIX, HITS_SUFFIX)):
                     lease = name.endswith(LEASE_SUFFIX)
                     old = abs(now - st.st_mtime) > TEMP_MAX_AGE
+                    if clean and old and not everything and name.endswith(INDEX_SUFFIX):
+                        old_indexes.append((shard, name, st.st_size))
                     if clean and (everything or (lease and old)):
                         try:
                             if not (lease and _filelease.is_held(sfd, name)):
@@ -281,7 +286,24 @@ def scan(root_fd: int, root: str, *, clean: bool, everything: bool = False) -> S
             continue
         finally:
             os.close(sfd)
+    if old_indexes:
+        other_bytes -= _drop_stale_notes(root_fd, old_indexes, {e.name for e in entries})
     return Scan(entries, temps, temp_bytes, other_bytes)
+
+
+def _drop_stale_notes(root_fd: int, indexes: list[tuple[str, str, int]], keys: set[str]) -> int:
+    """Removes the index files among ``indexes`` none of whose notes names one of
+    ``keys`` (the entries stored); the bytes removed."""
+    freed = 0
+    for shard, name, size in indexes:
+        try:
+            with opened_dir(shard, root_fd) as sfd:
+                notes = read_notes(sfd, name[: -len(INDEX_SUFFIX)], lambda st: None)
+                if not any(key in keys for key, _ in notes) and _safefs.unlink(name, sfd):
+                    freed += size
+        except OSError:
+            continue
+    return freed
 
 
 def unlink_entry(root_fd: int, root: str, e: ScannedEntry) -> bool:

@@ -24,8 +24,7 @@ from .._jax import (
     default_platform,
     has_host_callbacks,
     is_callback_equation,
-    jaxpr_as_fun,
-    named,
+    jaxpr_program,
     serialize_with_callbacks,
     walk_jaxprs,
 )
@@ -132,7 +131,7 @@ class ProgramCache:
             tuple(closed.in_avals),
             tuple(closed.out_avals),
             donate,
-            named(jaxpr_as_fun(closed), name or closed.jaxpr.debug_info.func_name),
+            jaxpr_program(closed, name or closed.jaxpr.debug_info.func_name),
             lambda: has_host_callbacks(closed),
             shardings,
             what,

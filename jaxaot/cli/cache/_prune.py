@@ -49,6 +49,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_prune(args: argparse.Namespace, out: Output) -> int:
+    from ..._caches import DirectoryCache
+
     if args.max_bytes is None and args.older_than is None:
         raise CLIError(
             "prune needs --max-bytes N or --older-than DURATION (see 'jaxaot cache prune --help')",
@@ -93,6 +95,8 @@ def _cmd_prune(args: argparse.Namespace, out: Output) -> int:
     if args.verbose:
         for r in removed:
             out.line(f"{verb} {r.key[:12]}  {human_bytes(r.size)}  {r.name}")
+    if removed and not args.dry_run and isinstance(view.cache, DirectoryCache):
+        view.cache.tidy()  # (the notes of what it removed)
     gone = {r.key for r in removed}
     left = [r for r in records if r.key not in gone]
     out.line(
