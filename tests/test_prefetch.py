@@ -198,6 +198,7 @@ def test_notes_name_the_executables_a_signature_used_in_the_order_used(
     with _prefetch.ahead(cache, "fn", lambda: "sig", lambda: "cpu"):
         for digest in keys:
             _prefetch.noted(lambda d=digest: keys[d])
+    jaxaot.wait_for_writes()  # (notes are written by the writer thread)
     t = _prefetch.tag("fn", "sig", "cpu")
     assert [d for d, _ in cache.notes(t)] == list(keys)[::-1]  # (most recent first)
     assert _prefetch._in_order(cache.notes(t)) == list(keys)  # (loaded as used)
@@ -237,6 +238,7 @@ def test_under_a_compile_target_nothing_is_loaded_ahead_or_noted(
     a, _ = _fill(cache)
     with _prefetch.ahead(cache, "fn", lambda: "sig", lambda: "cpu"):
         _prefetch.noted(a.key)
+    jaxaot.wait_for_writes()
     assert [d for d, _ in cache.notes(_prefetch.tag("fn", "sig", "cpu"))] == [a.key.digest]
     monkeypatch.setattr(_prefetch, "active_target", lambda: object())
     monkeypatch.setattr(_prefetch, "_start", lambda *a: pytest.fail("loaded under a target"))

@@ -79,6 +79,14 @@ class _Signature:
             self.known.add(digest)
             self.count += 1
             item = f"{_RUN}:{self.count}".encode()
+        # Written by the writer thread, after the entry it names (a note costs
+        # this thread, which hands the executable to the call waiting for it, a
+        # few system calls, each waiting for the interpreter while that write runs).
+        from ._executables import in_background
+
+        in_background(f"note:{self.tag}:{digest}", lambda: self._write(digest, item))
+
+    def _write(self, digest: str, item: bytes) -> None:
         try:
             self.cache.note(self.tag, digest, item)
         except Exception:  # notes are hints: a fault loses one
