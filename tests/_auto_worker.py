@@ -23,7 +23,6 @@ import numpy as np
 from flax import nnx
 
 import jaxaot
-from jaxaot import _regional
 from jaxaot._component import _blocks
 from jaxaot._regional import _programs
 
@@ -507,7 +506,6 @@ def run(kind: str, layers: int, compare: bool = True) -> dict[str, Any]:
             assert g.dtype == w.dtype
     # Everything the first step started in the background (the whole-program
     # form, cache writes) is done and stored before the next kind or process.
-    _regional.wait_for_background()
     jaxaot.wait_for_writes()
     split = all(plan is not None for plan in regional._plans.values())
     explain = regional.explain(*args)

@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 
 import jaxaot
-from jaxaot import _regional
 from jaxaot._store import _once
 
 
@@ -93,7 +92,6 @@ def main() -> None:
         while not os.path.exists(config["go"]):
             time.sleep(0.005)
     got = jax.block_until_ready((jaxaot.jit(make_step(layer))(ws, x), layer(ws[0], x)))
-    _regional.wait_for_background()
     jaxaot.wait_for_writes()
     stats = jaxaot.stats()
     plain = layer.__wrapped__

@@ -80,7 +80,6 @@ def main() -> None:
     # its whole-program form (made in the background: waited for here).
     for _ in range(int(os.environ.get("DEPLOY_CALLS", "1"))):
         outs = [_call(item, a) for item, a, _ in calls]
-    jaxaot._regional.wait_for_background()
     jax.monitoring.unregister_event_duration_listener(listener)
     after = jaxaot.stats()
     equal = []

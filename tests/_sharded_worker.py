@@ -27,7 +27,6 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxaot  # noqa: E402
-from jaxaot import _regional  # noqa: E402
 
 WIDTH, SEQ, BATCH = 16, 4, 8
 #: The axis types of every mesh the scenarios make (``main`` runs each scenario
@@ -456,7 +455,6 @@ def main(names: list[str], axes: list[str]) -> dict[str, Any]:
                 results[f"{kind}:{name}"] = {"ok": True, "result": result}
             except BaseException:
                 results[f"{kind}:{name}"] = {"ok": False, "error": traceback.format_exc()[-4000:]}
-            _regional.wait_for_background()
     return results
 
 

@@ -26,7 +26,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 import jaxaot  # noqa: E402
-from jaxaot import _regional, _stats  # noqa: E402
+from jaxaot import _stats  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -52,14 +52,6 @@ def subprocess_env(tmp_path: os.PathLike[str]) -> dict[str, str]:
     )
     env["JAX_PLATFORMS"] = "cpu"
     return env
-
-
-@pytest.fixture(autouse=True)
-def _no_background_work_left() -> Iterator[None]:
-    """Whole-program compiles run in the background: none outlives its test (so
-    none counts in another test's compiles)."""
-    yield
-    _regional.wait_for_background()
 
 
 @pytest.fixture

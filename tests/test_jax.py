@@ -26,6 +26,7 @@ from jaxaot._jax import (
     call_body,
     jaxpr_as_fun,
     jaxpr_program,
+    with_trees,
 )
 from jaxaot._versions import check_supported
 
@@ -226,6 +227,32 @@ def test_a_jaxpr_program_binds_one_call_and_computes_what_the_jaxpr_does() -> No
         np.testing.assert_array_equal(g, e)
     # Its unused input is kept, as the program's callers pass every input.
     assert len(compiled.in_tree.children()[0].children()) == 3
+
+
+def test_an_executable_of_flat_arrays_takes_a_tree_as_the_same_executable(
+    compiles: list[str],
+) -> None:
+    """The whole-program executable a jaxaot.jit plan compiled takes the call's
+    argument tree for JAX's C++ dispatch as it is: neither compiled, serialized nor
+    loaded again, with its donations."""
+
+    def flat(a: jax.Array, b: jax.Array, c: jax.Array) -> list[jax.Array]:
+        return [a * 2 + b, jnp.sum(c)]
+
+    a, b, c = (jax.device_put(np.full(3, v, np.float32)) for v in (1.0, 2.0, 3.0))
+    compiled = jax.jit(flat, donate_argnums=(0,)).trace(a, b, c).lower().compile()
+    in_tree = jax.tree_util.tree_structure(((a, {"b": b, "c": c}), {}))
+    out_tree = jax.tree_util.tree_structure({"sum": 0, "y": 0})
+    before = len(compiles)
+    exe = with_trees(compiled, in_tree, out_tree)
+    out = exe(a, {"b": b, "c": c})
+    assert len(compiles) == before
+    assert exe._executable is compiled._executable
+    assert sorted(out) == ["sum", "y"]
+    # (Leaves in the trees' order: the dict's keys sorted, so ``sum`` first.)
+    np.testing.assert_array_equal(out["sum"], np.full(3, 4.0, np.float32))
+    assert float(out["y"]) == 9.0
+    assert a.is_deleted()  # donated, as the flat executable donates it
 
 
 def test_inner_jit_calls_are_seen_and_inlined_ones_are_told_apart() -> None:

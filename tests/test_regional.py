@@ -19,7 +19,6 @@ from _steps import BATCH, WIDTH, block, close, loss, setup, train_step_factory
 from jax import lax
 
 import jaxaot
-from jaxaot import _regional
 from jaxaot._regional import _plan, _planner, _programs
 from jaxaot.cli import _model
 
@@ -56,7 +55,6 @@ def _compiles_for(layers: int, compiles: list[str], whole: bool) -> int:
         block.clear_cache()
         _programs.GLUE._exes.clear()
         _programs.WHOLE._exes.clear()  # (another test may have made this very program)
-        _regional.wait_for_background()
         before = len(compiles)
         jax.block_until_ready(jaxaot.jit(step, whole_program=whole)(blocks, state, x))
         return len(compiles) - before
@@ -314,13 +312,11 @@ def test_explain_compiles_nothing(compiles: list[str]) -> None:
     for fn, args, says in cases:
         regional = jaxaot.jit(fn)
         explained = regional.explain(*args)
-        _regional.wait_for_background()
         assert compiles == [], (explained, compiles)
         assert says in explained, explained
         assert "glue: 1 program" not in explained or "split into" in explained, explained
         close(regional(*args), jax.jit(fn)(*args))
         assert regional.explain(*args) == explained  # the plan made by the call says the same
-        _regional.wait_for_background()
         compiles.clear()
 
 
@@ -400,7 +396,6 @@ def test_calls_whose_plan_runs_the_whole_program_dispatch_in_cpp() -> None:
         regional._call_slow = counted  # type: ignore[method-assign]
         regional._reset_dispatch()
         regional(ws, v, strong)
-        _regional.wait_for_background()  # the executable taking the argument tree
         regional(ws, v, strong)
         misses.clear()
 
@@ -461,7 +456,6 @@ def test_static_arguments_and_typed_keys_dispatch_in_cpp_keyed_by_their_values()
         calls = [(0.5, True), (0.5, False), (2.0, True)]
         for scale, greedy in calls:  # each signature's plan, then its fast path's executable
             regional(ws, v, key, scale, greedy=greedy)
-            _regional.wait_for_background()
             regional(ws, v, key, scale, greedy=greedy)
         assert all(p is not None and p.mode == _plan.WHOLE for p in regional._plans.values())
         misses.clear()
@@ -543,7 +537,6 @@ def test_a_whole_program_calling_back_keeps_its_calls_in_python() -> None:
     assert plan.mode == _plan.WHOLE
     for _ in range(3):
         close(regional(ws, v), jax.jit(f)(ws, v))
-        _regional.wait_for_background()
     assert plan.whole_calls_back and not plan._structured
     assert seen and min(seen) >= 1.0  # never the zeros
 
@@ -571,7 +564,6 @@ def test_a_call_under_another_configuration_is_traced_under_it() -> None:
             assert plan.mode == _plan.WHOLE
             for _ in range(2):
                 regional(ws, v, h)
-                _regional.wait_for_background()
         close(regional(ws, v, h), plain(ws, v, h))
         with jax.numpy_dtype_promotion("strict"):
             with pytest.raises(jax.dtypes.TypePromotionError):
@@ -694,7 +686,6 @@ UNSPLIT_PROGRAMS = textwrap.dedent(
         before = len(events)  # the inputs exist: only the call's own compiles count
         got = jax.block_until_ready(regional(*args))
         again = jax.block_until_ready(regional(*args))
-        _regional.wait_for_background()  # what the calls started (a fast path's executable)
         again = jax.block_until_ready(regional(*args))  # from JAX's C++ dispatcher
         compiled = events[before:]
         want = jax.jit(fn)(*args)
@@ -762,7 +753,6 @@ def test_a_program_served_whole_dispatches_in_cpp() -> None:
     regional._call_slow = counted  # type: ignore[method-assign]
     for _ in range(2):  # its executable, then the one taking the argument tree
         regional(x, strong)
-        _regional.wait_for_background()
     regional(x, strong)
     misses.clear()
 
@@ -1187,7 +1177,6 @@ def test_compiled_programs_are_named_after_the_function(
     try:
         with caplog.at_level(logging.WARNING):
             jaxaot.jit(jax.grad(step), whole_program=whole)(ws, x)
-            _regional.wait_for_background()
     finally:
         jax.config.update("jax_log_compiles", False)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling jit(")]

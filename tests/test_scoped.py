@@ -447,7 +447,6 @@ def test_layers_each_called_once_start_no_executable_when_traced_again(
     layer class found repeating, left inline for its random streams) sees each
     layer's entries again, which is no repetition: no layer's executable is
     started in the background (warm processes compiled some each, never used)."""
-    from jaxaot import _regional
     from jaxaot._regional import _planner, _tracing, _whole
 
     monkeypatch.setattr(_whole, "WHOLE_BELOW", 1.0)  # every call big: entries start early
@@ -476,7 +475,6 @@ def test_layers_each_called_once_start_no_executable_when_traced_again(
             future.cancel()
         assert started == {}  # no layer's executable
         _same(regional(variables, x), jax.jit(step)(variables, x))
-        _regional.wait_for_background()
         assert "called once" in regional.explain(variables, x), regional.explain(variables, x)
 
 

@@ -138,6 +138,7 @@ from ._runtime import (
     thread_options,
     trace_context,
     trace_context_items,
+    with_trees,
 )
 from ._target import (
     EXTRA,
@@ -218,6 +219,7 @@ __all__ = [
     "deserialize_executable",
     "device_zeros",
     "run_on_zeros",
+    "with_trees",
     "api_boundary",
     "hide_internal_frames",
     "host_cpu_text",

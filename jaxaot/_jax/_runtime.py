@@ -381,6 +381,21 @@ def device_zeros(shape: Sequence[int], dtype: Any) -> jax.Array:
     return jax.device_put(np.zeros(shape, dtype))
 
 
+def with_trees(compiled: Any, in_tree: Any, out_tree: Any) -> Any:
+    """``compiled`` (a ``jax.stages.Compiled`` of a function of flat arrays) as one
+    taking arguments whose ``(args, kwargs)`` tree is ``in_tree`` and returning
+    ``out_tree``: the same loaded executable, as ``deserialize_executable`` wraps
+    one, neither serialized nor loaded again."""
+    infos, _ = jax.tree_util.tree_flatten(compiled.args_info)
+    return jax.stages.Compiled(
+        compiled._executable,
+        list(compiled._params.const_args),
+        in_tree.unflatten(infos),
+        out_tree,
+        no_kwargs=compiled._no_kwargs,
+    )
+
+
 def run_on_zeros(compiled: Any) -> None:
     """Runs ``compiled`` (a ``jax.stages.Compiled``) once on zeros of its input
     types on the default device, and waits for it. (XLA:CPU

@@ -8,10 +8,9 @@
   form a program takes;
 * ``_programs``: the executables of regions, keyed, loaded and stored;
 * ``_placement``: shardings regions are compiled for; ``in``/``out_shardings``;
-* ``_pool``: the threads that load and compile, and background jobs.
+* ``_pool``: the threads that load and compile.
 """
 
 from ._jit import RegionalFunction, jit
-from ._pool import wait_for_background
 
-__all__ = ["RegionalFunction", "jit", "wait_for_background"]
+__all__ = ["RegionalFunction", "jit"]

@@ -47,7 +47,6 @@ from .._store._active import get_cache, using_cache
 from .._store._executables import wait_for_writes
 from .._store._once import drop, keep, lease_ttl, lease_wait
 from ._jit import RegionalFunction
-from ._pool import wait_for_background
 
 __all__ = ["Manifest", "Signature", "manifest"]
 
@@ -498,7 +497,6 @@ def _precompile_one(index: int, item: Signature) -> ItemResult:
     # what the deployment's calls will run, the whole-program form included.
     with jax.set_mesh(item.mesh) if item.mesh is not None else contextlib.nullcontext():
         item.function.precompile(*item.args, **item.kwargs)
-    wait_for_background()
     wait_for_writes()
     seconds = time.perf_counter() - start
     after = _stats.stats()

@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 
-from ._pool import submit_background
+from .._jax import with_trees
 
 logger = logging.getLogger("jaxaot")
 
@@ -97,8 +97,7 @@ class Plan:
         in_flight: int | None = None,
         summary: str = "",
         served_whole: str | None = None,
-        program: tuple[concurrent.futures.Future[Any], bool, Callable[[Any], bytes | None]]
-        | None = None,
+        program: tuple[concurrent.futures.Future[Any], bool] | None = None,
     ) -> None:
         self.name = name
         self.summary = summary  # what the program was split into (``jaxaot.jit(...).explain``)
@@ -134,48 +133,28 @@ class Plan:
         self.whole_calls_back = False  # whether the one program calls back into Python
         # The one program's executable taking the program's arguments as a tree
         # (for JAX's C++ dispatch), by the tree's structure; see ``structured``.
-        self._structured: dict[Any, concurrent.futures.Future[Any]] = {}
-        self._payload: Callable[[Any], bytes | None] | None = None
+        self._structured: dict[Any, Any] = {}
         self.mode = SPLIT
         if program is not None:
-            self.whole, self.whole_calls_back, self._payload = program
+            self.whole, self.whole_calls_back = program
             self.mode = WHOLE
 
     def structured(self, in_tree: Any) -> Any | None:
         """The one program's executable as a ``jax.stages.Compiled`` taking the
         arguments whose ``(args, kwargs)`` tree is ``in_tree`` and returning the
-        program's output tree: the same executable, loaded again with those trees
-        from the bytes it was loaded from, or else from its serialization, on a
-        background thread. ``None`` until it is ready, or if it is not made
-        (constants, host callbacks, a split plan)."""
-        whole, payload = self.whole, self._payload
-        if self.consts or self.whole_calls_back or whole is None or payload is None:
-            return None  # (a program calling back would run its callbacks on the zeros below)
+        program's output tree: the same loaded executable, wrapped for those trees.
+        ``None`` until it is ready, or if it is not made (constants, host
+        callbacks, a split plan)."""
+        whole = self.whole
+        if self.consts or self.whole_calls_back or whole is None:
+            return None
         if not whole.done() or whole.exception() is not None:
             return None
         with self._lock:
-            job = self._structured.get(in_tree)
-            if job is None:
-                flat = whole.result()
-                out_tree = self.out_tree
-
-                def load() -> Any:
-                    from .._jax import deserialize_executable, run_on_zeros, serialize_executable
-
-                    data = payload(flat)
-                    if data is None:
-                        data = serialize_executable(flat)[0]
-                    exe = deserialize_executable(data, in_tree, out_tree)
-                    # Run once on zeros before any call relies on it: an executable
-                    # loaded from the cache and serialized again can lack its
-                    # kernels on XLA:CPU ("Function ... not found" when it runs).
-                    run_on_zeros(exe)
-                    return exe
-
-                job = self._structured[in_tree] = submit_background(load)
-        if not job.done() or job.exception() is not None:
-            return None
-        return job.result()
+            exe = self._structured.get(in_tree)
+            if exe is None:
+                exe = self._structured[in_tree] = with_trees(whole.result(), in_tree, self.out_tree)
+        return exe
 
     # -- the split program ----------------------------------------------------
 

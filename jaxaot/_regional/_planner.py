@@ -526,7 +526,7 @@ def _one_program(
         out_shardings=_out_shardings(spec, cut),
         summary=summary,
         served_whole=cut.why,
-        program=(job, calls_back, WHOLE.payload if cut.why is None else GLUE.payload),
+        program=(job, calls_back),
     )
 
 

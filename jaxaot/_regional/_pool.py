@@ -1,5 +1,4 @@
-"""The threads that load and compile a plan's executables, and the background
-jobs that outlive a call (loading an executable again for JAX's C++ dispatch)."""
+"""The threads that load and compile a plan's executables."""
 
 from __future__ import annotations
 
@@ -14,11 +13,10 @@ from typing import Any
 from .._jax import options_set, thread_options
 from ._placement import MeshContext
 
-__all__ = ["submit_background", "submit_jobs", "wait_for_background"]
+__all__ = ["submit_jobs"]
 
 _POOL: concurrent.futures.ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
-_BACKGROUND: list[concurrent.futures.Future[Any]] = []
 
 
 def submit_jobs(
@@ -53,19 +51,3 @@ def _with_mesh(mesh: MeshContext, job: Callable[[], Any]) -> Any:
 def _with_options(options: tuple[tuple[Any, Any], ...], job: Callable[[], Any]) -> Any:
     with options_set(options):
         return job()
-
-
-def submit_background(job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-    """Runs ``job`` on the pool, as :func:`submit_jobs` does, where no call waits
-    for it; :func:`wait_for_background` waits for it."""
-    future = submit_jobs({"background": job})["background"]
-    with _POOL_LOCK:
-        _BACKGROUND[:] = [f for f in _BACKGROUND if not f.done()] + [future]
-    return future
-
-
-def wait_for_background() -> None:
-    """Blocks until every background job started so far is done (or failed)."""
-    with _POOL_LOCK:
-        pending = list(_BACKGROUND)
-    concurrent.futures.wait(pending)

@@ -17,7 +17,6 @@ __all__ = [
     "early_steps",
     "load_all_executables",
     "run_once",
-    "quiesce",
     "ROUND_SECONDS",
     "block",
     "measure_stages",
@@ -109,22 +108,12 @@ def settle(step: Any, args: tuple[Any, ...], result: dict[str, Any]) -> None:
 
 def steady_after_warmup(fn: Callable[[], Any], repeats: int) -> float:
     """:func:`steady` of a ``jaxaot.jit`` step once its background work is done,
-    as in a long run: cache writes, a whole-program compile, and the C++ fast path
-    the first call in this state starts loading."""
-    block(fn())
-    quiesce()
-    return steady(fn, repeats)
-
-
-def quiesce() -> None:
-    """Waits for jaxaot's background work (cache writes, whole-program
-    executables, C++ fast paths being loaded)."""
+    as in a long run: the cache writes its first call started."""
     import jaxaot
 
-    from ... import _regional
-
-    _regional.wait_for_background()
+    block(fn())
     jaxaot.wait_for_writes()
+    return steady(fn, repeats)
 
 
 def load_all_executables(cache: Any) -> list[Any]:

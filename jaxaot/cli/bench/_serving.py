@@ -275,7 +275,6 @@ def _decode_steady(sizes: Sizes, params: Params, steps: int, rounds: int = 6) ->
     for name in fns:  # compile (jax.jit) and let jaxaot.jit settle on its form
         for i in range(8):
             step(name, n - 8 + i)
-    jaxaot._regional.wait_for_background()
     for r in range(rounds):
         for name in sorted(fns, reverse=bool(r % 2)):
             t0 = time.perf_counter()

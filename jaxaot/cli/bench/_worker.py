@@ -227,8 +227,6 @@ def _fleet_member(run: _Run) -> None:
     background work (the whole-program form, cache writes) included."""
     import jaxaot
 
-    from ... import _regional
-
     jaxaot.set_cache(_shared_cache(run.job.cache))
     step = jaxaot.jit(run.make_step(jaxaot.component(run.block)))
     sys.stdout.write("ready\n")
@@ -236,7 +234,6 @@ def _fleet_member(run: _Run) -> None:
     sys.stdin.readline()
     before = jaxaot.stats()
     _, run.result["first_run"] = timed(lambda: block(step(*run.args)))
-    _regional.wait_for_background()
     jaxaot.wait_for_writes()
     run.result["stats"] = {k: v - before.get(k, 0) for k, v in jaxaot.stats().items()}
 
