@@ -31,7 +31,7 @@ _NAMES = {
     "UnsafeCacheDirError": "._caches",
     "Component": "._component",
     "component": "._component",
-    "wait_for_writes": "._store._executables",
+    "wait_for_writes": "._store._writer",
     "default_cache_dir": "._store._active",
     "get_cache": "._store._active",
     "set_cache": "._store._active",
@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from ._store._bundle import BundleError as BundleError
     from ._store._bundle import export_bundle as export_bundle
     from ._store._bundle import import_bundle as import_bundle
-    from ._store._executables import wait_for_writes as wait_for_writes
+    from ._store._writer import wait_for_writes as wait_for_writes
 
 
 def __getattr__(name: str) -> Any:

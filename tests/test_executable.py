@@ -19,7 +19,7 @@ import pytest
 
 import jaxaot
 from jaxaot._jax import host_cpu_text
-from jaxaot._store import _entry, _executables, _lookup
+from jaxaot._store import _entry, _executables, _lookup, _writer
 
 STEP_MODULE = textwrap.dedent(
     """
@@ -283,7 +283,7 @@ def test_big_executables_are_written_in_the_background(
     assert again.cache_info().compiles == 0
     jaxaot.wait_for_writes()
     assert len(_exe_entries(fresh_cache)) == 1
-    assert not _executables._pending
+    assert not _writer._pending
 
 
 def test_an_executable_that_cannot_be_serialized_is_said_once(

@@ -44,8 +44,8 @@ from .._component import Component
 from .._keys._sharding import concrete_mesh, mesh_axes, mesh_text
 from .._precompiled import ItemResult, PrecompileReport
 from .._store._active import get_cache, using_cache
-from .._store._executables import wait_for_writes
 from .._store._once import drop, keep, lease_ttl, lease_wait
+from .._store._writer import wait_for_writes
 from ._jit import RegionalFunction
 
 __all__ = ["Manifest", "Signature", "manifest"]

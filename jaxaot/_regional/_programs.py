@@ -33,14 +33,10 @@ from .._keys._key import ComponentKey
 from .._keys._sharding import region_sharding_parts
 from .._store import _explain
 from .._store._entry import Entry
-from .._store._executables import (
-    executable_key,
-    in_background,
-    load_executable,
-    store_executable,
-)
+from .._store._executables import executable_key, load_executable, store_executable
 from .._store._lookup import Codec, get_or_make
 from .._store._readwrite import read
+from .._store._writer import in_background
 from ._placement import MeshContext
 
 __all__ = ["GLUE", "WHOLE", "ProgramCache", "program_key", "region_executable"]

@@ -35,7 +35,7 @@ from typing import IO, Any
 from .._caches import check_key
 from ._active import get_cache
 from ._entry import EntryError, check_stored
-from ._executables import wait_for_writes
+from ._writer import wait_for_writes
 
 __all__ = [
     "BUNDLE_FORMAT_VERSION",

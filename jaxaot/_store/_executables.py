@@ -4,10 +4,8 @@ ones in the background."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +28,7 @@ from . import _prefetch
 from ._entry import Entry, EntryError
 from ._readwrite import dropped, read_blob, write
 from ._trees import NotPersistable, tree_from_json, tree_to_json
+from ._writer import written
 
 __all__ = [
     "BACKGROUND_AFTER_SECONDS",
@@ -40,9 +39,7 @@ __all__ = [
     "load_executable_entry",
     "platform_text",
     "store_executable",
-    "in_background",
     "target_process_keys",
-    "wait_for_writes",
 ]
 
 logger = logging.getLogger("jaxaot")
@@ -119,37 +116,6 @@ def cost_dict(compiled: Any) -> dict[str, float] | None:
 
 
 BACKGROUND_AFTER_SECONDS = 0.25
-_writer: concurrent.futures.ThreadPoolExecutor | None = None
-_pending: dict[str, concurrent.futures.Future[None]] = {}
-_pending_lock = threading.Lock()
-
-
-def in_background(digest: str, write: Callable[[], None]) -> concurrent.futures.Future[None]:
-    """Runs ``write`` (storing the entry ``digest`` names) on the writer thread;
-    returns its future. The interpreter waits for the worker at exit;
-    ``wait_for_writes`` and reads of the same key wait too."""
-    global _writer
-    with _pending_lock:
-        if _writer is None:
-            _writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxaot-writer")
-        future = _writer.submit(write)
-        _pending[digest] = future
-
-    def done(_: Any) -> None:
-        with _pending_lock:
-            if _pending.get(digest) is future:
-                del _pending[digest]
-
-    future.add_done_callback(done)
-    return future
-
-
-def wait_for_writes() -> None:
-    """Blocks until every entry being written in the background is written."""
-    with _pending_lock:
-        futures = list(_pending.values())
-    for future in futures:
-        future.result()
 
 
 def load_executable(
@@ -176,9 +142,7 @@ def load_executable_entry(
     """The executable stored under ``key`` and its entry, or ``None`` (a damaged or
     unloadable entry is dropped with a warning: a miss, never a crash). ``in_tree``
     is the calling convention's input tree, for entries that could not store it."""
-    pending = _pending.get(key.digest)
-    if pending is not None:
-        pending.result()
+    written(key.digest)
     ahead = _prefetch.take(cache, key)
     if ahead is not None:
         return ahead[1], ahead[0]

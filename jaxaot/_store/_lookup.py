@@ -34,13 +34,13 @@ from ._entry import Entry
 from ._executables import (
     BACKGROUND_AFTER_SECONDS,
     cost_dict,
-    in_background,
     load_executable,
     platform_text,
     store_executable,
 )
 from ._once import make_once
 from ._readwrite import callbacks_executable, decoder, read, write
+from ._writer import in_background
 
 __all__ = ["Codec", "Store", "get_or_make"]
 

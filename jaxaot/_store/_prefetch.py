@@ -43,6 +43,7 @@ from . import _entry
 from ._entry import Entry
 from ._readwrite import counted_loaded
 from ._trees import tree_from_json
+from ._writer import in_background
 
 __all__ = ["ahead", "noted", "take"]
 
@@ -82,8 +83,6 @@ class _Signature:
         # Written by the writer thread, after the entry it names (a note costs
         # this thread, which hands the executable to the call waiting for it, a
         # few system calls, each waiting for the interpreter while that write runs).
-        from ._executables import in_background
-
         in_background(f"note:{self.tag}:{digest}", lambda: self._write(digest, item))
 
     def _write(self, digest: str, item: bytes) -> None:
