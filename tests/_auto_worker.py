@@ -504,8 +504,8 @@ def run(kind: str, layers: int, compare: bool = True) -> dict[str, Any]:
         for g, w in zip(jax.tree_util.tree_leaves(got), leaves, strict=True):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
             assert g.dtype == w.dtype
-    # Everything the first step started in the background (the whole-program
-    # form, cache writes) is done and stored before the next kind or process.
+    # The cache writes the first step started are done before the next kind or
+    # process.
     jaxaot.wait_for_writes()
     split = all(plan is not None for plan in regional._plans.values())
     explain = regional.explain(*args)

@@ -76,8 +76,8 @@ def main() -> None:
 
     before = jaxaot.stats()
     jax.monitoring.register_event_duration_secs_listener(listener)
-    # DEPLOY_CALLS calls of each: a jaxaot.jit program's later calls may switch to
-    # its whole-program form (made in the background: waited for here).
+    # DEPLOY_CALLS calls of each: a jaxaot.jit program's later calls run through
+    # JAX's C++ dispatch (and must compile and load nothing either).
     for _ in range(int(os.environ.get("DEPLOY_CALLS", "1"))):
         outs = [_call(item, a) for item, a, _ in calls]
     jax.monitoring.unregister_event_duration_listener(listener)

@@ -26,7 +26,7 @@ from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.sharding_impls import UNSPECIFIED
 
-from ._jaxpr import ClosedJaxpr
+from ._jaxpr import ClosedJaxpr, named
 
 __all__ = [
     "BoundCall",
@@ -38,6 +38,7 @@ __all__ = [
     "intercepting",
     "is_inline",
     "is_plain_jit",
+    "jaxpr_program",
     "pruned",
     "not_intercepting",
     "used_inputs",
@@ -106,6 +107,33 @@ def bind_plainly(call: BoundCall) -> list[Any]:
     _install()
     with not_intercepting():
         return list(_ORIGINAL[call.kind](*call.args, **call.params))
+
+
+def jaxpr_program(closed: Any, name: str) -> Callable[..., Any]:
+    """A function named ``name`` that runs ``closed`` as one nested ``jit`` call:
+    traced, it binds one equation holding ``closed`` instead of binding each of
+    its equations again (which costs about as much as the program's first trace),
+    and lowers to the same computation, which XLA inlines."""
+    n, m = len(closed.in_avals), len(closed.out_avals)
+
+    def program(*args: Any) -> Any:
+        # The parameters a jit call takes differ between JAX versions: those of
+        # a trivial one traced here (under the caller's mesh), for ``closed``.
+        template = jax.make_jaxpr(jax.jit(lambda *xs: xs))(*args).jaxpr.eqns[0].params
+        params = dict(
+            template,
+            jaxpr=closed,
+            in_shardings=(UNSPECIFIED,) * n,
+            out_shardings=(UNSPECIFIED,) * m,
+            in_layouts=(None,) * n,
+            out_layouts=(None,) * m,
+            donated_invars=(False,) * n,
+            name=name,
+            keep_unused=True,
+        )
+        return bind_plainly(BoundCall("jit", params, args))
+
+    return named(program, name)
 
 
 def hoisted(call: BoundCall) -> BoundCall:

@@ -15,12 +15,10 @@ from jax._src import array as _array  # noqa: E402
 from jax._src import core as _core  # noqa: E402
 from jax._src import dispatch as _dispatch  # noqa: E402
 from jax._src import effects as _effects  # noqa: E402
-from jax._src import pjit as _pjit  # noqa: E402
 from jax._src.ad_util import Zero  # noqa: E402
 from jax._src.callback import io_callback_p, pure_callback_p  # noqa: E402
 from jax._src.debugging import debug_callback_p  # noqa: E402
 from jax._src.random import prng as _prng  # noqa: E402
-from jax._src.sharding_impls import UNSPECIFIED  # noqa: E402
 
 __all__ = [
     "CALL_PRIMITIVES",
@@ -43,7 +41,6 @@ __all__ = [
     "has_host_callbacks",
     "is_ordered_effect",
     "jaxpr_as_fun",
-    "jaxpr_program",
     "named",
     "jaxprs_in_params",
     "join_effects",
@@ -84,33 +81,6 @@ def named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
 
     program.__name__ = program.__qualname__ = name
     return program
-
-
-def jaxpr_program(closed: Any, name: str) -> Callable[..., Any]:
-    """A function named ``name`` that runs ``closed`` as one nested ``jit`` call:
-    traced, it binds one equation holding ``closed`` instead of binding each of
-    its equations again (which costs about as much as the program's first trace),
-    and lowers to the same computation, which XLA inlines."""
-    n, m = len(closed.in_avals), len(closed.out_avals)
-
-    def program(*args: Any) -> Any:
-        # The parameters a jit call takes differ between JAX versions: those of
-        # a trivial one traced here (under the caller's mesh), for ``closed``.
-        template = jax.make_jaxpr(jax.jit(lambda *xs: xs))(*args).jaxpr.eqns[0].params
-        params = dict(
-            template,
-            jaxpr=closed,
-            in_shardings=(UNSPECIFIED,) * n,
-            out_shardings=(UNSPECIFIED,) * m,
-            in_layouts=(None,) * n,
-            out_layouts=(None,) * m,
-            donated_invars=(False,) * n,
-            name=name,
-            keep_unused=True,
-        )
-        return _pjit.jit_p.bind(*args, **params)
-
-    return named(program, name)
 
 
 def walk_jaxprs(closed: Any) -> Iterator[Any]:

@@ -272,7 +272,7 @@ def _decode_steady(sizes: Sizes, params: Params, steps: int, rounds: int = 6) ->
         outs[name], state[name] = fns[name](params, toks[i], state[name], positions[i])
         jax.block_until_ready(outs[name])
 
-    for name in fns:  # compile (jax.jit) and let jaxaot.jit settle on its form
+    for name in fns:  # compile, and reach each function's C++ dispatch
         for i in range(8):
             step(name, n - 8 + i)
     for r in range(rounds):

@@ -224,7 +224,7 @@ def _fleet_member(run: _Run) -> None:
     layers on the shared cache the job names. It prints ``ready`` and waits for a
     line on stdin (the start barrier, so that the fleet misses all at once), then
     times its first result; its counts are what it did from the barrier on, its
-    background work (the whole-program form, cache writes) included."""
+    background cache writes included."""
     import jaxaot
 
     jaxaot.set_cache(_shared_cache(run.job.cache))
