@@ -1269,3 +1269,21 @@ def test_donate_argnames_as_jax_jit_takes_it(fresh_cache: jaxaot.MemoryCache) ->
         )
     with pytest.raises(ValueError, match="donate_argnames"):
         jaxaot.jit(step, donate_argnames="nope")
+
+
+def test_a_call_inside_another_trace_says_once_that_it_is_an_inner_jit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Inside ``jax.jit`` (or ``grad``, ``vmap``) a jaxaot.jit function is an inner
+    jit of the caller's program: it computes what jax.jit does, and says so once,
+    at INFO, rather than letting the call read as a cached program of its own."""
+    inner = jaxaot.jit(lambda x: jnp.sin(x) * 2)
+    caplog.set_level("INFO", logger="jaxaot")
+    for n in (3, 4):
+        x = jax.device_put(np.linspace(0.0, 1.0, n, dtype=np.float32))
+        got = jax.jit(lambda x: inner(x) + 1)(x)
+        np.testing.assert_array_equal(got, jax.jit(lambda x: jnp.sin(x) * 2 + 1)(x))
+    np.testing.assert_allclose(jax.grad(lambda x: inner(x).sum())(x), 2 * np.cos(x), rtol=1e-6)
+    said = [r for r in caplog.records if "inside another trace" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "INFO", caplog.text
+    assert "<lambda>" in said[0].getMessage()

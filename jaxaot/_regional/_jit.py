@@ -11,9 +11,8 @@ A program with nothing to split is served whole, as one cached region; one
 that cannot be split runs under plain ``jax.jit``. Either way the result is
 the one ``jax.jit`` would give.
 
-Donation, sharded programs (regions compiled for their inputs' shardings, in
-program order) and multi-process jobs (every process takes the same decisions
-from the same program and global shardings): docs/regional.md, docs/sharding.md.
+Donation, sharded programs (regions compiled for their inputs' shardings, in program
+order), multi-process jobs (each process decides alike): docs/regional.md, sharding.md.
 """
 
 from __future__ import annotations
@@ -66,7 +65,7 @@ from ._signatures import loading_ahead, say_new_signature
 __all__ = ["RegionalFunction", "jit"]
 
 logger = logging.getLogger("jaxaot")
-
+_IN_A_TRACE = "called inside another trace (jax.jit, grad, vmap): an inner jax.jit of its program"
 _AVAL = operator.attrgetter("aval")
 _SHARDING = operator.attrgetter("sharding")
 # Concrete arrays (typed PRNG keys included): no tracer, a type and sharding each.
@@ -368,6 +367,7 @@ class RegionalFunction:
             if not trace_state_clean() or (
                 not arrays and any(isinstance(x, Tracer) for x in leaves)
             ):
+                self._spec.say(_IN_A_TRACE)
                 return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
             self._refuse_under_target()
             if self._in_shardings is not UNSET:

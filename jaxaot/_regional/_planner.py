@@ -373,9 +373,8 @@ def build_plan(
         return None
     traced, jaxpr, consts, regions, leftover, donated_vars = cut[:6]
     why, placements, sharded, early = cut.why, cut.placements, cut.sharded, cut.early
-    if why is not None and why not in spec.said:
-        spec.said.add(why)
-        logger.info("jaxaot.jit %s: served whole, as one cached program (%s)", spec.name, why)
+    if why is not None:
+        spec.say(f"served whole, as one cached program ({why})")
     if why is not None and not sharded:
         return _one_program(
             spec, cut, tuple(donated), _served(cut, tuple(donated), spec.name), (False, None)

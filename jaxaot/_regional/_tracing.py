@@ -42,8 +42,14 @@ class PlanSpec:
     program: Any = None  # the user's function (where named functions are found)
     # A fresh ``jitted`` (a trace cache of its own), to trace a program again.
     retracer: Callable[[], Any] | None = None
-    # Why programs of this function were served whole, once said (at INFO).
+    # What was said of this function's programs (each once, at INFO: see ``say``).
     said: set[str] = field(default_factory=set, compare=False, hash=False)
+
+    def say(self, what: str) -> None:
+        """Logs ``jaxaot.jit NAME: what`` at INFO, once per function."""
+        if what not in self.said:
+            self.said.add(what)
+            logger.info("jaxaot.jit %s: %s", self.name, what)
 
 
 #: Traces of one plan made again for custom_vjp rules that failed to
