@@ -386,6 +386,42 @@ def test_glue_recompiles_are_explained(
         name = run.__name__
         said = [m for m in warnings_of(explaining) if f"jaxaot.jit {name}'s {kind} missed" in m]
         assert said, warnings_of(explaining)
+    # The whole program's inputs are named by their paths in the call, as a
+    # component's are (not by their flat positions).
+    explaining.clear()
+    jaxaot.jit(model)(ws, jnp.ones((6, 4)))
+    whole = [m for m in warnings_of(explaining) if "model's whole program missed" in m]
+    assert len(whole) == 1 and "argument x: float32[5,4] → float32[6,4]" in whole[0], whole
+    assert "args[" not in whole[0] and "xs[" not in whole[0], whole
+
+
+def test_a_python_scalar_where_an_array_was_is_said_in_words(
+    fresh_cache: jaxaot.MemoryCache, explaining: pytest.LogCaptureFixture
+) -> None:
+    """A call that passes a Python scalar where an earlier call passed an array
+    misses on the weak type alone: the explanation says so in words, by the
+    argument's path, for a component and for the whole program alike."""
+
+    @jaxaot.component
+    def scaled(x: jax.Array, t: jax.Array) -> jax.Array:
+        return jnp.sin(x) * t
+
+    def step(params: dict[str, jax.Array], t: jax.Array) -> jax.Array:
+        x = params["x"]
+        for _ in range(3):
+            x = scaled(x, t)
+        return x
+
+    run = jaxaot.jit(step)
+    params = {"x": jnp.ones(3)}
+    run(params, jnp.float32(2.0))
+    explaining.clear()
+    np.testing.assert_allclose(run(params, 2.0), jax.jit(step)(params, 2.0))
+    said = warnings_of(explaining)
+    words = "float32[] → float32[] weakly typed (a Python scalar where the entry had an array)"
+    assert any("component 'scaled' missed" in m and f"argument t: {words}" in m for m in said)
+    whole = [m for m in said if "step's whole program missed" in m]
+    assert len(whole) == 1 and f"argument t: {words}" in whole[0], said
 
 
 def test_a_program_miss_is_compared_with_its_own_functions_programs(

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import jaxaot
 from jaxaot._caches._directory import DirectoryCache
@@ -134,6 +136,46 @@ def test_progress_labels_show_every_argument() -> None:
     assert all(len(label) <= 100 and "cfg=" in label for label in labels), labels
 
 
+def test_labels_tell_apart_calls_that_read_the_same() -> None:
+    """Calls whose arguments print alike (trees of as many leaves, one type on two
+    meshes or shardings) get labels that say what tells them apart, and a bucket
+    is named by its sizes: a progress or FAILED line names one signature."""
+    step = jaxaot.jit(lambda caches, token: token)
+    token = jax.ShapeDtypeStruct((2,), jnp.int32)
+
+    def caches(seq: int) -> list[dict[str, jax.ShapeDtypeStruct]]:
+        return [{"k": jax.ShapeDtypeStruct((2, seq, 8), jnp.float32)}] * 2
+
+    m = jaxaot.manifest().add(step, caches(16), token).add(step, caches(32), token)
+    assert [item.label for item in m] == [
+        "<lambda>(<list of 2 leaves>, i32[2])",
+        "<lambda>(<list of 2 leaves>, i32[2]) [args[0][0]['k']: f32[2,32,8]]",
+    ]
+    m = jaxaot.manifest().buckets(step, lambda b, s: (caches(s), token), batch=(2,), seq=(16, 32))
+    assert [item.label for item in m] == [
+        "<lambda>(<list of 2 leaves>, i32[2]) [batch 2, seq 16]",
+        "<lambda>(<list of 2 leaves>, i32[2]) [batch 2, seq 32]",
+    ]
+    # One type, another sharding; and one call under two meshes.
+    mesh = jax.make_mesh((1,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+    auto = jax.make_mesh((1,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    f = jaxaot.jit(lambda x: x * 2)
+
+    def placed(spec: P) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((4, 2), jnp.float32, sharding=NamedSharding(mesh, spec))
+
+    m = jaxaot.manifest().add(f, placed(P())).add(f, placed(P("d")))
+    assert m[1].label == f"<lambda>(f32[4,2]) [args[0]: f32[4,2] sharded {P('d')}]"
+    m = jaxaot.manifest()
+    for where in (mesh, auto):
+        with jax.set_mesh(where):
+            m.add(f, jax.ShapeDtypeStruct((4, 2), jnp.float32))
+    assert [item.label for item in m] == [
+        "<lambda>(f32[4,2])",
+        "<lambda>(f32[4,2]) [mesh (d=1) Auto]",
+    ]
+
+
 def test_a_call_added_twice_is_one_signature() -> None:
     """Buckets whose arguments ignore the sequence length, and a call added again:
     each call once; another dtype or static value is another call."""
@@ -146,8 +188,8 @@ def test_a_call_added_twice_is_one_signature() -> None:
         kwargs={"scale": 2.0},
     )
     assert [item.label for item in m] == [
-        "<lambda>(f32[1,4], scale=2.0)",
-        "<lambda>(f32[2,4], scale=2.0)",
+        "<lambda>(f32[1,4], scale=2.0) [batch 1, seq 8]",
+        "<lambda>(f32[2,4], scale=2.0) [batch 2, seq 8]",
     ]
     m.add(f, jax.ShapeDtypeStruct((1, 4), jnp.float32), scale=2.0)
     assert len(m) == 2
@@ -171,7 +213,7 @@ def test_buckets_and_claims() -> None:
     )
     assert len(m) == 6
     assert [item.args[0].shape for item in m] == [(b, s) for b in (1, 2) for s in (8, 16, 32)]
-    assert m[5].label == "<lambda>(i32[2,32])"
+    assert m[5].label == "<lambda>(i32[2,32]) [batch 2, seq 32]"
     digests = {m.digest(i, "run") for i in range(6)}
     assert len(digests) == 6  # one claim per signature
     assert m.digest(3, "run") == m.digest(3, "run") != m.digest(3, "other run")
@@ -583,6 +625,29 @@ def test_cli_failing_signatures_fail_the_run_and_the_others_are_done(
     assert "2 of 4 signatures failed" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_failed_signature_says_where_in_the_users_code(
+    fresh_cache: jaxaot.MemoryCache,
+) -> None:
+    """A signature whose program raises in the user's code is reported with that
+    file and line (a FAILED line has no traceback); one refused by jaxaot's own
+    checks, with no line of the user's in its traceback, names none."""
+    import inspect
+
+    def body(x: jax.Array) -> jax.Array:
+        return x @ x  # (4, 3) @ (4, 3): raises here
+
+    line = inspect.getsourcelines(body)[1] + 1
+    f = jaxaot.jit(body)
+    head = jaxaot.component(lambda x: x.sum())
+    m = jaxaot.manifest().add(f, jax.ShapeDtypeStruct((4, 3), jnp.float32))
+    m.add(head, "not an array")
+    report = m.precompile(raise_errors=False)
+    notes = [r.note for r in report.failed]
+    assert len(notes) == 2, notes
+    assert notes[0].startswith("TypeError: ") and notes[0].endswith(f"(at {__file__}:{line})")
+    assert "(at " not in notes[1], notes
+
+
 def test_cli_a_cache_it_cannot_fill_fails_at_once(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
@@ -727,7 +792,9 @@ def test_serving_example(tmp_path: Path, subprocess_env: dict[str, str]) -> None
     done = _precompile(env, target, "--workers", "2", "--cache", cache)
     assert "\x1b" not in done.stdout  # piped: plain lines
     assert re.search(
-        r"^\[6/6\] forward\(<dict of 9 leaves>, i32\[\d,\d+\]\): \d+ made", done.stdout, re.M
+        r"^\[6/6\] forward\(<dict of 9 leaves>, i32\[\d,\d+\]\) \[batch \d, seq \d+\]: \d+ made",
+        done.stdout,
+        re.M,
     )
     assert _counts(done.stdout)["signatures"] == 6
     served = subprocess.run(

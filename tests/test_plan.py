@@ -151,3 +151,41 @@ def test_a_split_program_drops_each_intermediate_after_its_last_use(
         # the last step's outputs are held, not one per layer.
         assert len(most_alive) == len(plan.steps)
         assert max(most_alive) <= 1, (call, most_alive)
+
+
+@pytest.mark.parametrize("whole_program", [False, True])
+def test_outputs_no_step_writes_are_arrays_as_under_jax_jit(whole_program: bool) -> None:
+    """Outputs that no executable computes (an argument returned as it came, a
+    static argument, a default, a NumPy or jnp constant) come back as jax.jit
+    returns them: arrays of the same dtype and weak type, from the first call
+    (executables still coming) and from the fast loop, in the split form as in
+    the one-program form."""
+    import numpy as np
+
+    @jax.checkpoint
+    def layer(w: jax.Array, x: jax.Array) -> jax.Array:
+        return x + jnp.tanh(x @ w)
+
+    table = np.arange(2, dtype=np.float32)
+    shift = jnp.float32(2.0)
+
+    def step(ws: Any, x: Any, lr: Any, host: Any, scale: float = 1.0, *, n: int) -> Any:
+        for w in ws:
+            x = layer(w, x)
+        aux = {"lr": lr, "host": host, "scale": scale, "n": n, "table": table, "shift": shift}
+        return x.sum() * lr, aux
+
+    ws, x = [jnp.eye(8) * 0.1] * 6, jnp.ones((4, 8))
+    host = np.ones(3)  # float64 on the host: jax.jit gives float32 without x64
+    want = jax.jit(step, static_argnames="n")(ws, x, 0.1, host, n=3)
+    run = jaxaot.jit(step, static_argnames="n", whole_program=whole_program)
+    for _ in range(2):
+        got = run(ws, x, 0.1, host, n=3)
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert isinstance(g, jax.Array), type(g)
+            assert (g.dtype, g.weak_type, g.shape) == (w.dtype, w.weak_type, w.shape)
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
+            g.block_until_ready()
+    if not whole_program:
+        assert _plan_of(run).mode == _plan.SPLIT

@@ -1287,3 +1287,69 @@ def test_a_call_inside_another_trace_says_once_that_it_is_an_inner_jit(
     said = [r for r in caplog.records if "inside another trace" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "INFO", caplog.text
     assert "<lambda>" in said[0].getMessage()
+
+
+_FED_BACK = textwrap.dedent(
+    """
+    import json, sys
+    import jax, jax.numpy as jnp, jaxaot
+
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: compiles.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" else None
+    )
+
+    @jax.checkpoint
+    def layer(w, x):
+        return x + jnp.tanh(x @ w)
+
+    def step(ws, x):
+        def loss(ws):
+            h = x
+            for w in ws:
+                h = layer(w, h)
+            return jnp.mean(h**2)
+
+        value, grads = jax.value_and_grad(loss)(ws)
+        return [w - 0.1 * g for w, g in zip(ws, grads, strict=True)], value
+
+    ws, x = [jnp.eye(16) * 0.1 for _ in range(4)], jnp.ones((4, 16))
+    run = jaxaot.jit(step, whole_program=sys.argv[1] == "whole")
+    want_ws, want = ws, None
+    ws, _ = run(ws, x)
+    traces, before = jaxaot.stats()["traces"], len(compiles)
+    for _ in range(3):
+        ws, value = run(ws, x)
+    after = len(compiles)
+    for _ in range(4):
+        want_ws, want = jax.jit(step)(want_ws, x)
+    print(json.dumps({
+        "plans": len(run._plans),
+        "compiles": after - before,
+        "traces": jaxaot.stats()["traces"] - traces,
+        "same": bool(jnp.allclose(value, want, rtol=1e-5)),
+    }))
+    """
+)
+
+
+@pytest.mark.parametrize("form", ["split", "whole"])
+def test_outputs_fed_back_find_the_plan_of_the_inputs(
+    form: str, subprocess_env: dict[str, str]
+) -> None:
+    """A train loop feeds a step's outputs back as its next inputs. They have the
+    inputs' types, made by another route (an executable's results, not eager
+    ops'): the next calls find the same plan, trace nothing and compile nothing
+    (jax 0.12 compares types by identity: it made a second plan). In a fresh
+    process, where no other route has made these types first."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _FED_BACK, form],
+        env={**subprocess_env, "JAXAOT_CACHE": "memory"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"plans": 1, "compiles": 0, "traces": 0, "same": True}, got

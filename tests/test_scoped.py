@@ -386,6 +386,47 @@ def test_haiku_layers_with_random_keys_and_state_are_blocks_with_jax_jit_values(
     assert "block jit(Stateful.__call__): 3 forward, 3 linear/transpose" in regional.explain(*args)
 
 
+@jax.custom_vjp
+def _clipped_tanh(x: jax.Array) -> jax.Array:
+    return jnp.tanh(x)
+
+
+_clipped_tanh.defvjp(
+    lambda x: (jnp.tanh(x), x),
+    lambda x, g: (jnp.clip(g * (1 - jnp.tanh(x) ** 2), -1.0, 1.0),),
+)
+
+
+class _ClippedBlock(hk.Module):
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x + _clipped_tanh(hk.Linear(x.shape[-1])(x))
+
+
+def test_haiku_layers_holding_a_custom_vjp_are_blocks_made_once() -> None:
+    """Haiku layers whose activation has a custom VJP, under grad: each layer is
+    handed the whole Haiku state, and reads its own parameters only. Keyed by
+    what they read, the layers are one block (its forward and backward passes
+    compiled once each), not a program per layer kept whole; values as jax.jit's."""
+
+    def net(x: jax.Array) -> jax.Array:
+        for _ in range(6):
+            x = _ClippedBlock()(x)
+        return (x**2).sum()
+
+    model = hk.without_apply_rng(hk.transform(net))
+    x = jnp.ones((2, WIDTH))
+    params = model.init(jax.random.key(0), x)
+    grad = jax.grad(model.apply)
+    regional = jaxaot.jit(grad, whole_program=False)
+    before = jaxaot.stats()["compiles"]
+    _same(regional(params, x), jax.jit(grad)(params, x))
+    made = jaxaot.stats()["compiles"] - before
+    said = regional.explain(params, x)
+    assert "block jit(_ClippedBlock.__call__) forward: 6 calls" in said, said
+    assert "block jit(_ClippedBlock.__call__) backward: 6 calls" in said, said
+    assert made <= 4, made  # the two blocks, and their glue
+
+
 def test_only_the_outermost_repeated_class_counts() -> None:
     class Inner(nn.Module):
         @nn.compact

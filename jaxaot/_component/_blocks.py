@@ -234,7 +234,10 @@ def vjp_call(call: BoundCall, name: str | None = None) -> list[Any]:
     rules. So the whole call is differentiated here, once per body and types,
     with ``jax.vjp``: the forward block returns the outputs and the residuals
     (the leaves of the vjp function), the backward block takes them back with
-    the cotangents. Each is keyed by its own traced program, as any block is."""
+    the cotangents. Each is keyed by its own traced program, as any block is;
+    inputs its body never reads are left out first, as ``block_call`` leaves
+    them out (a Haiku layer is handed the whole state; it gets no cotangent)."""
+    call, _ = pruned(hoisted(call))
     avals = tuple(aval_of(a) for a in call.args)
     blocks: _VjpBlocks = _memoized(
         _VJP_MADE, call, avals, lambda: _vjp_blocks(call, avals, name or block_name(call))

@@ -300,13 +300,20 @@ def _match(host_callbacks: Sequence[Any], eqns: Sequence[Any]) -> tuple[int, ...
         scores = [sum(i in reach for i in ids) for ids in keyed]
         best = max(scores, default=0)
         if best == 0:
-            raise CallbacksNotRebindable("a host callback matches no callback equation")
+            raise CallbacksNotRebindable(
+                "one of its host callbacks comes from no callback of its traced program "
+                "(JAX or a library added it while lowering, as lineax's solves do), so a "
+                "new process could not bind it"
+            )
         tied = [k for k, s in enumerate(scores) if s == best]
         first = tied[0]
         if any(
             keyed[k] != keyed[first] or eqns[k].primitive is not eqns[first].primitive for k in tied
         ):
-            raise CallbacksNotRebindable("a host callback matches several callback equations")
+            raise CallbacksNotRebindable(
+                "two of its host callbacks reach the same Python objects, so a new process "
+                "could not tell which is which"
+            )
         if eqns[first].primitive.name not in _HOST_IMPLS:
             raise CallbacksNotRebindable(
                 f"host callbacks of {eqns[first].primitive.name} cannot be rebound"

@@ -101,7 +101,14 @@ class ComponentKey:
         explanation data)."""
         mine, theirs = dict(self._items), dict(other._items)
         about_new, about_old = self.about.get("program"), other.about.get("program")
-        names = _arg_names(about_new, mine) or _arg_names(about_old, theirs)
+        names = (
+            _arg_names(about_new, mine)
+            or _arg_names(about_old, theirs)
+            # (A program named by its content, jaxaot.jit's, carries its inputs' paths
+            # beside its name.)
+            or _arg_names(self.about.get("component"), mine)
+            or _arg_names(other.about.get("component"), theirs)
+        )
         lines: list[str] = []
         program: list[str] = []
         for name in list(mine) + [n for n in theirs if n not in mine]:
@@ -236,7 +243,7 @@ def _explain_part(name: str, old: Any, new: Any) -> list[str]:
         return _explain_flags(name, old, new)
     if isinstance(old, tuple) and isinstance(new, tuple) and len(old) == len(new) and old:
         return [
-            f"{_words(name)}[{i}]: {_change(x, y)}"
+            f"{_words(name)}[{i}]: {(_type_change if name == 'args' else _change)(x, y)}"
             for i, (x, y) in enumerate(zip(old, new, strict=True))
             if x != y
         ]
@@ -280,10 +287,20 @@ def _arg_names(about: Any, parts: Mapping[str, Any]) -> list[str] | None:
     return None
 
 
+def _type_change(old: Any, new: Any) -> str:
+    """An argument's type change; one in weak type alone (``~w``) said in words."""
+    if isinstance(old, str) and isinstance(new, str):
+        if new == old + "~w":
+            return f"{old} → {old} weakly typed (a Python scalar where the entry had an array)"
+        if old == new + "~w":
+            return f"{new} weakly typed → {new} (an array where the entry had a Python scalar)"
+    return _change(old, new)
+
+
 def _explain_args(old: Any, new: Any, names: list[str]) -> list[str]:
     if isinstance(old, tuple) and isinstance(new, tuple) and len(old) == len(new):
         return [
-            f"argument {names[i]}: {_change(x, y)}"
+            f"argument {names[i]}: {_type_change(x, y)}"
             for i, (x, y) in enumerate(zip(old, new, strict=True))
             if x != y
         ]

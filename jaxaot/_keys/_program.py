@@ -58,7 +58,7 @@ from ._key import ComponentKey, Described
 from ._sharding import sharded_type, sharding_text, value_text
 from ._text import jax_type_text, strip_addresses
 
-__all__ = ["content_digest", "program_parts"]
+__all__ = ["arg_names", "content_digest", "program_parts"]
 
 _RULE_PRIMITIVES = ("custom_jvp_call", "custom_vjp_call", "custom_vmap_call")
 #: Where each rule primitive holds its rule (for its name and code).
@@ -354,7 +354,7 @@ def program_parts(closed: Any, component: str) -> dict[str, Any]:
     canon.closed(closed, top=True)
     register_callbacks(component, canon.hash.hexdigest(), canon.callbacks)
     about = {
-        "args": _arg_names(closed),
+        "args": arg_names(closed),
         "consts": canon.const_texts,
         "eqns": canon.eqns,
         "eqn_count": canon.eqn_count,
@@ -366,7 +366,7 @@ def program_parts(closed: Any, component: str) -> dict[str, Any]:
     }
 
 
-def _arg_names(closed: Any) -> list[str] | None:
+def arg_names(closed: Any) -> list[str] | None:
     """The inputs' paths as JAX's debug info names them (``x``, ``params['w']``)."""
     jaxpr = getattr(closed, "jaxpr", closed)
     names = getattr(getattr(jaxpr, "debug_info", None), "arg_names", None)

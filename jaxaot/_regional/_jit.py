@@ -60,7 +60,7 @@ from ._placement import (
 from ._plan import WHOLE as WHOLE_MODE
 from ._plan import Plan, PlanFailed
 from ._planner import PlanSpec, build_plan, describe
-from ._signatures import loading_ahead, say_new_signature
+from ._signatures import loading_ahead, say_new_signature, signature_types
 
 __all__ = ["RegionalFunction", "jit"]
 
@@ -73,14 +73,6 @@ _ARRAY_TYPES = {ArrayImpl, PRNGKeyArray}
 _NOT_LOOKED_UP = object()
 # Inputs that are arrays without asking jax.typeof.
 _LEAF_TYPES = (jax.Array, np.ndarray, Tracer, *ARRAY_SCALARS)
-
-
-def _avals(leaves: Sequence[Any], arrays: bool) -> tuple[Any, ...]:
-    """``jax.typeof`` of each leaf; for plain arrays (``arrays``: every leaf is
-    one), without its per-leaf cost."""
-    if arrays and jax.sharding.NamedSharding not in set(map(type, map(_SHARDING, leaves))):
-        return tuple(map(_AVAL, leaves))  # what jax.typeof gives for these
-    return tuple(jax.typeof(x) for x in leaves)
 
 
 class RegionalFunction:
@@ -483,7 +475,15 @@ class RegionalFunction:
         mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
         # The compile target: another platform's plans (in-process only).
         target = active_target()
-        return (treedef, _avals(leaves, arrays), statics, shardings, mesh, trace_context(), target)
+        return (
+            treedef,
+            signature_types(leaves, arrays),
+            statics,
+            shardings,
+            mesh,
+            trace_context(),
+            target,
+        )
 
     def _agreed(self, plan: Plan | None) -> Plan | None:
         """In a multi-process job, the plan if every process could split the program

@@ -30,8 +30,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import secrets
+import sysconfig
 import time
+import traceback
 from collections.abc import Callable, Container, Iterator, Sequence
 from typing import Any, NamedTuple, cast
 
@@ -136,6 +139,47 @@ def _leaf_identity(leaf: Any) -> str:
     return repr(leaf)
 
 
+def _difference(a: Signature, b: Signature) -> str:
+    """What tells the call ``b`` from ``a`` when their labels read the same: its
+    mesh, or its first leaf (by path) of another type, sharding or value."""
+    if a.mesh != b.mesh:
+        return f"mesh {_mesh_words(b.mesh)}"
+    leaves_a, tree_a = jax.tree_util.tree_flatten((a.args, a.kwargs))
+    with_paths, tree_b = jax.tree_util.tree_flatten_with_path((b.args, b.kwargs))
+    if tree_a != cast(Any, tree_b):
+        return f"another tree: {len(with_paths)} leaves"
+    for x, (path, y) in zip(leaves_a, with_paths, strict=True):
+        if _leaf_identity(x) == _leaf_identity(y) and getattr(x, "weak_type", False) == getattr(
+            y, "weak_type", False
+        ):
+            continue
+        text = _leaf_text(y)
+        spec = getattr(getattr(y, "sharding", None), "spec", None)
+        if text == _leaf_text(x) and spec is not None:
+            text += f" sharded {spec}"
+        return f"{_path_words(path)}: {text}"
+    return "another call"
+
+
+def _path_words(path: tuple[Any, ...]) -> str:
+    """A leaf's path in ``(args, kwargs)`` as a call names it: ``args[1]['k']``,
+    ``cache[0]``."""
+    where, rest = path[0], tuple(path[1:])
+    if getattr(where, "idx", None) == 0 or not rest:
+        return "args" + jax.tree_util.keystr(rest)
+    head = rest[0]
+    return str(getattr(head, "key", head)) + jax.tree_util.keystr(rest[1:])
+
+
+def _mesh_words(mesh: Any) -> str:
+    if mesh is None:
+        return "none"
+    types = getattr(mesh, "axis_types", None)
+    axes = ", ".join(f"{n}={k}" for n, k in zip(mesh.axis_names, mesh.devices.shape, strict=True))
+    kinds = sorted({str(t).rsplit(".", 1)[-1] for t in types}) if types else []
+    return f"({axes}){' ' + '/'.join(kinds) if kinds else ''}"
+
+
 def _same_call(a: Signature, b: Signature) -> bool:
     """Whether two signatures are one call: one function and mesh, one tree, arrays
     of one type and sharding, and equal static values."""
@@ -217,6 +261,12 @@ class Manifest:
           TypeError: ``function`` is neither a component nor a ``jaxaot.jit`` function.
         """
         _check_function(function, "add")
+        return self._add(function, args, kwargs, "")
+
+    def _add(
+        self, function: Any, args: tuple[Any, ...], kwargs: dict[str, Any], note: str
+    ) -> Manifest:
+        """``add``, its label followed by ``note`` (a bucket's sizes) where given."""
         mesh = concrete_mesh()
         args, kwargs = _on_concrete_meshes((tuple(args), dict(kwargs)), mesh)
         for width in (40, 20, 10):  # long static values cut shorter, so every argument shows
@@ -227,9 +277,16 @@ class Manifest:
                 break
         if len(label) > _LABEL_CHARS:
             label = label[: _LABEL_CHARS - 2] + "…)"
+        if note:
+            label += f" [{note}]"
         item = Signature(function, tuple(args), dict(kwargs), label, mesh)
-        if not any(other.label == label and _same_call(other, item) for other in self._items):
-            self._items.append(item)  # (a call added twice, buckets that repeat one: once)
+        if any(_same_call(other, item) for other in self._items):
+            return self  # (a call added twice, buckets that repeat one: once)
+        alike = [other for other in self._items if other.label == label]
+        if alike:  # another call that reads the same (in its trees, its mesh): told apart
+            label += f" [{_difference(alike[0], item)}]"
+            item = item._replace(label=label)
+        self._items.append(item)
         return self
 
     def buckets(
@@ -262,9 +319,8 @@ class Manifest:
         for b in batch:
             for s in seq:
                 args = make_args(b, s)
-                self.add(
-                    function, *(args if isinstance(args, tuple) else (args,)), **(kwargs or {})
-                )
+                args = args if isinstance(args, tuple) else (args,)
+                self._add(function, args, dict(kwargs or {}), f"batch {b}, seq {s}")
         return self
 
     def digest(self, index: int, run: str = "") -> str:
@@ -477,7 +533,32 @@ def _error_text(error: Exception) -> str:
     text = " ".join(str(error).split())
     if len(text) > _ERROR_CHARS:
         text = text[: _ERROR_CHARS - 1] + "…"
-    return type(error).__name__ + (f": {text}" if text else "")
+    where = _raised_at(error)
+    return (
+        type(error).__name__ + (f": {text}" if text else "") + (f" (at {where})" if where else "")
+    )
+
+
+def _raised_at(error: BaseException) -> str | None:
+    """The innermost ``file:line`` of the traceback in the user's code: not JAX's,
+    jaxaot's or Python's own, and where there is one, not an installed package's
+    (the user's line that called a library rather than the library's)."""
+    skip = tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in (jax, np)) + (
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+    )
+    stdlib = sysconfig.get_paths()["stdlib"] + os.sep
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if not f.filename.startswith(skip + (stdlib,)) and not f.filename.startswith("<frozen")
+    ]
+    own = [
+        f for f in frames if not any(p in f.filename for p in ("site-packages", "dist-packages"))
+    ]
+    if not (own or frames):
+        return None
+    frame = (own or frames)[-1]
+    return f"{frame.filename}:{frame.lineno}"
 
 
 def _claim(cache: Leasing, digest: str, ttl: float) -> Lease | Held | None:

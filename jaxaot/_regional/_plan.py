@@ -128,6 +128,10 @@ class Plan:
             tuple[Any, Callable[[list[Any]], Sequence[Any]], tuple[int, ...], tuple[int, ...]]
         ] = []
         self._get_out = _getter(self.out_slots)
+        # The outputs no step writes (an input returned as it came, a constant, a
+        # literal such as a static argument): jax.jit returns each as an array.
+        held = n_inputs + len(self.fixed)
+        self._unwritten = [i for i, slot in enumerate(self.out_slots) if slot < held]
         self._lock = threading.Lock()
         self.whole: concurrent.futures.Future[Any] | None = None
         self.whole_calls_back = False  # whether the one program calls back into Python
@@ -188,6 +192,11 @@ class Plan:
         else:
             self._run_steps(env, self.in_flight)
         out = list(self._get_out(env))
+        for i in self._unwritten:
+            if not isinstance(out[i], jax.Array):
+                # (A Python scalar, a NumPy value, a literal's typed scalar: placed as
+                # jax.jit places it, its weak type kept, with no program compiled.)
+                out[i] = jax.device_put(out[i])
         if self.delete_after:
             self.wait()
             _delete(leaves, self.delete_after, out)

@@ -31,6 +31,7 @@ from .._jax import (
     join_effects,
     named,
 )
+from .._keys._program import arg_names
 from . import _whole
 from ._auto import BlockFinder
 from ._placement import (
@@ -385,7 +386,11 @@ def build_plan(
         for f in early.values():
             f.cancel()  # (its component executables are not needed)
         return _one_program(
-            spec, cut, tuple(donated), _whole_job(jaxpr, tuple(donated), spec.name), form
+            spec,
+            cut,
+            tuple(donated),
+            _whole_job(jaxpr, tuple(donated), spec.name, _input_names(cut)),
+            form,
         )
     slots = _Slots(jaxpr, consts, regions)
     makers = [_maker(region, jaxpr.debug_info, spec.name) for region in regions]
@@ -458,15 +463,29 @@ def _served(cut: _Cut, donated: tuple[int, ...], name: str) -> tuple[Any, bool]:
     program = _closed(invars, jaxpr.outvars, jaxpr.eqns, jaxpr.effects, jaxpr.debug_info)
     text = str(program)
     what = f"jaxaot.jit {name}'s program (served whole)"
-    job = submit_jobs({"whole": lambda: GLUE.get(program, donated, None, text, what, name)})[
+    names = _input_names(cut)
+    job = submit_jobs({"whole": lambda: GLUE.get(program, donated, None, text, what, name, names)})[
         "whole"
     ]
     return job, has_host_callbacks(program)
 
 
-def _whole_job(jaxpr: Any, donated: tuple[int, ...], name: str) -> tuple[Any, bool]:
+def _input_names(cut: _Cut) -> list[str] | None:
+    """The paths of the inputs of the program ``cut`` as its trace named them
+    (``params['w']``), then its constants (``constant #0``), as a miss's
+    explanation names them; ``None`` where its trace did not name them."""
+    names = arg_names(cut.traced.jaxpr)
+    if names is None or len(names) != len(cut.jaxpr.invars):
+        return None
+    return names + [f"constant #{i}" for i in range(len(cut.jaxpr.constvars))]
+
+
+def _whole_job(
+    jaxpr: Any, donated: tuple[int, ...], name: str, names: list[str] | None
+) -> tuple[Any, bool]:
     """The job of the whole-program form of ``jaxpr`` (its inputs, then its
-    constants: repeated layers as loops), and whether it calls back into Python."""
+    constants: repeated layers as loops, ``names`` their paths), and whether it
+    calls back into Python."""
     fn, _ = _whole.program(jaxpr, donated)
     calls_back = any(
         eqn.params["call"].entry.host_callbacks
@@ -485,6 +504,7 @@ def _whole_job(jaxpr: Any, donated: tuple[int, ...], name: str) -> tuple[Any, bo
             named(fn, name),
             lambda: calls_back,
             what=f"jaxaot.jit {name}'s whole program",
+            names=names,
         )
 
     return submit_jobs({"whole": job})["whole"], calls_back

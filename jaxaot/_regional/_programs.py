@@ -29,7 +29,7 @@ from .._jax import (
     walk_jaxprs,
 )
 from .._keys._callbacks import callback_text, register_callbacks
-from .._keys._key import ComponentKey
+from .._keys._key import ComponentKey, Described
 from .._keys._sharding import region_sharding_parts
 from .._store import _explain
 from .._store._entry import Entry
@@ -50,13 +50,16 @@ def program_key(
     avals: Sequence[Any],
     donate: tuple[int, ...],
     shardings: tuple[Any, ...] | None = None,
+    names: Sequence[str] | None = None,
 ) -> ComponentKey:
     """The key of a program (``kind``: glue, whole program) whose content ``digest``
     names, compiled for ``avals`` with ``donate``d inputs and (where given) for
-    input ``shardings`` under the mesh in context."""
+    input ``shardings`` under the mesh in context. ``names``: the inputs' paths,
+    for a miss's explanation (never a part of the key)."""
     parts = base_parts(default_platform())
+    component = f"{kind}:{digest}"
     parts.update(
-        component=f"{kind}:{digest}",
+        component=Described(component, {"args": list(names)}) if names else component,
         in_tree="",
         static=(),
         args=types_text(avals),
@@ -106,10 +109,12 @@ class ProgramCache:
         text: str | None = None,
         what: str | None = None,
         name: str | None = None,
+        names: Sequence[str] | None = None,
     ) -> Any:
         """The executable of a glue program (a closed jaxpr, whose text is ``text``)
-        for inputs with ``shardings`` (see ``program``; ``what``: what a
-        miss's explanation calls it; ``name``: the function it is compiled as).
+        for inputs with ``shardings`` (see ``program``; ``what`` and ``names``: what a
+        miss's explanation calls it and its inputs; ``name``: the function it is
+        compiled as).
 
         A glue program's host callbacks (diffrax's and Equinox's error checks)
         name their Python functions in its digest (a jaxpr's text names them
@@ -131,6 +136,7 @@ class ProgramCache:
             lambda: has_host_callbacks(closed),
             shardings,
             what,
+            names,
         )
 
     def program(
@@ -143,13 +149,15 @@ class ProgramCache:
         callbacks: Callable[[], bool],
         shardings: tuple[Any, ...] | None = None,
         what: str | None = None,
+        names: Sequence[str] | None = None,
     ) -> Any:
         """The executable of ``fn`` (flat arrays to a flat list) at ``avals``, whose
         content ``digest`` names: from this process, else the cache, else compiled
         (and stored unless it calls back into Python). ``shardings``: the sharding
         each input is compiled for (``None``: none needed); all ``None`` outside a
         mesh, or no ``shardings``, is the unsharded executable. ``what``: what a
-        miss's explanation calls it (``jaxaot.jit step's glue program``)."""
+        miss's explanation calls it (``jaxaot.jit step's glue program``), and
+        ``names`` its inputs (their paths in the call)."""
         shardings, memo_key = _placed(shardings, (digest, avals, donate))
 
         def load(cache: Cache, key: ComponentKey) -> Any:
@@ -180,7 +188,7 @@ class ProgramCache:
             self._exes,
             memo_key,
             self._locks(memo_key),
-            lambda: program_key(self.kind, digest, avals, donate, shardings),
+            lambda: program_key(self.kind, digest, avals, donate, shardings, names),
             Codec(f"{self.kind} executable", load, save, executable=True),
             make,
             self.counters,

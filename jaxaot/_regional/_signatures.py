@@ -1,11 +1,13 @@
 """A call signature that ``jaxaot.jit`` traces and plans for the first time: its
-executables loaded while it is traced (``loading_ahead``), and what is new in it,
+types (``signature_types``), its executables loaded while it is traced
+(``loading_ahead``), and what is new in it,
 said when misses are explained (``JAXAOT_EXPLAIN_MISSES=1``, or JAX's own
 ``jax_explain_cache_misses``), as ``jax.jit`` explains its cache misses."""
 
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -13,13 +15,32 @@ from typing import Any
 import jax
 
 from .._component._arguments import Arguments
+from .._component._types import type_of
 from .._store._active import get_cache
 from .._store._executables import platform_text
 from .._store._prefetch import ahead
 
-__all__ = ["loading_ahead", "say_new_signature"]
+__all__ = ["loading_ahead", "say_new_signature", "signature_types"]
 
 logger = logging.getLogger("jaxaot")
+
+_AVAL = operator.attrgetter("aval")
+_SHARDING = operator.attrgetter("sharding")
+
+
+def signature_types(leaves: Sequence[Any], arrays: bool) -> tuple[Any, ...]:
+    """The type of each leaf (``type_of`` of ``jax.typeof``; for plain arrays,
+    ``arrays``: every leaf is one, without ``jax.typeof``'s per-leaf cost).
+
+    Keyed by value: JAX interns its types and, from jax 0.12 on, compares them by
+    identity, and equal types made by two routes (an eager result's, an
+    executable's) are two objects; a step's outputs fed back as its inputs must
+    find the plan of those inputs."""
+    if arrays and jax.sharding.NamedSharding not in set(map(type, map(_SHARDING, leaves))):
+        avals: Any = map(_AVAL, leaves)  # what jax.typeof gives for these
+    else:
+        avals = map(jax.typeof, leaves)
+    return tuple(map(type_of, avals))
 
 
 def say_new_signature(
