@@ -189,3 +189,52 @@ def test_outputs_no_step_writes_are_arrays_as_under_jax_jit(whole_program: bool)
             g.block_until_ready()
     if not whole_program:
         assert _plan_of(run).mode == _plan.SPLIT
+
+
+_ON_A_MESH = """
+import json
+import jax, jax.numpy as jnp, jaxaot
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+@jax.checkpoint
+def layer(w, x):
+    return x + jnp.tanh(x @ w)
+
+def step(ws, x, lr, *, n):
+    for w in ws:
+        x = layer(w, x)
+    return x.sum() * lr, {"lr": lr, "n": n, "x": x}
+
+same = []
+for types in ((AxisType.Explicit,), (AxisType.Auto,)):
+    mesh = jax.make_mesh((8,), ("d",), axis_types=types)
+    with jax.set_mesh(mesh):
+        x = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P("d")))
+        ws = [jax.device_put(jnp.eye(8) * 0.1, NamedSharding(mesh, P()))] * 6
+        want = jax.jit(step, static_argnames="n")(ws, x, 0.1, n=3)
+        got = jaxaot.jit(step, static_argnames="n", whole_program=False)(ws, x, 0.1, n=3)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            same.append([str(g.sharding), str(w.sharding), g.dtype == w.dtype])
+print(json.dumps(same))
+"""
+
+
+def test_outputs_no_step_writes_are_placed_on_the_calls_mesh(
+    subprocess_env: dict[str, str],
+) -> None:
+    """On a mesh (explicit and auto axes, 8 simulated devices), an output no
+    executable computes is replicated over the call's mesh, as jax.jit places it
+    (not on one device)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**subprocess_env, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _ON_A_MESH], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pairs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(pairs) == 8
+    for got, want, dtype in pairs:
+        assert got == want and dtype, (got, want)

@@ -192,11 +192,8 @@ class Plan:
         else:
             self._run_steps(env, self.in_flight)
         out = list(self._get_out(env))
-        for i in self._unwritten:
-            if not isinstance(out[i], jax.Array):
-                # (A Python scalar, a NumPy value, a literal's typed scalar: placed as
-                # jax.jit places it, its weak type kept, with no program compiled.)
-                out[i] = jax.device_put(out[i])
+        if self._unwritten:
+            _as_arrays(out, self._unwritten, leaves)
         if self.delete_after:
             self.wait()
             _delete(leaves, self.delete_after, out)
@@ -255,6 +252,27 @@ def _last_uses(steps: Sequence[Step], n_kept: int, keep: Sequence[int]) -> list[
         if slot >= n_kept and slot not in kept:
             dead[k].append(slot)
     return [tuple(d) for d in dead]
+
+
+def _as_arrays(out: list[Any], positions: Sequence[int], leaves: Sequence[Any]) -> None:
+    """The outputs at ``positions`` that are not arrays (a Python scalar, a NumPy
+    value, a literal's typed scalar) placed as ``jax.jit`` places them: arrays of
+    their dtype and weak type, replicated over the devices the call computes on
+    (the mesh of its arrays, or their one device), with no program compiled."""
+    loose = [i for i in positions if not isinstance(out[i], jax.Array)]
+    if not loose:
+        return
+    where: Any = None  # (no array anywhere: the default device)
+    for value in (*out, *leaves):
+        sharding = value.sharding if isinstance(value, jax.Array) else None
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            where = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+            break
+        if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+            where = sharding
+            break
+    for i in loose:
+        out[i] = jax.device_put(out[i], where)
 
 
 def _delete(leaves: Sequence[Any], positions: Sequence[int], out: Sequence[Any]) -> None:
