@@ -673,6 +673,42 @@ def test_a_body_constraining_its_result_to_a_mesh_warm_starts_its_glue(tmp_path:
     assert warm == {"lowerings": 0, "compiles": 0}, warm
 
 
+def test_a_component_called_inside_a_shard_map_gives_jax_jit_values() -> None:
+    """A component with no collective called inside a ``shard_map`` body (as the
+    body itself, its output varying over the axis; and on an invariant input
+    only), on an auto and an explicit mesh, under ``jax.jit``, ``jaxaot.jit`` and
+    ``grad``: its values are typed over the shard_map's manual axes, so it is
+    lowered with its caller, as one with a collective is (it failed with a bare
+    AssertionError while its entry was lowered on its own)."""
+    run_devices(
+        """
+        for types in (AxisType.Auto, AxisType.Explicit):
+            mesh = jax.make_mesh((8,), ("data",), axis_types=(types,))
+            x = jax.device_put(jnp.arange(16.0).reshape(8, 2), NamedSharding(mesh, P("data")))
+            w = jnp.full((2, 2), 0.5)
+            body = lambda w, x: jnp.tanh(x @ w) * 2
+            scale = lambda w: w * 3
+
+            def outer(f, g):
+                def inner(w, x):
+                    return f(g(w), x)
+                return jax.shard_map(inner, mesh=mesh, in_specs=(P(), P("data")),
+                                     out_specs=P("data"))
+
+            def loss(f, g):
+                return lambda w, x: outer(f, g)(w, x).sum()
+
+            comp, comp_scale = jaxaot.component(body), jaxaot.component(scale)
+            with jax.set_mesh(mesh):
+                want = jax.jit(outer(body, scale))(w, x)
+                same(jax.jit(outer(comp, comp_scale))(w, x), want, f"{types} in jax.jit")
+                same(jaxaot.jit(outer(comp, comp_scale))(w, x), want, f"{types} in jaxaot.jit")
+                want = jax.jit(jax.grad(loss(body, scale)))(w, x)
+                same(jax.jit(jax.grad(loss(comp, comp_scale)))(w, x), want, f"{types} grad")
+        """
+    )
+
+
 def test_collectives_over_an_enclosing_shard_map_axis_give_jax_jit_values() -> None:
     """A component whose body takes a collective over the axis of the shard_map
     it is called in (``psum``, ``pmean``, ``axis_index``), under ``jax.jit``,

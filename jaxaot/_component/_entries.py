@@ -25,8 +25,9 @@ def _local_reason(callbacks: bool, axis: bool, linear: bool, plain: str | None) 
         return "it is a custom_vjp rule's linear part, which only its transpose uses"
     if axis:
         return (
-            "its program uses a mesh or vmap axis bound outside it (a collective over "
-            "an enclosing shard_map's axis), so it is lowered with its caller"
+            "its program uses a mesh or vmap axis bound outside it (it is called inside "
+            "a shard_map, or takes a collective over an enclosing axis), so it is "
+            "lowered with its caller"
         )
     if plain is not None:
         return f"its program {plain}"

@@ -132,9 +132,18 @@ def needs_plain_jax(devices: Devices) -> str | None:
 def needs_context(closed: Any) -> tuple[bool, bool]:
     """Whether a jaxpr can only be lowered inside a context it does not have, as
     ``(outer axis, linear part)``: it uses a named axis bound outside it (``psum``
-    over an outer ``vmap`` axis), or it holds a ``custom_vjp`` rule's linear part
+    over an outer ``vmap`` axis), or its values are typed over the manual axes of
+    an enclosing ``shard_map`` (it is called inside one: a program of its own
+    cannot take such types), or it holds a ``custom_vjp`` rule's linear part
     (only its transpose can be lowered, and is cached)."""
-    return named_axis_effect(closed.effects), uses_primitive(closed, ("custom_lin",))
+    manual = any(map(_over_manual_axes, (*closed.in_avals, *closed.out_avals)))
+    outer = manual or named_axis_effect(closed.effects)
+    return outer, uses_primitive(closed, ("custom_lin",))
+
+
+def _over_manual_axes(aval: Any) -> bool:
+    mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
+    return AxisType.Manual in (getattr(mesh, "axis_types", None) or ())
 
 
 def devices_to_json(devices: Devices) -> list[Any]:
