@@ -673,6 +673,30 @@ def test_a_body_constraining_its_result_to_a_mesh_warm_starts_its_glue(tmp_path:
     assert warm == {"lowerings": 0, "compiles": 0}, warm
 
 
+def test_in_shardings_over_devices_that_disagree_raise_jax_jits_error() -> None:
+    """``in_shardings`` naming a mesh of 8 devices for one argument and one device
+    for another (an optimizer's step counter left where it was made): the call
+    raises ``jax.jit``'s error, which names both arguments, and not an error of
+    an executable compiled for other shardings, naming ``args[1]``."""
+    out = run_devices(
+        """
+        mesh = auto_mesh((4, 2), ("data", "model"))
+        w = jax.device_put(jnp.ones((16, 16)), NamedSharding(mesh, P("data", None)))
+        count = jnp.zeros([], jnp.int32)
+        shardings = (NamedSharding(mesh, P("data", None)), count.sharding)
+        step = lambda w, c: (w * 2.0, c + 1)
+        for make in (jax.jit, jaxaot.jit):
+            try:
+                make(step, in_shardings=shardings)(w, count)
+            except ValueError as e:
+                print(type(e).__name__, str(e).splitlines()[0])
+        """
+    )
+    want, got = out.strip().splitlines()[-2:]
+    assert "incompatible devices" in want and "argument c of" in want, want
+    assert got == want
+
+
 def test_a_component_called_inside_a_shard_map_gives_jax_jit_values() -> None:
     """A component with no collective called inside a ``shard_map`` body (as the
     body itself, its output varying over the axis; and on an invariant input

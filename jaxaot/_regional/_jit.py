@@ -145,11 +145,10 @@ class RegionalFunction:
             blocks=check_blocks(blocks),
             program=fun,
         )
-        # Calls of plain arguments whose plan runs its whole-program form go
-        # through JAX's C++ dispatcher straight to that executable (see
-        # ``_dispatch_miss``), static arguments keyed by it as under jax.jit;
-        # not with placements. (Donated inputs are donated by the executable
-        # itself, as under jax.jit's C++ path.)
+        # Calls of plain arguments whose plan runs its whole-program form go through
+        # JAX's C++ dispatcher straight to that executable (``_dispatch_miss``),
+        # static arguments keyed by it, donated inputs donated by the executable,
+        # as under jax.jit's C++ path; not with placements.
         self._simple = (
             all(i >= 0 for i in self._arguments.static_argnums)
             and in_shardings is UNSET
@@ -259,6 +258,8 @@ class RegionalFunction:
             targets = flat_targets(self._in_shardings, dyn_args, "in_shardings")
             targets += (None,) * (len(leaves) - len(targets))  # keyword arguments
             self._in_targets[treedef] = targets
+        if len({t.device_set for t in targets if t is not None}) > 1:
+            return None  # in_shardings over devices that disagree: jax.jit says how
         placed = list(leaves)
         for i, (leaf, target) in enumerate(zip(leaves, targets, strict=True)):
             if target is None:
@@ -335,8 +336,7 @@ class RegionalFunction:
                     # (It takes the dynamic arguments: the dispatcher keys the static ones.)
                     dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
                     return fastpath_miss(exe, dyn_args, dyn_kwargs)  # type: ignore[no-any-return]
-        # No fast path for this signature yet: the dispatcher forgets it (True),
-        # so that a later call can give it one.
+        # No fast path for this signature yet: forgotten (True), for a later call to give.
         return self._call_slow(args, kwargs, *parts, plan=found), None, True
 
     def _refuse_under_target(self) -> None:
