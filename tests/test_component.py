@@ -77,7 +77,19 @@ def test_an_explicit_key_served_after_a_global_number_changed_says_so(
     finally:
         _SCALE = 0.5
     said = [r.getMessage() for r in caplog.records if "made by code that differs" in r.getMessage()]
-    assert len(said) == 1 and "'_scaled'" in said[0], caplog.text
+    assert len(said) == 1 and "'_scaled' (key 'scaled-v1')" in said[0], caplog.text
+    # A callable key is named by the value it gave, not by the callable's address.
+    caplog.clear()
+    x = jnp.ones(4)
+    jaxaot.component(_scaled, key=lambda x: ("scaled", x.shape[0]))(x)
+    _SCALE = 0.9
+    try:
+        with caplog.at_level(logging.WARNING, logger="jaxaot"):
+            jaxaot.component(_scaled, key=lambda x: ("scaled", x.shape[0]))(x)
+    finally:
+        _SCALE = 0.5
+    said = [r.getMessage() for r in caplog.records if "made by code that differs" in r.getMessage()]
+    assert len(said) == 1 and "(key ('scaled', 4))" in said[0], caplog.text
 
 
 def test_raising_body_runs_for_a_new_signature() -> None:

@@ -83,6 +83,13 @@ R = TypeVar("R")
 _TraceAnnotation = jax.profiler.TraceAnnotation
 
 
+def _key_text(entry: Entry, key: Any) -> str:
+    """An explicit key as a warning names it: the value it gave for the entry
+    (a callable key's, not the callable)."""
+    part = str(entry.key.parts.get("component", ""))
+    return part.removeprefix("key:") if part.startswith("key:") else repr(key)
+
+
 class Component(Generic[P, R]):
     """A function whose output shapes, StableHLO and executables are cached.
 
@@ -279,7 +286,8 @@ class Component(Generic[P, R]):
             return
         _stats.warn_once(
             f"code:{self.name}:{id(self)}",
-            f"jaxaot: component {self.name!r} (key {self._key!r:.60}) was served an entry "
+            f"jaxaot: component {self.name!r} (key {_key_text(entry, self._key):.60}) was served "
+            "an entry "
             "made by code that differs from the code running now (its code, or a number or "
             "string it reads by name). An explicit key is a "
             "promise that the computation is the same; change the key when the "
