@@ -306,7 +306,8 @@ def test_explain_compiles_nothing(compiles: list[str]) -> None:
             "cached whole (kept whole: components under scan/fori_loop are compiled with "
             "their glue)",
         ),
-        (lambda v: jnp.sin(v) * 2, (v,), "cached whole (nothing to split: it calls no component"),
+        # (Saying how a layer called in a loop would split.)
+        (lambda v: jnp.sin(v) * 2, (v,), "repeats no block; a layer called in a loop splits"),
     ]
     compiles.clear()  # the inputs' own (eager) compiles
     for fn, args, says in cases:

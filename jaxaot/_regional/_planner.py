@@ -258,7 +258,11 @@ def _cut(
         if kept_whole is not None:
             why = kept_whole
         elif finder is not None:
-            why = "nothing to split: it calls no component and repeats no block"
+            why = (
+                "nothing to split: it calls no component and repeats no block; a layer "
+                "called in a loop splits as a block under @jaxaot.component, jax.checkpoint "
+                "or jaxaot.jit(blocks=...)"
+            )
         else:
             why = "nothing to split: it calls no component (auto_regions=False, no blocks=)"
     else:
