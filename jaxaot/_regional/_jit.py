@@ -258,7 +258,7 @@ class RegionalFunction:
             targets = flat_targets(self._in_shardings, dyn_args, "in_shardings")
             targets += (None,) * (len(leaves) - len(targets))  # keyword arguments
             self._in_targets[treedef] = targets
-        if len({t.device_set for t in targets if t is not None}) > 1:
+        if len({frozenset(t.device_set) for t in targets if t is not None}) > 1:
             return None  # in_shardings over devices that disagree: jax.jit says how
         placed = list(leaves)
         for i, (leaf, target) in enumerate(zip(leaves, targets, strict=True)):
