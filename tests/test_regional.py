@@ -1365,3 +1365,38 @@ def test_outputs_fed_back_find_the_plan_of_the_inputs(
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got == {"plans": 1, "compiles": 0, "traces": 0, "same": True}, got
+
+
+def test_region_executables_are_named_after_their_blocks() -> None:
+    """Each region executable compiles under its block's name (``jit(block)``,
+    ``jit(checkpoint(layer))``), as jax.jit names a program after its function,
+    in JAX's compile events (and so the profiler and HLO): never ``jit(<lambda>)``."""
+    names: list[str] = []
+
+    def listen(event: str, seconds: float, **kw: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            names.append(str(kw.get("fun_name")))
+
+    @jax.checkpoint
+    def layer(w: jax.Array, x: jax.Array) -> jax.Array:
+        return x + jnp.tanh(x @ w)
+
+    @jaxaot.component
+    def named_block(w: jax.Array, x: jax.Array) -> jax.Array:
+        return x + jnp.sin(x @ w)
+
+    def step(ws: list[jax.Array], x: jax.Array) -> jax.Array:
+        for w in ws:
+            x = named_block(w, layer(w, x))
+        return jnp.mean(x**2)
+
+    ws, x = [jnp.eye(8) * 0.1 for _ in range(4)], jnp.ones((2, 8))
+    jax.block_until_ready((ws, x))
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        got = jaxaot.jit(jax.grad(step), whole_program=False)(ws, x)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    close(got, jax.jit(jax.grad(step))(ws, x))
+    assert "jit(named_block)" in names and "jit(checkpoint(layer))" in names, names
+    assert not any("<lambda>" in n for n in names), names

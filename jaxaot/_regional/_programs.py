@@ -25,6 +25,7 @@ from .._jax import (
     has_host_callbacks,
     is_callback_equation,
     jaxpr_program,
+    named,
     serialize_with_callbacks,
     walk_jaxprs,
 )
@@ -256,7 +257,10 @@ def region_executable(
     if donate:
         memo = (memo, "donate", donate)
     placement = _placement(shardings, call.entry.in_avals)
-    return flat_executable(call, lambda *a: bind(call, a), memo, shardings, placement, donate)
+    # Named after its entry (``block``, ``checkpoint(layer) forward``), as jax.jit
+    # names a program after its function: in compile logs, the profiler and HLO.
+    run = named(lambda *a: bind(call, a), call.entry.name or call.component.name)
+    return flat_executable(call, run, memo, shardings, placement, donate)
 
 
 def _placed(shardings: tuple[Any, ...] | None, memo: Any) -> tuple[Any, Any]:
