@@ -172,7 +172,7 @@ def test_labels_tell_apart_calls_that_read_the_same() -> None:
             m.add(f, jax.ShapeDtypeStruct((4, 2), jnp.float32))
     assert [item.label for item in m] == [
         "<lambda>(f32[4,2])",
-        "<lambda>(f32[4,2]) [mesh (d=1) Auto]",
+        "<lambda>(f32[4,2]) [mesh d=1:Auto]",
     ]
 
 

@@ -1,15 +1,14 @@
 """``jaxaot.jit``: regional compilation of programs made of components.
 
-``jax.jit`` inlines every component call, so XLA compiles the whole unrolled
-program. ``jaxaot.jit`` traces the program the same way, then cuts its jaxpr at
-the component calls (``_planner``, ``_split``): each call runs its component's
-own executable, compiled once per entry, and the equations between calls form
-glue programs, compiled once per distinct program (``_programs``). Which form
-a program runs in, split or one program with its repeated layers as loops
-(``_whole``), is decided from the program when its plan is made (``_plan``).
-A program with nothing to split is served whole, as one cached region; one
-that cannot be split runs under plain ``jax.jit``. Either way the result is
-the one ``jax.jit`` would give.
+``jax.jit`` inlines every component call, so XLA compiles the whole unrolled program.
+``jaxaot.jit`` traces the program the same way, then cuts its jaxpr at the component
+calls (``_planner``, ``_split``): each call runs its component's own executable,
+compiled once per entry, and the equations between calls form glue programs, compiled
+once per distinct program (``_programs``). Which form a program runs in, split or one
+program with its repeated layers as loops (``_whole``), is decided from the program
+when its plan is made (``_plan``). A program with nothing to split is served whole,
+as one cached region; one that cannot be split runs under plain ``jax.jit``. Either
+way the result is the one ``jax.jit`` would give.
 
 Donation, sharded programs (regions compiled for their inputs' shardings, in program
 order), multi-process jobs (each process decides alike): docs/regional.md, sharding.md.
@@ -249,17 +248,20 @@ class RegionalFunction:
                 raise self._arguments.leaf_error(dyn_args, dyn_kwargs, i) from None
 
     def _placed(self, leaves: list[Any], treedef: Any) -> list[Any] | None:
-        """The leaves placed as ``in_shardings`` says (as ``jax.jit`` places them:
-        host values and uncommitted arrays are put there); ``None`` where a
-        committed array is elsewhere (``jax.jit`` says what happens then)."""
+        """The leaves placed as ``in_shardings`` says (as ``jax.jit`` places them: host
+        values and uncommitted arrays are put there); ``None`` where a committed array
+        is elsewhere, or ``in_shardings`` name devices that disagree (``jax.jit`` says
+        what happens then)."""
         targets = self._in_targets.get(treedef)
         if targets is None:
             dyn_args, _ = jax.tree_util.tree_unflatten(treedef, leaves)
             targets = flat_targets(self._in_shardings, dyn_args, "in_shardings")
             targets += (None,) * (len(leaves) - len(targets))  # keyword arguments
+            if len({frozenset(t.device_set) for t in targets if t is not None}) > 1:
+                targets = ()  # (noted once; every call goes to jax.jit)
             self._in_targets[treedef] = targets
-        if len({frozenset(t.device_set) for t in targets if t is not None}) > 1:
-            return None  # in_shardings over devices that disagree: jax.jit says how
+        if len(targets) != len(leaves):
+            return None
         placed = list(leaves)
         for i, (leaf, target) in enumerate(zip(leaves, targets, strict=True)):
             if target is None:
@@ -414,12 +416,11 @@ class RegionalFunction:
         donated: list[int],
         arrays: bool,
     ) -> Plan | None:
-        """The plan for these leaves (made on the first call of its signature).
-
-        A step loop calls with the same signature every time: for plain arrays,
-        the last call's signature is compared part by part (each part's elements
-        are mostly the very objects of the last call, which compare at once),
-        before the full signature is built and hashed."""
+        """The plan for these leaves (made on the first call of its signature). A step
+        loop calls with the same signature every time: for plain arrays, the last call's
+        signature is compared part by part (each part's elements are mostly the very
+        objects of the last call, which compare at once), before the full signature is
+        built and hashed."""
         if arrays:
             shardings: tuple[Any, ...] = tuple(map(_SHARDING, leaves))
             types = tuple(map(_AVAL, leaves))
@@ -475,15 +476,8 @@ class RegionalFunction:
         mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
         # The compile target: another platform's plans (in-process only).
         target = active_target()
-        return (
-            treedef,
-            signature_types(leaves, arrays),
-            statics,
-            shardings,
-            mesh,
-            trace_context(),
-            target,
-        )
+        types = signature_types(leaves, arrays)
+        return (treedef, types, statics, shardings, mesh, trace_context(), target)
 
     def _agreed(self, plan: Plan | None) -> Plan | None:
         """In a multi-process job, the plan if every process could split the program

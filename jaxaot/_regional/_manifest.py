@@ -51,7 +51,7 @@ from .._store._once import drop, keep, lease_ttl, lease_wait
 from .._store._writer import wait_for_writes
 from ._jit import RegionalFunction
 
-__all__ = ["Manifest", "Signature", "manifest"]
+__all__ = ["Manifest", "Signature", "manifest", "raised_at"]
 
 logger = logging.getLogger("jaxaot")
 
@@ -143,7 +143,7 @@ def _difference(a: Signature, b: Signature) -> str:
     """What tells the call ``b`` from ``a`` when their labels read the same: its
     mesh, or its first leaf (by path) of another type, sharding or value."""
     if a.mesh != b.mesh:
-        return f"mesh {_mesh_words(b.mesh)}"
+        return "no mesh" if b.mesh is None else f"mesh {mesh_axes(b.mesh)}"
     leaves_a, tree_a = jax.tree_util.tree_flatten((a.args, a.kwargs))
     with_paths, tree_b = jax.tree_util.tree_flatten_with_path((b.args, b.kwargs))
     if tree_a != cast(Any, tree_b):
@@ -169,15 +169,6 @@ def _path_words(path: tuple[Any, ...]) -> str:
         return "args" + jax.tree_util.keystr(rest)
     head = rest[0]
     return str(getattr(head, "key", head)) + jax.tree_util.keystr(rest[1:])
-
-
-def _mesh_words(mesh: Any) -> str:
-    if mesh is None:
-        return "none"
-    types = getattr(mesh, "axis_types", None)
-    axes = ", ".join(f"{n}={k}" for n, k in zip(mesh.axis_names, mesh.devices.shape, strict=True))
-    kinds = sorted({str(t).rsplit(".", 1)[-1] for t in types}) if types else []
-    return f"({axes}){' ' + '/'.join(kinds) if kinds else ''}"
 
 
 def _same_call(a: Signature, b: Signature) -> bool:
@@ -277,11 +268,14 @@ class Manifest:
                 break
         if len(label) > _LABEL_CHARS:
             label = label[: _LABEL_CHARS - 2] + "…)"
+        base = label
         if note:
             label += f" [{note}]"
         item = Signature(function, tuple(args), dict(kwargs), label, mesh)
-        if any(_same_call(other, item) for other in self._items):
-            return self  # (a call added twice, buckets that repeat one: once)
+        # (A call added twice, buckets that repeat one: once. Only calls whose labels
+        # read alike but for a note can be one call: the others are not compared.)
+        if any(o.label.startswith(base) and _same_call(o, item) for o in self._items):
+            return self
         alike = [other for other in self._items if other.label == label]
         if alike:  # another call that reads the same (in its trees, its mesh): told apart
             label += f" [{_difference(alike[0], item)}]"
@@ -533,13 +527,13 @@ def _error_text(error: Exception) -> str:
     text = " ".join(str(error).split())
     if len(text) > _ERROR_CHARS:
         text = text[: _ERROR_CHARS - 1] + "…"
-    where = _raised_at(error)
+    where = raised_at(error)
     return (
         type(error).__name__ + (f": {text}" if text else "") + (f" (at {where})" if where else "")
     )
 
 
-def _raised_at(error: BaseException) -> str | None:
+def raised_at(error: BaseException) -> str | None:
     """The innermost ``file:line`` of the traceback in the user's code: not JAX's,
     jaxaot's or Python's own, and where there is one, not an installed package's
     (the user's line that called a library rather than the library's)."""

@@ -112,8 +112,10 @@ def _raised(error: Exception) -> str:
     text = " ".join(f"{type(error).__name__}: {error}".split())
     if isinstance(error, SyntaxError) and error.filename:
         return f"{text} ({error.filename}:{error.lineno})"
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if "importlib" not in f.filename]
-    return f"{text} ({frames[-1].filename}:{frames[-1].lineno})" if frames else text
+    from .._regional._manifest import raised_at
+
+    where = raised_at(error)
+    return f"{text} ({where})" if where else text
 
 
 def load_manifest(target: str) -> Any:
