@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["flag", "number"]
+__all__ = ["SettingError", "flag", "number"]
+
+
+class SettingError(ValueError):
+    """A ``JAXAOT_*`` environment variable set to a value jaxaot cannot use (the
+    command line says it in one line)."""
 
 
 def number(name: str, default: float, what: str, *, minimum: float | None = None) -> float:
     """``$name`` as a number, or ``default`` where it is unset or blank.
 
     Raises:
-      ValueError: naming the variable and ``what`` it must be, where it is not a
+      SettingError: naming the variable and ``what`` it must be, where it is not a
         number, or is below ``minimum``.
     """
     text = os.environ.get(name, "").strip()
@@ -21,9 +26,9 @@ def number(name: str, default: float, what: str, *, minimum: float | None = None
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{name} must be {what}, got {text!r}") from None
+        raise SettingError(f"{name} must be {what}, got {text!r}") from None
     if minimum is not None and not value >= minimum:
-        raise ValueError(f"{name} must be {what}, got {text!r}")
+        raise SettingError(f"{name} must be {what}, got {text!r}")
     return value
 
 

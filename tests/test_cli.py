@@ -460,8 +460,8 @@ def test_info_ambiguous_unknown_and_invalid_keys(
     d = ["--dir", str(cache_dir)]
 
     code, _, err = run(capsys, "cache", "info", key[:4], *d)
-    assert code == 2
-    assert_one_line_error(err, "ambiguous", key[:4])
+    assert code == 1
+    assert_one_line_error(err, "ambiguous", key[:4], "give more digits")
 
     # A longer prefix and the full key pick one entry again.
     assert run(capsys, "cache", "info", key[:6], *d)[0] == 0
@@ -476,13 +476,13 @@ def test_info_ambiguous_unknown_and_invalid_keys(
         p for p in (f"{i:04x}" for i in range(1 << 16)) if not any(k.startswith(p) for k in keys)
     )
     code, _, err = run(capsys, "cache", "info", unknown, *d)
-    assert code == 2
+    assert code == 1  # not a usage error: no such entry
     assert_one_line_error(err, "no entry matches")
 
     for bad in ("abc", "zzzz1234"):
         code, _, err = run(capsys, "cache", "info", bad, *d)
-        assert code == 2
-        assert_one_line_error(err, "invalid key")
+        assert code == 2  # a usage error, with a pointer to the command's help
+        assert_one_line_error(err, "invalid key", "'jaxaot cache info --help'")
 
 
 # -- stats -----------------------------------------------------------------------
@@ -1015,6 +1015,31 @@ def test_unknown_cache_choice_names_urls(
     code, _, err = run(capsys, "cache", "ls")
     assert code == 1
     assert_one_line_error(err, "'bogus'", "redis://", "file://")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        ("JAXAOT_CACHE_HMAC_KEY", " ", "is set but empty"),
+        ("JAXAOT_CACHE_MAX_BYTES", "lots", "JAXAOT_CACHE_MAX_BYTES"),
+    ],
+)
+@pytest.mark.parametrize("command", [("cache", "ls"), ("cache", "stats"), ("cache", "verify")])
+def test_a_setting_jaxaot_cannot_use_is_a_one_line_error(
+    cache_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    value: str,
+    words: str,
+    command: tuple[str, ...],
+) -> None:
+    """A JAXAOT_* variable set to what jaxaot cannot use (a signing key that did
+    not reach the process) is said in one line, exit status 1: no traceback."""
+    monkeypatch.setenv(variable, value)
+    code, out, err = run(capsys, *command, "--dir", str(cache_dir))
+    assert code == 1 and out == ""
+    assert_one_line_error(err, words)
 
 
 def test_export_of_an_unknown_component_writes_nothing(

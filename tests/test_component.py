@@ -92,6 +92,52 @@ def test_an_explicit_key_served_after_a_global_number_changed_says_so(
     assert len(said) == 1 and "(key ('scaled', 4))" in said[0], caplog.text
 
 
+_HELPERS = """
+import numpy as np
+ALPHA = {alpha}
+TABLE = np.full(3, 2.0, np.float32)
+
+def h(x):
+    return x * {factor}
+"""
+
+
+def test_an_explicit_key_sees_what_it_reads_through_a_project_module(
+    fresh_cache: jaxaot.MemoryCache,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``import helpers as H``; ``H.h(x)``, ``H.ALPHA``: an explicit-key component
+    served an entry made when the project module's function or number was
+    another says so, as when it names them directly; an array it reads there is
+    refused (its key cannot cover the array's value)."""
+    import importlib
+
+    name = f"helpers_{abs(hash(tmp_path)) % 10**8}"
+    source = tmp_path / f"{name}.py"
+    source.write_text(_HELPERS.format(alpha=0.5, factor=2.0))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    space: dict[str, Any] = {"H": module}
+    exec("def by_function(x):\n    return H.h(x)\n", space)
+    exec("def by_number(x):\n    return x * H.ALPHA\n", space)
+    exec("def by_array(x):\n    return x * H.TABLE\n", space)
+    x = jnp.ones(3)
+    for fun in ("by_function", "by_number"):
+        jaxaot.component(space[fun], key=fun)(x)
+    with pytest.raises(jaxaot.ClosureError, match="global 'H.TABLE', shape"):
+        jaxaot.component(space["by_array"], key="by_array")(x)
+    source.write_text(_HELPERS.format(alpha=0.75, factor=3.0))  # the edit
+    importlib.reload(module)
+    with caplog.at_level(logging.WARNING, logger="jaxaot"):
+        for fun in ("by_function", "by_number"):
+            jaxaot.component(space[fun], key=fun)(x)  # (the promise, kept as given)
+    said = [r.getMessage() for r in caplog.records if "made by code that differs" in r.getMessage()]
+    assert len(said) == 2, caplog.text
+    assert "'by_function' (key 'by_function')" in said[0] and "(key 'by_number')" in said[1]
+
+
 def test_raising_body_runs_for_a_new_signature() -> None:
     jaxaot.component(lambda x: x + 1, key="k")(jnp.ones(3))
     second = jaxaot.component(_raising, key="k")
@@ -270,6 +316,26 @@ def test_donate_argnums_at_top_level() -> None:
     np.testing.assert_allclose(out, 2 * np.ones(1024))
     assert x.is_deleted()
     assert not y.is_deleted()
+
+
+def test_donate_argnames_as_jax_jit_takes_it() -> None:
+    """``donate_argnames`` donates the named argument, passed by position or by
+    name, as under jax.jit; a keyword-only parameter is refused, by name."""
+
+    def step(state: jax.Array, x: jax.Array) -> jax.Array:
+        return state + x
+
+    comp = jaxaot.component(step, donate_argnames="state")
+    for call in (lambda s, x: comp(s, x), lambda s, x: comp(state=s, x=x)):
+        state, x = jnp.ones(256), jnp.ones(256)
+        np.testing.assert_array_equal(call(state, x), jax.jit(step)(jnp.ones(256), x))
+        assert state.is_deleted() and not x.is_deleted()
+
+    def only(a: jax.Array, *, b: jax.Array) -> jax.Array:
+        return a + b
+
+    with pytest.raises(ValueError, match=r"'only'.*donate_argnames \['b'\] are not positional"):
+        jaxaot.component(only, donate_argnames="b")
 
 
 # -- 9. nothing silently stale ------------------------------------------------------------

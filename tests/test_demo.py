@@ -180,3 +180,25 @@ def test_demo_over_a_shared_store_reports_each_tier(
     local, shared = second["tier"]
     assert local.startswith(f"{tmp_path}/local2: 0 hits")
     assert shared.startswith(f"{store}: ") and not shared.startswith(f"{store}: 0 hits")
+    # Each verified hit of the store was copied into the fresh local tier (as
+    # docs/sharing.md shows): as many written there as the store served.
+    served = counts(shared.rpartition(": ")[2])["hits"]
+    assert counts(local.rpartition(": ")[2])["written"] == served, second["tier"]
+
+
+def test_a_damaged_entry_is_not_counted_as_a_hit() -> None:
+    """The demo's counts: a sound entry read back is a hit; a damaged one (which
+    jaxaot drops and makes again) and a missing one are misses."""
+    from _helpers import make_blob
+
+    import jaxaot
+
+    counted = cli_demo.Counted(jaxaot.MemoryCache())
+    key, blob = make_blob("sound")
+    bad_key, bad = make_blob("damaged")
+    counted.put(key, blob)
+    counted.put(bad_key, bad[:-8] + bytes(8))
+    counted.get(key)
+    counted.get(bad_key)
+    counted.get("00" * 32)
+    assert (counted.hits, counted.misses, counted.puts) == (1, 2, 2)

@@ -56,6 +56,35 @@ def test_a_leaf_that_is_not_an_array_is_named_by_its_path(
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "error", "words"),
+    [
+        (2**70, OverflowError, "is the Python int 1180591620717411303424, outside the range"),
+        (np.array([1, "a"], dtype=object), TypeError, "is a NumPy array of dtype object"),
+        (np.array(["a", "b"]), TypeError, "is a NumPy array of dtype <U1"),
+    ],
+    ids=["int-too-large", "object-array", "string-array"],
+)
+def test_a_value_jax_cannot_type_is_named_by_its_path(
+    value: Any, error: type[Exception], words: str
+) -> None:
+    """A Python int too large for JAX's int type, or a NumPy array of a dtype JAX
+    has none for: jax.jit's error type, naming the function and the path (as
+    jax.jit's does), in a component and under jaxaot.jit."""
+
+    def f(x: jax.Array, y: Any) -> jax.Array:
+        return x * 2 + y["k"]
+
+    args = (jnp.ones(3), {"k": value})
+    with pytest.raises(error) as e:
+        jax.jit(f)(*args)
+    assert "y['k']" in str(e.value)
+    for who, fun in (("jaxaot.jit", jaxaot.jit(f)), ("jaxaot.component", jaxaot.component(f))):
+        with pytest.raises(error) as e:
+            fun(*args)
+        assert str(e.value).startswith(f"{who} 'f': the argument at path y['k'] {words}"), e.value
+
+
 def test_a_function_leaf_says_to_mark_the_field_static() -> None:
     text = _message(jaxaot.jit(apply), Model(jnp.ones(3), jax.nn.gelu), jnp.ones(3))
     assert "eqx.field(static=True)" in text

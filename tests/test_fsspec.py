@@ -184,6 +184,42 @@ def test_connection_errors_back_off(
     assert cache.get(key) == blob
 
 
+def test_a_store_down_when_the_cache_is_made_degrades_and_connects_later(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A driver that connects as it is made (ftp) with its server down: the cache
+    is made, says so once, and its calls are misses and skipped writes, as for a
+    store that goes down later; a component computes. With the server up, it
+    connects on the next use."""
+    import socket
+
+    pytest.importorskip("fsspec.implementations.ftp")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    cache = FsspecCache(f"ftp://127.0.0.1:{port}/jaxaot", backoff=60)
+    key, blob = make_blob()
+    assert cache.get(key) is None
+    cache.put(key, blob)
+    assert cache.lease(key, 10.0) is None
+    down = [w for w in warnings_of(caplog) if "connecting failed" in w]
+    assert len(down) == 1 and "ECONNREFUSED" in down[0], warnings_of(caplog)
+    assert not any("lease" in w for w in warnings_of(caplog))
+
+    @jaxaot.component
+    def double(x: Any) -> Any:
+        return x * 2
+
+    with jaxaot.using_cache(cache):
+        assert double(jnp.ones(3)).tolist() == [2.0, 2.0, 2.0]
+    assert len(warnings_of(caplog)) == 2  # the unsigned store's, and the outage
+    cache._down_until = 0.0  # the back-off is over: the next use connects again
+    cache._address = "memory://jaxaot-test-" + uuid.uuid4().hex  # (the server is back)
+    cache.put(key, blob)
+    assert cache.get(key) == blob
+
+
 def test_a_remote_call_that_hangs_is_cut_off_at_the_deadline(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

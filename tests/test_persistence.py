@@ -269,6 +269,25 @@ def test_corrupt_entry_is_a_miss_with_one_warning(
     np.testing.assert_allclose(_in_jit(_raising("persist"), x), expected)
 
 
+def test_many_bad_entries_of_one_cause_are_one_warning(
+    dcache: jaxaot.DirectoryCache, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cache whose entries were all damaged alike: each is a miss, recomputed and
+    quarantined, and the damage is one warning (the others at DEBUG)."""
+    names = [f"many-{i}" for i in range(4)]
+    populated = [_populate(name) for name in names]
+    for _, _, digest in populated:
+        _damage(dcache.path_for(digest), "flip_payload")
+    caplog.set_level(logging.DEBUG, logger="jaxaot")
+    for name, (x, expected, _) in zip(names, populated, strict=True):
+        np.testing.assert_allclose(_in_jit(_recomputing(name), x), expected)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "bad cache entry" in warnings[0], warnings
+    told = [r.getMessage() for r in caplog.records if "bad cache entry" in r.getMessage()]
+    assert len(told) == len(names), told  # each is still logged, at DEBUG
+    assert len(list((Path(dcache.stats()["path"]) / "quarantine").iterdir())) == len(names)
+
+
 def test_a_bad_entry_that_cannot_be_removed_is_said_once_not_dropped(
     dcache: jaxaot.DirectoryCache, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -200,21 +200,31 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 def layer(w, x):
     return x + jnp.tanh(x @ w)
 
-def step(ws, x, lr, *, n):
+def step(ws, x, lr, frozen, *, n):
     for w in ws:
         x = layer(w, x)
-    return x.sum() * lr, {"lr": lr, "n": n, "x": x}
+    return x.sum() * lr, {"lr": lr, "n": n, "x": x, "frozen": frozen}
 
 same = []
+frozen = jnp.zeros(3)  # uncommitted: jax.jit moves it to the call's devices
+
+def compare(ws, x):
+    want = jax.jit(step, static_argnames="n")(ws, x, 0.1, frozen, n=3)
+    for whole in (False, True):
+        fun = jaxaot.jit(step, static_argnames="n", whole_program=whole)
+        for _ in range(3):  # the first call, then the fast paths
+            got = fun(ws, x, 0.1, frozen, n=3)
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                same.append([str(g.sharding), str(w.sharding), g.dtype == w.dtype])
+
 for types in ((AxisType.Explicit,), (AxisType.Auto,)):
     mesh = jax.make_mesh((8,), ("d",), axis_types=types)
     with jax.set_mesh(mesh):
         x = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P("d")))
         ws = [jax.device_put(jnp.eye(8) * 0.1, NamedSharding(mesh, P()))] * 6
-        want = jax.jit(step, static_argnames="n")(ws, x, 0.1, n=3)
-        got = jaxaot.jit(step, static_argnames="n", whole_program=False)(ws, x, 0.1, n=3)
-        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-            same.append([str(g.sharding), str(w.sharding), g.dtype == w.dtype])
+        compare(ws, x)
+one = jax.devices()[1]  # committed to one device that is not the default
+compare([jax.device_put(jnp.eye(8) * 0.1, one)] * 6, jax.device_put(jnp.ones((16, 8)), one))
 print(json.dumps(same))
 """
 
@@ -224,7 +234,9 @@ def test_outputs_no_step_writes_are_placed_on_the_calls_mesh(
 ) -> None:
     """On a mesh (explicit and auto axes, 8 simulated devices), an output no
     executable computes is replicated over the call's mesh, as jax.jit places it
-    (not on one device)."""
+    (not on one device); an uncommitted input returned as it came is on the
+    call's mesh, or its one committed device, as under jax.jit: in both forms, on
+    the first call and the fast paths."""
     import json
     import subprocess
     import sys
@@ -235,6 +247,6 @@ def test_outputs_no_step_writes_are_placed_on_the_calls_mesh(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     pairs = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(pairs) == 8
+    assert len(pairs) == 3 * 2 * 3 * 5  # (meshes, forms, calls, outputs)
     for got, want, dtype in pairs:
         assert got == want and dtype, (got, want)

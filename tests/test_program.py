@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot._keys._program import content_digest, program_parts
+from jaxaot._keys._program import content_digest, program_digest, program_parts
 from jaxaot._keys._text import strip_addresses
 
 
@@ -47,6 +47,24 @@ def test_every_computation_change_changes_the_program() -> None:
         _parts(lambda x: x * 2, 1.0)["program"]
         != _parts(lambda x: x * 2, jnp.float32(1))["program"]
     )
+
+
+def test_a_program_digest_sees_the_constants_of_nested_jaxprs() -> None:
+    """Two programs whose text is the same, their inner ``jax.jit`` closing over
+    arrays of other values (the text leaves nested constants out): their digests
+    differ; the same program traced twice, or under other names, digests alike."""
+
+    def make(scale: float) -> object:
+        table = np.arange(3, dtype=np.float32) * scale
+        inner = jax.jit(lambda v: v * table)
+        return lambda x: jax.lax.cond(x[0] > 0, inner, lambda v: v, x) + 1
+
+    x = jnp.ones(3)
+    one, two = (jax.make_jaxpr(make(s))(x) for s in (1.0, 2.0))  # type: ignore[operator]
+    assert str(one) == str(two)
+    assert program_digest(one, "f") != program_digest(two, "f")
+    again = jax.make_jaxpr(make(1.0))(x)  # type: ignore[operator]
+    assert program_digest(again, "g") == program_digest(one, "f")
 
 
 def test_constants_are_keyed_by_content_in_their_own_part() -> None:

@@ -1400,3 +1400,94 @@ def test_region_executables_are_named_after_their_blocks() -> None:
     close(got, jax.jit(jax.grad(step))(ws, x))
     assert "jit(named_block)" in names and "jit(checkpoint(layer))" in names, names
     assert not any("<lambda>" in n for n in names), names
+
+
+def _inner_jit_model(scale: float, program: str) -> Any:
+    """A step whose glue calls a ``jax.jit`` function closing over an array that
+    ``scale`` sets: inside a ``cond``, a ``scan`` and a ``vmap``, around component
+    layers (``program``: none, split, whole) or none."""
+    table = np.arange(4, dtype=np.float32) * scale
+
+    @jax.jit
+    def inner(v: jax.Array) -> jax.Array:
+        return v * table
+
+    @jaxaot.component
+    def layer(w: jax.Array, x: jax.Array) -> jax.Array:
+        return x + jnp.tanh(x @ w)
+
+    def step(ws: list[jax.Array], x: jax.Array) -> jax.Array:
+        x = lax.cond(x[0, 0] > 0, inner, lambda v: v, x)
+        x, _ = lax.scan(lambda c, _: (inner(c), None), x, None, length=2)
+        if program != "none":
+            for w in ws:
+                x = inner(layer(w, x))
+        return jax.vmap(inner)(x) + 1
+
+    return step
+
+
+@pytest.mark.parametrize("program", ["none", "split", "whole"])
+def test_programs_differing_only_in_a_nested_constant_are_not_shared(program: str) -> None:
+    """Two functions whose programs print alike, their inner ``jax.jit`` closing
+    over different arrays (a jaxpr's text leaves out the constants of the jaxprs
+    it nests), each give jax.jit's values: in the program served whole, the
+    split program's glue and its whole-program form."""
+    ws, x = [jnp.eye(4) * 0.1 for _ in range(3)], jnp.ones((2, 4))
+    whole = program == "whole"
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        for scale in (1.0, 2.0, 3.0):
+            step = _inner_jit_model(scale, program)
+            got = jaxaot.jit(step, whole_program=whole)(ws, x)
+            close(got, jax.jit(step)(ws, x))
+
+
+def test_callbacks_over_different_arrays_run_their_own() -> None:
+    """Two programs alike but for the array their host callback closes over each
+    call their own callback, in one process: neither runs the other's executable."""
+    for scale in (1.0, 2.0):
+        table = np.arange(4, dtype=np.float32) * scale
+
+        def step(x: jax.Array, table: np.ndarray = table) -> jax.Array:
+            y = jax.pure_callback(lambda v: (v * table).astype(v.dtype), x, x)
+            return y + 1
+
+        got = jaxaot.jit(step)(jnp.ones(4))
+        np.testing.assert_array_equal(got, jax.jit(step)(jnp.ones(4)))
+
+
+_EDITED_CONSTANT = """
+import sys, json
+import numpy as np, jax, jax.numpy as jnp, jaxaot
+TABLE = np.arange(4, dtype=np.float32) * float(sys.argv[1])  # the edit
+
+@jax.jit
+def inner(v):
+    return v * TABLE
+
+def f(x):
+    return inner(x) + 1
+
+x = jnp.ones(4)
+got = jaxaot.jit(f)(x)
+jaxaot.wait_for_writes()
+print(json.dumps({"got": got.tolist(), "want": jax.jit(f)(x).tolist()}))
+"""
+
+
+def test_an_edited_constant_of_an_inner_jit_is_not_served_stale(
+    subprocess_env: dict[str, str],
+) -> None:
+    """A module's array that an inner ``jax.jit`` reads, edited between two
+    processes on one cache: the second process computes with the edited array."""
+    for scale in ("1", "2"):
+        proc = subprocess.run(
+            [sys.executable, "-c", _EDITED_CONSTANT, scale],
+            env=subprocess_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert got["got"] == got["want"], (scale, got)

@@ -55,6 +55,7 @@ import logging
 import os
 import posixpath
 import secrets
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -77,6 +78,14 @@ OBJECT_STORE_PROTOCOLS = frozenset(
     {"memory", "gs", "gcs", "s3", "s3a", "az", "abfs", "abfss", "adl", "oci", "oss", "r2"}
 )
 DEFAULT_BACKOFF = 1.0
+
+
+def fsspec_filesystem(url: str, options: dict[str, Any]) -> Any:
+    """The fsspec filesystem of ``url`` (raises what its driver raises)."""
+    import fsspec.core
+
+    return fsspec.core.url_to_fs(url, **options)[0]
+
 
 _LOCAL_PREFIXES = ("file://", "local://", "file:", "local:")
 
@@ -190,13 +199,24 @@ class FsspecCache(FaultTracking):
         self.max_bytes = max_bytes
         self.backoff = float(backoff)
         signing()  # an empty $JAXAOT_CACHE_HMAC_KEY is a configuration error: raise now
-        fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-        self.fs = fs
-        protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+        self._address = url
+        self._options = dict(storage_options or {})
+        self._fs: Any = None
+        unreachable: OSError | None = None
+        try:
+            self._fs, root = fsspec.core.url_to_fs(url, **self._options)
+            kind = type(self._fs)
+        except OSError as e:
+            # A driver that connects as it is made (ftp, sftp) with its server
+            # down: a fault like any other, said once; each use tries again.
+            unreachable = e
+            kind = fsspec.get_filesystem_class(fsspec.core.split_protocol(url)[0] or "file")
+            root = kind._strip_protocol(url)
+        protocols = kind.protocol if isinstance(kind.protocol, tuple | list) else (kind.protocol,)
         self.protocol = str(protocols[0])
         from fsspec.implementations.local import LocalFileSystem
 
-        self._local = isinstance(fs, LocalFileSystem)
+        self._local = issubclass(kind, LocalFileSystem)
         if self._local:
             _local_path(url)
         self._direct = not self._local and bool(OBJECT_STORE_PROTOCOLS.intersection(protocols))
@@ -216,6 +236,18 @@ class FsspecCache(FaultTracking):
         )
         if not self._local and self.protocol != "memory":
             warn_unsigned_remote("fsspec", self.url)
+        if unreachable is not None:
+            self._fault("connecting", unreachable)
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem (made on first use where the store was down)."""
+        if self._fs is None:
+            self._fs = fsspec_filesystem(self._address, self._options)
+        return self._fs
+
+    def _is_outage(self, e: BaseException) -> bool:
+        return isinstance(e, ConnectionError | TimeoutError | socket.gaierror)
 
     def __repr__(self) -> str:
         return f"FsspecCache({self.url!r})"
@@ -462,7 +494,10 @@ class FsspecCache(FaultTracking):
                 self._fault(what, e)
                 return False, None
 
-        return _objlease.take(run, self.fs, _objlease.lease_path(self._root, key), key, ttl)
+        ok, fs = run(f"lease of {key[:16]}", lambda: self.fs)  # connects where it was down
+        if not ok:
+            return None
+        return _objlease.take(run, fs, _objlease.lease_path(self._root, key), key, ttl)
 
     # -- internals -------------------------------------------------------------
 

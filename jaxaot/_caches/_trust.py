@@ -23,6 +23,8 @@ import os
 import stat
 import threading
 
+from .._env import SettingError
+
 __all__ = [
     "HMAC_ENV",
     "hmac_secret",
@@ -44,13 +46,13 @@ def hmac_secret() -> bytes | None:
     """The signing key from ``$JAXAOT_CACHE_HMAC_KEY``, or ``None`` when it is unset.
 
     Raises:
-      ValueError: the variable is set but empty or only whitespace.
+      SettingError: the variable is set but empty or only whitespace.
     """
     raw = os.environ.get(HMAC_ENV)
     if raw is None:
         return None
     if not raw.strip():
-        raise ValueError(
+        raise SettingError(
             f"${HMAC_ENV} is set but empty: the signing secret did not reach this process. "
             f"Set it to the secret shared by every process of the cache, or unset it to use "
             "plain checksums (then only caches that this user alone can write are read)"

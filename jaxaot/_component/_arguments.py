@@ -90,6 +90,33 @@ def not_an_array(who: str, path: str, value: Any) -> TypeError:
     )
 
 
+#: NumPy dtype kinds JAX has no type for: objects, strings, raw bytes, dates.
+_NO_JAX_KIND = frozenset("OUSVMm")
+
+
+def unfit_value(who: str, path: str, value: Any) -> Exception | None:
+    """The error for a leaf that is array-like but that JAX cannot take as it is
+    (``None`` for any other): a NumPy array of a dtype JAX has no type for, or a
+    Python int outside the range of the type JAX gives Python ints (jax.jit's
+    ``OverflowError``)."""
+    if isinstance(value, np.ndarray) and value.dtype.kind in _NO_JAX_KIND:
+        return TypeError(
+            f"{who}: the argument at path {path} is a NumPy array of dtype {value.dtype}, "
+            "which JAX has no type for. Pass arrays of numbers or booleans, or mark the "
+            "argument static with static_argnums/static_argnames."
+        )
+    if type(value) is int:
+        dtype = np.dtype(jax.dtypes.canonicalize_dtype(np.int64))
+        info = np.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            return OverflowError(
+                f"{who}: the argument at path {path} is the Python int {value}, outside "
+                f"the range of {dtype.name}, the type JAX gives Python ints here. Pass an "
+                "array of a wider type (with jax_enable_x64), or mark it static."
+            )
+    return None
+
+
 def check_hashable(who: str, name: str, value: Any) -> None:
     """Raises :class:`NonHashableStaticError` where ``value`` cannot be hashed."""
     try:
@@ -160,6 +187,22 @@ class Arguments:
             if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
                 raise ValueError(f"{self.who}: donate_argnames {unknown} are not its parameters")
         return nums, names
+
+    def donate_by_position(self, argnames: str | Sequence[str]) -> tuple[int, ...]:
+        """``donate_argnums`` with the positions of ``argnames`` added (a
+        component's executables donate by position): a name that is no
+        positional parameter is a ValueError."""
+        nums, names = self.donated(argnames)
+        params = {} if self.signature is None else dict(self.signature.parameters)
+        by_position = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        loose = [n for n in names if n not in params or params[n].kind not in by_position]
+        if loose:
+            raise ValueError(
+                f"{self.who}: donate_argnames {loose} are not positional parameters (a "
+                "component donates by position)"
+            )
+        self.donate_argnums = tuple(sorted(set(nums)))
+        return self.donate_argnums
 
     def _completed(
         self, nums: tuple[int, ...], argnames: str | Sequence[str], what: str
@@ -330,16 +373,24 @@ class Arguments:
             )
             if not ok:
                 raise not_an_array(self.who, self.path_name(path, len(dyn_args)), leaf)
+            if type(leaf) is int or type(leaf) is np.ndarray:
+                problem = unfit_value(self.who, self.path_name(path, len(dyn_args)), leaf)
+                if problem is not None:
+                    raise problem
             leaves.append(leaf)
         return leaves, in_tree
 
     def leaf_error(
         self, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any], index: int
-    ) -> TypeError:
+    ) -> Exception:
         """The error for the flat input ``index`` of these dynamic arguments, which
-        is not an array (by its path)."""
+        JAX cannot take (by its path)."""
         leaf = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))[index]
-        return not_an_array(self.who, self.leaf_path(dyn_args, dyn_kwargs, index), leaf)
+        path = self.leaf_path(dyn_args, dyn_kwargs, index)
+        problem = unfit_value(self.who, path, leaf)
+        if problem is not None:
+            return problem
+        return not_an_array(self.who, path, leaf)
 
     def leaf_path(self, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any], index: int) -> str:
         """The name of the flat input ``index`` of these dynamic arguments, by its

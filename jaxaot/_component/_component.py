@@ -106,6 +106,7 @@ class Component(Generic[P, R]):
         static_argnums: int | Sequence[int] = (),
         static_argnames: str | Sequence[str] = (),
         donate_argnums: int | Sequence[int] = (),
+        donate_argnames: str | Sequence[str] = (),
     ) -> None:
         if not callable(fun):
             raise TypeError(f"jaxaot.component: expected a callable, got {type(fun).__name__}")
@@ -122,7 +123,7 @@ class Component(Generic[P, R]):
         self._args = Arguments(self.name, fun, static_argnums, static_argnames, donate_argnums)
         self._static_argnums = self._args.static_argnums
         self._static_argnames = self._args.static_argnames
-        self._donate_argnums = self._args.donate_argnums
+        self._donate_argnums = self._args.donate_by_position(donate_argnames)
         self._counters = _stats.Counters(parent=_stats.PROCESS)
         self._lock = threading.RLock()
         # (The values it reads too: a changed constant is other code for this check.)

@@ -22,6 +22,7 @@ def component(
     static_argnums: int | Sequence[int] = (),
     static_argnames: str | Sequence[str] = (),
     donate_argnums: int | Sequence[int] = (),
+    donate_argnames: str | Sequence[str] = (),
 ) -> Component[P, R]: ...
 
 
@@ -34,6 +35,7 @@ def component(
     static_argnums: int | Sequence[int] = (),
     static_argnames: str | Sequence[str] = (),
     donate_argnums: int | Sequence[int] = (),
+    donate_argnames: str | Sequence[str] = (),
 ) -> Callable[[Callable[P, R]], Component[P, R]]: ...
 
 
@@ -45,6 +47,7 @@ def component(
     static_argnums: int | Sequence[int] = (),
     static_argnames: str | Sequence[str] = (),
     donate_argnums: int | Sequence[int] = (),
+    donate_argnames: str | Sequence[str] = (),
 ) -> Component[P, R] | Callable[[Callable[P, R]], Component[P, R]]:
     """Marks ``fun`` as a component: traced, lowered and compiled once per signature.
 
@@ -63,7 +66,9 @@ def component(
         those (see the docs' "Static arguments"); an unhashable value gets
         ``jax.jit``'s error, a value without a stable form a ``TypeError``
         naming it.
-      donate_argnums: arguments whose buffers top-level calls may reuse.
+      donate_argnums, donate_argnames: arguments whose buffers top-level calls
+        may reuse, by position or by name (completed from each other, as in
+        ``jax.jit``; a name must be a positional parameter's).
 
     Host callbacks (``jax.debug.print``, ``jax.pure_callback``,
     ``io_callback``, Equinox's runtime checks) work in components and are
@@ -84,6 +89,7 @@ def component(
             static_argnums=static_argnums,
             static_argnames=static_argnames,
             donate_argnums=donate_argnums,
+            donate_argnames=donate_argnames,
         )
 
     if fun is None:

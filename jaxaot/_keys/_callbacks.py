@@ -17,7 +17,7 @@ from .._jax import callback_arguments, callback_functions, register_program
 from ._closure import _is_project_code, code_digest
 from ._text import stable_text
 
-__all__ = ["callback_text", "register_callbacks"]
+__all__ = ["callback_text", "callback_witness", "register_callbacks"]
 
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 
@@ -54,7 +54,7 @@ def callback_text(eqn: Any) -> str:
     return "callbacks(" + ";".join(sorted(items)) + f")[{bound}]"
 
 
-def _witness(eqns: Sequence[Any]) -> tuple[int, ...]:
+def callback_witness(eqns: Sequence[Any]) -> tuple[int, ...]:
     """Ids of the objects the project's callback functions see through closure
     cells, defaults and bound ``self`` (plain values and functions left out: they
     are in the key, or made again by each trace)."""
@@ -89,4 +89,4 @@ def _witness(eqns: Sequence[Any]) -> tuple[int, ...]:
 def register_callbacks(component: str, program: str, eqns: Sequence[Any]) -> None:
     """Records ``program``'s callback equations for rebinding (``_jax._callbacks``)."""
     if eqns:
-        register_program(component, program, eqns, _witness(eqns))
+        register_program(component, program, eqns, callback_witness(eqns))

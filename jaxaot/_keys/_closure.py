@@ -57,16 +57,20 @@ def _is_project_code(code: types.CodeType) -> bool:
     return not filename.startswith(_LIBRARY_PREFIXES)
 
 
-_CODE_CACHE: dict[types.CodeType, tuple[str, tuple[str, ...]]] = {}
+_CODE_CACHE: dict[types.CodeType, tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]] = {}
 
 
-def _code_digest(code: types.CodeType) -> tuple[str, tuple[str, ...]]:
-    """A digest of a code object and its nested code, and the global names it loads."""
+def _code_digest(
+    code: types.CodeType,
+) -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """A digest of a code object and its nested code, the global names it loads,
+    and the attributes it reads of them (``H.h``: ``("H", "h")``)."""
     cached = _CODE_CACHE.get(code)
     if cached is not None:
         return cached
     h = hashlib.sha256()
     names: list[str] = []
+    attributes: list[tuple[str, str]] = []
 
     def visit(c: types.CodeType) -> None:
         h.update(c.co_code)
@@ -76,15 +80,42 @@ def _code_digest(code: types.CodeType) -> tuple[str, tuple[str, ...]]:
                 visit(const)
             else:
                 h.update(repr(const).encode())
+        loaded = None  # the global the previous instruction loaded
         for ins in dis.get_instructions(c):
+            if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and loaded is not None:
+                if isinstance(ins.argval, str):
+                    attributes.append((loaded, ins.argval))
+            loaded = None
             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str):
                 names.append(ins.argval)
+                loaded = ins.argval
 
     visit(code)
-    result = (h.hexdigest(), tuple(dict.fromkeys(names)))
+    result = (h.hexdigest(), tuple(dict.fromkeys(names)), tuple(dict.fromkeys(attributes)))
     if len(_CODE_CACHE) < 100_000:
         _CODE_CACHE[code] = result
     return result
+
+
+def _is_project_module(value: Any) -> bool:
+    """Whether ``value`` is a module of the user's project (not a library's)."""
+    if not isinstance(value, types.ModuleType):
+        return False
+    path = getattr(value, "__file__", None)
+    return isinstance(path, str) and not path.startswith(_LIBRARY_PREFIXES)
+
+
+def _globals_read(f: types.FunctionType) -> Iterable[tuple[str, Any]]:
+    """The globals the project function ``f`` names, and the attributes it reads
+    of the project modules among them (``import helpers as H``; ``H.h(x)``), by name."""
+    _, global_names, attributes = _code_digest(f.__code__)
+    for name in global_names:
+        if name in f.__globals__:
+            yield name, f.__globals__[name]
+    for name, attribute in attributes:
+        module = f.__globals__.get(name)
+        if _is_project_module(module) and hasattr(module, attribute):
+            yield f"{name}.{attribute}", getattr(module, attribute)
 
 
 def _is_tracer(value: Any) -> bool:
@@ -148,10 +179,8 @@ def _named_values(fun: Any) -> Iterable[tuple[str, Any]]:
         for k, d in (f.__kwdefaults__ or {}).items():
             yield f"default argument {k!r}", d
         if _is_project_code(code):
-            _, global_names = _code_digest(code)
-            for name in global_names:
-                if name in f.__globals__:
-                    yield f"global {name!r}", f.__globals__[name]
+            for name, value in _globals_read(f):
+                yield f"global {name!r}", value
 
 
 def refuse_closed_arrays(fun: Any, component: str) -> None:
@@ -247,10 +276,8 @@ def code_digest(fun: Any, with_values: bool = False) -> str:
                 h.update(f"cell={value!r}".encode())
         if not project or code is None:
             continue
-        digest, global_names = _code_digest(code)
-        h.update(digest.encode())
-        for name in global_names:
-            value = f.__globals__.get(name)
+        h.update(_code_digest(code)[0].encode())
+        for name, value in _globals_read(f):
             if isinstance(value, types.FunctionType):
                 stack.append(value)
             elif with_values and isinstance(value, _PLAIN):

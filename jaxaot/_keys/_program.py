@@ -58,7 +58,7 @@ from ._key import ComponentKey, Described
 from ._sharding import sharded_type, sharding_text, value_text
 from ._text import jax_type_text, strip_addresses
 
-__all__ = ["arg_names", "content_digest", "program_parts"]
+__all__ = ["arg_names", "content_digest", "program_digest", "program_parts"]
 
 _RULE_PRIMITIVES = ("custom_jvp_call", "custom_vjp_call", "custom_vmap_call")
 #: Where each rule primitive holds its rule (for its name and code).
@@ -138,8 +138,12 @@ def _rule_jaxpr(eqn: Any) -> Any:
 
 
 class _Canonical:
-    def __init__(self, component: str) -> None:
+    def __init__(self, component: str, rules: bool = True) -> None:
         self.component = component
+        # Whether custom rules are traced (a component's key: a rule that changes
+        # changes what its derivatives compute) or named by their code only (an
+        # executable's program: it runs none of them).
+        self.trace_rules = rules
         self.hash = hashlib.sha256()
         self.consts: list[str] = []
         self.rules: list[tuple[str, str]] = []
@@ -239,7 +243,7 @@ class _Canonical:
         if is_callback_equation(eqn):
             self.emit(callback_text(eqn))
             self.callbacks.append(eqn)
-        if eqn.primitive.name in _RULE_PRIMITIVES:
+        if eqn.primitive.name in _RULE_PRIMITIVES and self.trace_rules:
             self.rule(eqn)
 
     def rule(self, eqn: Any) -> None:
@@ -269,7 +273,7 @@ class _Canonical:
         self.depth += 1
         self.tracing.append(this)
         try:
-            inner = _Canonical(self.component)
+            inner = _Canonical(self.component, self.trace_rules)
             inner.depth = self.depth
             inner.tracing = self.tracing
             try:
@@ -314,7 +318,7 @@ class _Canonical:
         if sharding is not None:  # a mesh, sharding or spec: axes, devices and spec
             return f"sharding:{sharding}"
         if isinstance(value, ClosedJaxpr | Jaxpr):
-            sub = _Canonical(self.component)
+            sub = _Canonical(self.component, self.trace_rules)
             sub.depth = self.depth
             sub.param(value)
             self.consts.extend(sub.consts)
@@ -364,6 +368,20 @@ def program_parts(closed: Any, component: str) -> dict[str, Any]:
         "consts": tuple(canon.consts),
         "rules": tuple(canon.rules),
     }
+
+
+def program_digest(program: Any, what: str) -> str:
+    """A digest of what ``program`` (a closed jaxpr, or a jaxpr whose constants are
+    inputs) computes, for the key of an executable of it: its canonical form, the
+    constants of nested jaxprs by content, host callbacks by their functions,
+    component calls by their entries' keys. Custom rules are named by their code,
+    not traced: the executable runs none of them. (A jaxpr's text leaves out the
+    constants of the jaxprs it nests: two programs differing only there print
+    alike.) ``what``: the program's owner, as a :class:`ClosureError` names it."""
+    canon = _Canonical(what, rules=False)
+    canon.param(program)
+    canon.emit("consts", *canon.consts, "rules", *(f"{n}={d}" for n, d in canon.rules))
+    return canon.hash.hexdigest()
 
 
 def arg_names(closed: Any) -> list[str] | None:

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from .. import _stats
-from .._component._arguments import Arguments
+from .._component._arguments import Arguments, unfit_value
 from .._component._types import ARRAY_SCALARS
 from .._jax import (
     ArrayImpl,
@@ -238,6 +238,10 @@ class RegionalFunction:
         ``values`` (a call, not ``precompile`` or ``explain``), a
         ``jax.ShapeDtypeStruct`` too."""
         for i, leaf in enumerate(leaves):
+            if type(leaf) is int or type(leaf) is np.ndarray:  # of a type JAX has?
+                if unfit_value(self._arguments.who, "", leaf) is not None:
+                    raise self._arguments.leaf_error(dyn_args, dyn_kwargs, i) from None
+                continue
             if isinstance(leaf, _LEAF_TYPES):
                 continue
             try:

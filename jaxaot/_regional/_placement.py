@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
+from .._env import SettingError
 from .._jax import active_target, target_devices
 from .._keys._sharding import leaf_sharding
 
@@ -223,7 +224,9 @@ def in_flight_limit() -> int | None:
         try:
             limit = int(text)
         except ValueError:
-            raise ValueError(f"JAXAOT_IN_FLIGHT must be an integer, got {text!r}") from None
+            limit = -1
+        if limit < 0:
+            raise SettingError(f"JAXAOT_IN_FLIGHT must be an integer >= 0, got {text!r}")
         return limit or None
     if jax.default_backend() == "cpu" and jax.local_device_count() > 1:
         return 8

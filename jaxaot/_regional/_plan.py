@@ -225,6 +225,8 @@ class Plan:
         if self.mode is not WHOLE:
             return self.run(leaves)
         out = list(self._whole_executable()(*leaves, *self.consts))
+        if self._unwritten:
+            _as_arrays(out, self._unwritten, leaves)
         if self.donated:
             _delete(leaves, self.donated, out)
         return out
@@ -255,16 +257,21 @@ def _last_uses(steps: Sequence[Step], n_kept: int, keep: Sequence[int]) -> list[
 
 
 def _as_arrays(out: list[Any], positions: Sequence[int], leaves: Sequence[Any]) -> None:
-    """The outputs at ``positions`` that are not arrays (a Python scalar, a NumPy
-    value, a literal's typed scalar) placed as ``jax.jit`` places them: arrays of
-    their dtype and weak type, replicated over the devices the call computes on
-    (the mesh of its arrays, or their one device), with no program compiled."""
-    loose = [i for i in positions if not isinstance(out[i], jax.Array)]
+    """The outputs at ``positions`` (none computed by an executable) placed as
+    ``jax.jit`` places them, with no program compiled: a value that is not an
+    array (a Python scalar, a NumPy value, a literal's typed scalar) becomes one
+    of its dtype and weak type, and an uncommitted input returned as it came
+    moves, as jax.jit moves it before it runs, to the devices the call computes
+    on: replicated over the mesh of its committed arrays, or on their one device
+    (where it has none, the default device)."""
+    loose = [i for i in positions if not isinstance(out[i], jax.Array) or not out[i].committed]
     if not loose:
         return
-    where: Any = None  # (no array anywhere: the default device)
+    where: Any = None
     for value in (*out, *leaves):
-        sharding = value.sharding if isinstance(value, jax.Array) else None
+        if not isinstance(value, jax.Array) or not value.committed:
+            continue
+        sharding = value.sharding
         if isinstance(sharding, jax.sharding.NamedSharding):
             where = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
             break
@@ -272,7 +279,8 @@ def _as_arrays(out: list[Any], positions: Sequence[int], leaves: Sequence[Any]) 
             where = sharding
             break
     for i in loose:
-        out[i] = jax.device_put(out[i], where)
+        if where is not None or not isinstance(out[i], jax.Array):
+            out[i] = jax.device_put(out[i], where)
 
 
 def _delete(leaves: Sequence[Any], positions: Sequence[int], out: Sequence[Any]) -> None:

@@ -28,10 +28,13 @@ from .._jax import (
     Jaxpr,
     Literal,
     has_host_callbacks,
+    is_callback_equation,
     join_effects,
     named,
+    walk_jaxprs,
 )
-from .._keys._program import arg_names
+from .._keys._callbacks import callback_witness
+from .._keys._program import arg_names, program_digest
 from . import _whole
 from ._auto import BlockFinder
 from ._placement import (
@@ -157,12 +160,11 @@ def _maker(region: Region, debug_info: Any, name: str) -> _Maker:
         return _Maker(functools.partial(_entry_for, call, region.donate), job_key, call.name)
     effects = join_effects(*(e.effects for e in region.eqns))
     glue = _closed(region.invars, region.outvars, region.eqns, effects, debug_info)
-    text = str(glue)
+    what = f"jaxaot.jit {name}'s glue program"
+    content = program_digest(glue, what)
     return _Maker(
-        lambda shardings: GLUE.get(
-            glue, region.donate, shardings, text, f"jaxaot.jit {name}'s glue program", name
-        ),
-        (text, tuple(glue.in_avals), region.donate),
+        lambda shardings: GLUE.get(glue, region.donate, shardings, content, what, name),
+        (content, tuple(glue.in_avals), region.donate),
         "glue",
     )
 
@@ -465,12 +467,12 @@ def _served(cut: _Cut, donated: tuple[int, ...], name: str) -> tuple[Any, bool]:
     jaxpr = cut.jaxpr
     invars = [*jaxpr.invars, *jaxpr.constvars]
     program = _closed(invars, jaxpr.outvars, jaxpr.eqns, jaxpr.effects, jaxpr.debug_info)
-    text = str(program)
     what = f"jaxaot.jit {name}'s program (served whole)"
+    content = program_digest(program, what)
     names = _input_names(cut)
-    job = submit_jobs({"whole": lambda: GLUE.get(program, donated, None, text, what, name, names)})[
-        "whole"
-    ]
+    job = submit_jobs(
+        {"whole": lambda: GLUE.get(program, donated, None, content, what, name, names)}
+    )["whole"]
     return job, has_host_callbacks(program)
 
 
@@ -499,6 +501,8 @@ def _whole_job(
     avals = tuple(v.aval for v in [*jaxpr.invars, *jaxpr.constvars])
     out_avals = tuple(v.aval for v in jaxpr.outvars)
 
+    eqns = [e for j in walk_jaxprs(jaxpr) for e in j.eqns if is_callback_equation(e)]
+
     def job() -> Any:
         return WHOLE.program(
             _whole.digest(jaxpr),
@@ -509,6 +513,7 @@ def _whole_job(
             lambda: calls_back,
             what=f"jaxaot.jit {name}'s whole program",
             names=names,
+            witness=callback_witness(eqns) if eqns else None,
         )
 
     return submit_jobs({"whole": job})["whole"], calls_back

@@ -6,7 +6,6 @@ compiled (and stored)."""
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,8 +28,9 @@ from .._jax import (
     serialize_with_callbacks,
     walk_jaxprs,
 )
-from .._keys._callbacks import callback_text, register_callbacks
+from .._keys._callbacks import callback_witness, register_callbacks
 from .._keys._key import ComponentKey, Described
+from .._keys._program import program_digest
 from .._keys._sharding import region_sharding_parts
 from .._store import _explain
 from .._store._entry import Entry
@@ -107,25 +107,24 @@ class ProgramCache:
         closed: Any,
         donate: tuple[int, ...],
         shardings: tuple[Any, ...] | None = None,
-        text: str | None = None,
+        content: str | None = None,
         what: str | None = None,
         name: str | None = None,
         names: Sequence[str] | None = None,
     ) -> Any:
-        """The executable of a glue program (a closed jaxpr, whose text is ``text``)
-        for inputs with ``shardings`` (see ``program``; ``what`` and ``names``: what a
-        miss's explanation calls it and its inputs; ``name``: the function it is
-        compiled as).
+        """The executable of a glue program (a closed jaxpr, whose
+        :func:`~jaxaot._keys._program.program_digest` is ``content``) for inputs with
+        ``shardings`` (see ``program``; ``what`` and ``names``: what a miss's
+        explanation calls it and its inputs; ``name``: the function it is compiled as).
 
         A glue program's host callbacks (diffrax's and Equinox's error checks)
-        name their Python functions in its digest (a jaxpr's text names them
-        without their code) and are recorded for rebinding, so that it is stored
-        and a new process loads it with its own callbacks bound."""
-        body = str(closed) if text is None else text
+        are named by their Python functions in its digest and are recorded for
+        rebinding, so that it is stored and a new process loads it with its own
+        callbacks bound. In this process, an executable runs the callbacks it was
+        compiled with: a program whose callbacks see other objects (a closure over
+        another array) is another executable here."""
+        digest = program_digest(closed, what or self.kind) if content is None else content
         eqns = [e for j in walk_jaxprs(closed.jaxpr) for e in j.eqns if is_callback_equation(e)]
-        if eqns:
-            body += "\n" + "\n".join(callback_text(e) for e in eqns)
-        digest = hashlib.sha256(body.encode()).hexdigest()
         if eqns:
             register_callbacks(self.kind, digest, eqns)
         return self.program(
@@ -138,6 +137,7 @@ class ProgramCache:
             shardings,
             what,
             names,
+            callback_witness(eqns) if eqns else None,
         )
 
     def program(
@@ -151,6 +151,7 @@ class ProgramCache:
         shardings: tuple[Any, ...] | None = None,
         what: str | None = None,
         names: Sequence[str] | None = None,
+        witness: Any = None,
     ) -> Any:
         """The executable of ``fn`` (flat arrays to a flat list) at ``avals``, whose
         content ``digest`` names: from this process, else the cache, else compiled
@@ -158,8 +159,9 @@ class ProgramCache:
         each input is compiled for (``None``: none needed); all ``None`` outside a
         mesh, or no ``shardings``, is the unsharded executable. ``what``: what a
         miss's explanation calls it (``jaxaot.jit step's glue program``), and
-        ``names`` its inputs (their paths in the call)."""
-        shardings, memo_key = _placed(shardings, (digest, avals, donate))
+        ``names`` its inputs (their paths in the call). ``witness``: the objects its
+        host callbacks see (``callback_witness``), told apart in this process only."""
+        shardings, memo_key = _placed(shardings, (digest, avals, donate, witness))
 
         def load(cache: Cache, key: ComponentKey) -> Any:
             loaded = load_executable(cache, key)

@@ -22,7 +22,6 @@ whose calls are big runs split, each component compiled once.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,7 @@ import jax.numpy as jnp
 from .._component._cost import entry_work
 from .._component._rules import component_p
 from .._jax import DropVar, Literal, bind_equation
+from .._keys._program import program_digest
 
 # Part of the whole program's cache key: bump when the rewrite below changes.
 WHOLE_VERSION = 7
@@ -465,13 +465,9 @@ def _program(jaxpr: Any, items: list[Any], outvars: list[Any]) -> Callable[..., 
 
 
 def digest(jaxpr: Any) -> str:
-    """What the whole program is, for its cache key: the split program's text and
-    the full key of every entry it calls (the text names each by a short digest)."""
-    digests = dict.fromkeys(
-        eqn.params["call"].key.digest for eqn in jaxpr.eqns if eqn.primitive is component_p
-    )
-    body = f"whole program v{WHOLE_VERSION}\n{jaxpr}\n" + "\n".join(digests)
-    return hashlib.sha256(body.encode()).hexdigest()
+    """What the whole program is, for its cache key: the split program's canonical
+    form (``program_digest``: each entry it calls by its full key)."""
+    return f"v{WHOLE_VERSION}:{program_digest(jaxpr, 'a whole program')}"
 
 
 def small(call: Any) -> bool:

@@ -42,7 +42,7 @@ from typing import Any, Literal, NamedTuple
 
 from .._caches import Cache, MemoryCache
 from .._caches._directory import DEFAULT_DIRECTORY_BYTES, DirectoryCache, UnsafeCacheDirError
-from .._env import flag
+from .._env import SettingError, flag
 from .._stats import warn_once
 
 __all__ = [
@@ -107,7 +107,7 @@ def default_max_bytes() -> int:
     try:
         return parse_size(text)
     except ValueError as e:
-        raise ValueError(f"JAXAOT_CACHE_MAX_BYTES: {e}") from None
+        raise SettingError(f"JAXAOT_CACHE_MAX_BYTES: {e}") from None
 
 
 #: URL schemes of JAXAOT_CACHE served by RedisCache; any other ``scheme://`` is fsspec's.
@@ -187,7 +187,7 @@ def cache_setting(raw: str | None = None) -> CacheSetting:
         return CacheSetting("memory")
     if choice in ("dir", "directory", "disk", ""):
         return CacheSetting("dir")
-    raise ValueError(f"{_CACHE_CHOICES}; got {text!r:.80}")
+    raise SettingError(f"{_CACHE_CHOICES}; got {text!r:.80}")
 
 
 def _default_from_env() -> Cache | None:
@@ -207,7 +207,7 @@ def _default_from_env() -> Cache | None:
         try:
             remote = remote_cache_from_url(setting.url)
         except ValueError as e:
-            raise ValueError(f"JAXAOT_CACHE: {e}") from None
+            raise SettingError(f"JAXAOT_CACHE: {e}") from None
         return _checked(TieredCache(_local_tier(), remote))
     if setting.kind == "off":
         return None

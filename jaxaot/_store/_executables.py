@@ -14,6 +14,7 @@ import jax
 from .. import _stats
 from .._caches import Cache
 from .._jax import (
+    CallbacksNotRebindable,
     active_target,
     compile_flags,
     deserialize_executable,
@@ -158,10 +159,15 @@ def load_executable_entry(
         if in_tree is None:
             raise EntryError("entry has no input tree")
         exe = deserialize_executable(entry.executable, in_tree, entry.out_tree)
+    except CallbacksNotRebindable as e:
+        # A sound entry whose host callbacks this process cannot name (two programs
+        # alike but for the objects their callbacks see): a miss here, kept for others.
+        logger.debug("jaxaot: not loading %s here: %s", key.digest[:16], e)
+        return None
     except Exception as e:  # damaged, foreign or unloadable: a miss, never a crash
         _stats.bump("corrupt_entries")
         what = f"a cached executable that could not be loaded ({type(e).__name__}: {e})"
-        dropped(cache, key.digest, what, "compiling instead", blob)
+        dropped(cache, key.digest, what, "compiling instead", blob, "unloadable")
         return None
     return exe, entry
 

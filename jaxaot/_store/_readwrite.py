@@ -77,7 +77,7 @@ def read_blob(cache: Cache, key: ComponentKey) -> tuple[Entry | None, bytes | No
             )
             return None, blob
         _stats.bump("corrupt_entries")
-        dropped(cache, key.digest, f"a bad cache entry ({e})", "recomputing", blob)
+        dropped(cache, key.digest, f"a bad cache entry ({e})", "recomputing", blob, e.cause)
         return None, blob
     counted_loaded(key.digest)
     return entry, blob
@@ -101,14 +101,19 @@ def decoder(key: ComponentKey) -> Callable[[bytes], Entry | None]:
     return decode
 
 
-def dropped(cache: Cache, digest: str, what: str, instead: str, blob: bytes) -> None:
-    """Removes the bad entry ``digest`` (read as ``blob``) and says so: a warning
-    per entry removed, and one per cache where it stays (a read-only cache: every
-    process that reads it meets it again; later ones at DEBUG). ``what`` says what
-    is wrong with it, ``instead`` what this process does."""
+def dropped(cache: Cache, digest: str, what: str, instead: str, blob: bytes, cause: str) -> None:
+    """Removes the bad entry ``digest`` (read as ``blob``) and says so: one warning
+    per ``cause`` and cache for the entries removed, and one per cache where they
+    stay (a read-only cache: every process that reads it meets them again); later
+    ones at DEBUG. ``what`` says what is wrong with it, ``instead`` what this
+    process does."""
     where = f"{digest[:16]} in {cache!r}"
     if _discard(cache, digest, blob):
-        logger.warning("jaxaot: dropped %s %s; %s", what, where, instead)
+        _stats.warn_once(
+            f"bad-entry-dropped:{cause}:{cache!r}",
+            f"jaxaot: dropped {what} {where}; {instead} (other entries dropped for this "
+            "cause are logged at DEBUG)",
+        )
         return
     _stats.warn_once(
         f"bad-entry-stays:{cache!r}",

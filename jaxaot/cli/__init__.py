@@ -38,6 +38,7 @@ import sys  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
+from .._env import SettingError  # noqa: E402
 from ._output import (  # noqa: E402
     PROG,
     CLIError,
@@ -158,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     except CLIError as e:
         _error(str(e))
         return e.code
+    except SettingError as e:  # a JAXAOT_* variable jaxaot cannot use
+        _error(str(e))
+        return 1
     except Terminated:
         _error("terminated")
         return 143

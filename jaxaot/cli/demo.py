@@ -128,11 +128,12 @@ class Counted:
 
     def get(self, key: str) -> bytes | None:
         value = self.inner.get(key)
+        sound = value is not None and _sound(key, value)
         with self._lock:
-            if value is None:
-                self.misses += 1
-            else:
+            if sound:
                 self.hits += 1
+            else:  # none, or a damaged entry (dropped and made again: not a hit)
+                self.misses += 1
         return value  # type: ignore[no-any-return]
 
     def put(self, key: str, value: bytes | bytearray | memoryview) -> None:
@@ -151,6 +152,18 @@ class Counted:
 
     def stats(self) -> dict[str, Any]:
         return dict(self.inner.stats())
+
+
+def _sound(key: str, blob: bytes) -> bool:
+    """Whether ``blob`` is a sound entry for ``key``."""
+    from .._caches import BadEntry
+    from .._store._entry import check_stored
+
+    try:
+        check_stored(key, blob)
+    except BadEntry:
+        return False
+    return True
 
 
 def describe(cache: Any) -> str:
@@ -175,10 +188,16 @@ def describe(cache: Any) -> str:
 def _counted(cache: Any) -> tuple[Any, list[tuple[str, Counted]]]:
     """``cache`` with counters; for a TieredCache, one per tier as well."""
     from .. import TieredCache
+    from .._store._entry import check_stored
 
     if isinstance(cache, TieredCache):
         tiers = [Counted(t) for t in cache.tiers]
-        return Counted(TieredCache(*tiers)), [(describe(t), t) for t in tiers]
+        # Rebuilt over the counted tiers with the check that lets it copy a
+        # verified hit into the faster tiers (set_cache gives a bare one its check).
+        counted = TieredCache(
+            *tiers, check=cache.check or check_stored, write_back=cache.write_back
+        )
+        return Counted(counted), [(describe(t), t) for t in tiers]
     return Counted(cache), []
 
 

@@ -59,7 +59,7 @@ def _cmd_info(args: argparse.Namespace, out: Output) -> int:
     key = resolve_key(view, args.key)
     record = load_record(view, key)
     if record is None:
-        raise CLIError(f"entry {key[:16]} vanished while it was read", 2)
+        raise CLIError(f"entry {key[:16]} vanished while it was read")
     path = view.path(key)
     if args.json:
         out.json(_info_json(record, path))

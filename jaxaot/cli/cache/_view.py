@@ -315,19 +315,27 @@ def open_cache(args: argparse.Namespace, *, create: bool = False) -> CacheView:
 
 
 def resolve_key(view: CacheView, prefix: str) -> str:
-    """The one key that is ``prefix`` or starts with it (exit status 2 otherwise)."""
+    """The one key that is ``prefix`` or starts with it: exit status 2 for a prefix
+    that is no key's (a usage error), 1 where no entry or several match."""
     text = prefix.strip().lower()
     if len(text) < 4 or not re.fullmatch(r"[0-9a-f]+", text):
-        raise CLIError(f"invalid key {prefix!r}: give a digest or a prefix of 4+ hex digits", 2)
+        raise CLIError(
+            f"invalid key {prefix!r}: give a digest or a prefix of 4+ hex digits "
+            "(see 'jaxaot cache info --help')",
+            2,
+        )
     keys = view.keys()
     if text in keys:
         return text
     matches = [k for k in keys if k.startswith(text)]
     if not matches:
-        raise CLIError(f"no entry matches {text!r} in {view.location}", 2)
+        raise CLIError(f"no entry matches {text!r} in {view.location}")
     if len(matches) > 1:
         shown = ", ".join(k[:16] for k in matches[:5]) + (", ..." if len(matches) > 5 else "")
-        raise CLIError(f"ambiguous key prefix {text!r}: {len(matches)} entries match ({shown})", 2)
+        raise CLIError(
+            f"ambiguous key prefix {text!r}: {len(matches)} entries match ({shown}); "
+            "give more digits"
+        )
     return matches[0]
 
 
