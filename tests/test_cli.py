@@ -875,6 +875,27 @@ def test_clear_with_yes(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert code == 0 and "no entries" in out
 
 
+def test_clear_of_a_cache_in_use_counts_only_what_it_removed(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry a running process writes while clear runs is not one it failed
+    to remove: clear succeeds and says the new entry arrived meanwhile."""
+    from _helpers import make_blob
+
+    n = len(headers(cache_dir))
+    original = jaxaot.DirectoryCache.clear
+
+    def clear_while_written(self: jaxaot.DirectoryCache) -> None:
+        original(self)
+        self.put(*make_blob("written-meanwhile"))  # (a training process's new entry)
+
+    monkeypatch.setattr(jaxaot.DirectoryCache, "clear", clear_while_written)
+    code, out, _ = run(capsys, "cache", "clear", "--yes", "--dir", str(cache_dir))
+    assert code == 0 and f"removed {n} entries" in out, out
+    assert "1 entry written meanwhile by a running process" in out, out
+    assert len(jaxaot.DirectoryCache(cache_dir).keys()) == 1
+
+
 def test_clear_refuses_without_a_terminal(
     cache_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -311,6 +311,31 @@ DIVERGING_WORKER = SHARDED_WORKER.replace(
 )
 
 
+# Process 1 reaches its first jaxaot.jit call after JAXAOT_DISTRIBUTED_TIMEOUT
+# (a slower data loader): process 0 has counted it as a no by then, and process 1
+# must take that answer, not decide alone.
+LATE_WORKER = SHARDED_WORKER.replace(
+    "    regional = jaxaot.jit(",
+    "    if pid == 1 and not split:\n"
+    "        import time; time.sleep(3 * float(os.environ['JAXAOT_DISTRIBUTED_TIMEOUT']))\n"
+    "    regional = jaxaot.jit(",
+    1,
+)
+
+
+def test_a_process_late_for_a_decision_takes_the_jobs_answer(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """A process that answers a split-or-fallback decision after the others
+    stopped waiting takes the job's answer (a fallback, there), never its own:
+    the same program, so the same collectives, and jax.jit's values, in both."""
+    assert LATE_WORKER != SHARDED_WORKER
+    env = dict(subprocess_env, JAXAOT_DISTRIBUTED_TIMEOUT="4")
+    leader, other = _sharded_job(tmp_path, env, LATE_WORKER)
+    assert leader["values"] == other["values"]
+    assert leader["split"] == other["split"] and leader["split"][0] is False, (leader, other)
+
+
 def test_every_process_takes_the_same_split_or_fallback_decision(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:

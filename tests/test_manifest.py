@@ -483,7 +483,7 @@ def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
         assert main(["precompile", "_precompile_targets:components", "--cache", memory]) == 2
         assert "no later process can read" in capsys.readouterr().err
     assert main(["precompile", "_precompile_targets:components", "--cache", "ftp://x.invalid/y"])
-    assert "cannot open ftp://x.invalid/y: " in capsys.readouterr().err
+    assert "cannot reach ftp://x.invalid/y: " in capsys.readouterr().err
     assert main(["precompile", "--help"]) == 0
     assert "--workers" in capsys.readouterr().out
 

@@ -303,8 +303,7 @@ def test_explain_compiles_nothing(compiles: list[str]) -> None:
         (
             looped,
             (ws[0], v),
-            "cached whole (kept whole: components under scan/fori_loop are compiled with "
-            "their glue)",
+            "cached whole (kept whole: its layers run under scan/fori_loop (as with nn.scan",
         ),
         # (Saying how a layer called in a loop would split.)
         (lambda v: jnp.sin(v) * 2, (v,), "repeats no block; a layer called in a loop splits"),
@@ -1491,3 +1490,31 @@ def test_an_edited_constant_of_an_inner_jit_is_not_served_stale(
         assert proc.returncode == 0, proc.stderr[-3000:]
         got = json.loads(proc.stdout.strip().splitlines()[-1])
         assert got["got"] == got["want"], (scale, got)
+
+
+def test_a_program_xla_cannot_serialize_is_said_once_and_kept_here(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A program with a host callback whose executable XLA fails to serialize (an
+    XLA:CPU sort comparator, at times): it runs, with jax.jit's values, and is
+    said once not to be written; ``wait_for_writes`` returns."""
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("UNIMPLEMENTED: 'LessThan' is not serializable")
+
+    monkeypatch.setattr(_programs, "serialize_with_callbacks", refused)
+    seen: list[float] = []
+
+    def step(x: jax.Array) -> jax.Array:
+        jax.debug.callback(lambda v: seen.append(float(v)), x.sum())
+        return jnp.sort(x) * 2
+
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    x = jnp.array([3.0, 1.0, 2.0])
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        got = jaxaot.jit(step)(x)
+        jaxaot.wait_for_writes()
+    np.testing.assert_array_equal(got, jax.jit(step)(x))
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and "is not written to the cache (RuntimeError" in said[0], said
+    assert seen == [6.0, 6.0]

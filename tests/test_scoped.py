@@ -73,6 +73,10 @@ def test_linen_layers_with_mutable_state_stay_inline_and_say_why() -> None:
     explained = regional.explain(*args)
     says = "Normed.__call__: left inline: its scope has mutable collections"
     assert "not blocks:" in explained and says in explained, explained
+    # Named in blocks=, it is still refused; nothing then suggests blocks= again.
+    named = jaxaot.jit(step, blocks=(Normed,)).explain(*args)
+    assert says in named and "its layers cannot be blocks" in named, named
+    assert "blocks=" not in named and "blocks=" not in explained, (named, explained)
 
 
 class Drawing(nn.Module):

@@ -91,6 +91,34 @@ def test_a_few_small_equinox_layers_are_compiled_whole_from_one_trace(layers: in
     assert says in explained, explained
 
 
+def test_layers_stacked_under_a_scan_say_so() -> None:
+    """Equinox layers stacked with ``filter_vmap`` and run by ``lax.scan``: one body
+    compiled once, so nothing splits; ``explain`` says it is the scan (not that
+    each layer is called once), with jax.jit's values."""
+
+    @eqx.filter_vmap
+    def make(key: jax.Array) -> eqx.nn.Linear:
+        return eqx.nn.Linear(WIDTH, WIDTH, key=key)
+
+    stacked = make(jax.random.split(jax.random.key(0), 6))
+    params, static = eqx.partition(stacked, eqx.is_array)
+    x = jnp.ones((4, WIDTH))
+
+    def loss(params: Any, x: jax.Array) -> jax.Array:
+        def layer(h: jax.Array, p: Any) -> tuple[jax.Array, None]:
+            return h + jnp.tanh(jax.vmap(eqx.combine(p, static))(h)), None
+
+        return jnp.mean(jax.lax.scan(layer, x, params)[0] ** 2)
+
+    step = jax.value_and_grad(loss)
+    before = jaxaot.jit(step).explain(params, x)  # (explained before any call, too)
+    regional = jaxaot.jit(step)
+    _bits(regional(params, x), jax.jit(step)(params, x))
+    for explained in (before, regional.explain(params, x)):
+        assert "its layers run under lax.scan (as with nn.scan, hk.layer_stack" in explained
+        assert "called once" not in explained and "repeats no block" not in explained
+
+
 def test_five_equinox_layers_are_blocks_from_one_trace() -> None:
     """Five instances in every copy of the model: a loop, found before the trace
     (no counting trace first)."""

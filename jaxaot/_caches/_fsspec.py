@@ -249,6 +249,14 @@ class FsspecCache(FaultTracking):
     def _is_outage(self, e: BaseException) -> bool:
         return isinstance(e, ConnectionError | TimeoutError | socket.gaierror)
 
+    def ping(self) -> None:
+        """Raises ``ConnectionError`` where the store cannot be reached (a driver
+        that connects as it is made: ftp, sftp)."""
+        try:
+            self._remote(lambda: self.fs)
+        except Exception as e:
+            raise ConnectionError(f"{type(e).__name__}: {self._describe(e)}") from e
+
     def __repr__(self) -> str:
         return f"FsspecCache({self.url!r})"
 

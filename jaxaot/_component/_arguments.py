@@ -90,8 +90,9 @@ def not_an_array(who: str, path: str, value: Any) -> TypeError:
     )
 
 
-#: NumPy dtype kinds JAX has no type for: objects, strings, raw bytes, dates.
-_NO_JAX_KIND = frozenset("OUSVMm")
+#: NumPy dtype kinds JAX has no type for: objects, strings, dates. (Not ``V``:
+#: ml_dtypes' bfloat16 and float8 types are of that kind.)
+_NO_JAX_KIND = frozenset("OUSMm")
 
 
 def unfit_value(who: str, path: str, value: Any) -> Exception | None:

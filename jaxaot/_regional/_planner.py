@@ -49,7 +49,16 @@ from ._placement import (
 from ._plan import Plan, Step
 from ._pool import submit_jobs
 from ._programs import GLUE, WHOLE, region_executable
-from ._split import Region, contains_components, inline_calls, nested_components, split
+from ._split import (
+    Region,
+    contains_components,
+    inline_calls,
+    nested_components,
+    scan_why,
+    scanned_layers,
+    split,
+    under_loops,
+)
 from ._tracing import PlanSpec, Prefetch, trace
 
 __all__ = ["PlanSpec", "build_plan", "describe"]
@@ -259,6 +268,10 @@ def _cut(
         jaxpr, consts = closed.jaxpr, list(closed.consts)
         if kept_whole is not None:
             why = kept_whole
+        elif scanned_layers(closed):
+            why = scan_why()
+        elif finder is not None and finder.notes:  # (each said under "not blocks")
+            why = "nothing to split: it calls no component, and its layers cannot be blocks"
         elif finder is not None:
             why = (
                 "nothing to split: it calls no component and repeats no block; a layer "
@@ -292,7 +305,7 @@ def _cut(
         return None
     nested = nested_components(jaxpr)
     if why is None and not any(region.kind == "component" for region in regions):
-        why = f"kept whole: components under {nested} are compiled with their glue"
+        why = under_loops(nested)
     if why is not None:
         for f in early.values():
             f.cancel()
@@ -587,5 +600,5 @@ def _summary(regions: Sequence[Region], counts: collections.Counter[Any], nested
     if inlined:
         lines.append("  in glue (called once): " + ", ".join(inlined))
     if nested:
-        lines.append(f"  kept whole: components under {nested} are compiled with their glue")
+        lines.append(f"  {under_loops(nested)}")
     return "\n".join(lines)

@@ -34,7 +34,12 @@ from .._keys._program import program_digest
 from .._keys._sharding import region_sharding_parts
 from .._store import _explain
 from .._store._entry import Entry
-from .._store._executables import executable_key, load_executable, store_executable
+from .._store._executables import (
+    executable_key,
+    load_executable,
+    not_serializable,
+    store_executable,
+)
 from .._store._lookup import Codec, get_or_make
 from .._store._readwrite import read
 from .._store._writer import in_background
@@ -227,6 +232,9 @@ class ProgramCache:
                     f"written to the cache ({e}); it stays in this process, so a new "
                     "process compiles it again",
                 )
+                return
+            except Exception as e:  # XLA could not serialize it
+                not_serializable(name, e)
                 return
         record = Entry(
             key=key,

@@ -29,6 +29,7 @@ from typing import Any
 from .._component._cost import work
 from . import _whole
 from ._named import swapped_calls
+from ._split import scan_why, scanned_layers, under_loops
 
 __all__ = ["Seen", "counting_calls", "few_and_small", "layer_calls"]
 
@@ -73,12 +74,16 @@ def few_and_small(closed: Any, counts: collections.Counter[type]) -> str | None:
     if closed.jaxpr.effects:
         return None  # a program with effects runs split (``_planner._whole_form``)
     if not counts:
+        if scanned_layers(closed):
+            return scan_why()
         return "nothing to split: every layer it found is called once"
     if max(counts.values()) >= _whole.MIN_LOOP or sum(counts.values()) > _whole.MAX_WHOLE_CALLS:
         return None
     total = work(closed)
     if total is None or total / min(counts.values()) >= FEW_ABOVE * _whole.WHOLE_BELOW:
         return None
+    if scanned_layers(closed):  # (the layers counted are those of its one body)
+        return under_loops("lax.scan")
     layers = ", ".join(f"{cls.__qualname__} x{k}" for cls, k in counts.items())
     return (
         f"a few small layers, {layers}, each called fewer than {_whole.MIN_LOOP} times: "

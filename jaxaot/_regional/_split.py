@@ -52,6 +52,31 @@ def nested_components(jaxpr: Any) -> str:
     return ", ".join(names)
 
 
+def under_loops(nested: str) -> str:
+    """Why a program whose layers run under ``nested`` (``scan/fori_loop``...) is
+    kept whole, as ``explain`` says it."""
+    return (
+        f"kept whole: its layers run under {nested} (as with nn.scan, hk.layer_stack "
+        "or a scan over stacked layers), compiled with their glue: a loop's body is "
+        "compiled once already, and a split cannot reach inside it"
+    )
+
+
+def scan_why() -> str:
+    """Why a program whose layers are stacked under a scan has nothing to split."""
+    return "nothing to split: " + under_loops("lax.scan").removeprefix("kept whole: ")
+
+
+def scanned_layers(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` (closed or not) holds a scan of two or more steps, nested
+    jaxprs included: layers stacked under it are one body, compiled once."""
+    return any(
+        eqn.primitive.name == "scan" and eqn.params.get("length", 0) >= 2
+        for j in walk_jaxprs(jaxpr)
+        for eqn in j.eqns
+    )
+
+
 def inline_calls(
     jaxpr: Any,
     consts: Sequence[Any],

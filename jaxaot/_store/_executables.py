@@ -201,6 +201,19 @@ def target_process_keys(key: ComponentKey) -> list[ComponentKey]:
     return out
 
 
+def not_serializable(name: str, error: Exception) -> None:
+    """Says once per program ``name`` that its executable could not be serialized
+    (``error``): silence would read as a warm start to come. (A host callback
+    that only its lowering adds, as lineax's solves do, cannot be serialized; nor,
+    at times, an XLA:CPU executable holding a sort's comparator.)"""
+    _stats.warn_once(
+        f"not-serializable:{name}",
+        f"jaxaot: the executable of {name!r} is not written to the cache "
+        f"({type(error).__name__}: {error}); it stays in this process, so a new process "
+        "compiles it again",
+    )
+
+
 def store_executable(
     cache: Cache,
     key: ComponentKey,
@@ -229,15 +242,7 @@ def store_executable(
             extra={**(extra or {}), "cost_analysis": costs, **_in_tree_json(in_tree)},
         )
     except Exception as e:
-        # Silence would read as a warm start to come: say once per program that
-        # the next process compiles it again, and why (a host callback that only
-        # its lowering adds, as lineax's solves do, cannot be serialized).
-        _stats.warn_once(
-            f"not-serializable:{root.name}",
-            f"jaxaot: the executable of {root.name!r} is not written to the cache "
-            f"({type(e).__name__}: {e}); it stays in this process, so a new process "
-            "compiles it again",
-        )
+        not_serializable(root.name, e)
         return
     write(cache, entry)
     # A multi-process target: one entry per process (the same bytes).

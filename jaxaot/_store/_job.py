@@ -26,9 +26,11 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import _stats
 from .._caches import Cache, Held, Lease, Leasing
 from .._env import number
 from .._jax import distributed_client
@@ -163,28 +165,45 @@ def next_decision() -> int:
 
 
 def agree(name: str, ok: bool) -> bool:
-    """Whether every process of the job says ``ok`` to decision ``name``: each
-    publishes its own answer and reads the others'. A process that does not
-    answer within ``JAXAOT_DISTRIBUTED_TIMEOUT`` counts as a no. Outside a
-    multi-process job this is ``ok``."""
+    """Whether every process of the job says ``ok`` to decision ``name``, the same
+    answer in every process: each publishes its own; process 0 reads them (one
+    that does not answer within ``JAXAOT_DISTRIBUTED_TIMEOUT`` counts as a no)
+    and publishes the job's answer, which every other process takes, however late
+    either arrives (a process that decided alone could run other collectives than
+    the rest of the job). Outside a multi-process job this is ``ok``."""
     client = distributed_client()
     if client is None:
         return ok
     import jax
 
     base = f"{_PREFIX}/agree/{name}"
-    _publish(client, f"{base}/{jax.process_index()}", b"1" if ok else b"0")
+    me = jax.process_index()
+    _publish(client, f"{base}/{me}", b"1" if ok else b"0")
     timeout_ms = int(timeout_seconds() * 1000)
-    answers = []
-    for pid in range(jax.process_count()):
+    if me == 0:
+        answer = ok
+        for pid in range(1, jax.process_count()):
+            try:
+                said = bytes(client.blocking_key_value_get_bytes(f"{base}/{pid}", timeout_ms))
+            except Exception as e:
+                logger.warning(
+                    "jaxaot: process %d did not answer decision %s (%s); deciding no for the job",
+                    pid,
+                    name,
+                    type(e).__name__,
+                )
+                answer = False
+                break
+            answer = answer and said == b"1"
+        _publish(client, f"{base}/job", b"1" if answer else b"0")
+        return answer
+    while True:
         try:
-            answers.append(bytes(client.blocking_key_value_get_bytes(f"{base}/{pid}", timeout_ms)))
-        except Exception as e:
-            logger.warning(
-                "jaxaot: process %d did not answer decision %s (%s); deciding no",
-                pid,
-                name,
-                type(e).__name__,
+            return bytes(client.blocking_key_value_get_bytes(f"{base}/job", timeout_ms)) == b"1"
+        except Exception as e:  # process 0 is late: its answer is the job's, whenever it comes
+            _stats.warn_once(
+                f"agree-waits:{name}",
+                f"jaxaot: waiting for process 0 to decide {name} for the job "
+                f"({type(e).__name__}); every process takes its answer",
             )
-            return False
-    return all(a == b"1" for a in answers)
+            time.sleep(1.0)

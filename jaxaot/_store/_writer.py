@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .. import _stats
+
 __all__ = ["in_background", "wait_for_writes", "written"]
 
 _writer: concurrent.futures.ThreadPoolExecutor | None = None
@@ -23,7 +25,7 @@ def in_background(digest: str, write: Callable[[], None]) -> concurrent.futures.
     with _pending_lock:
         if _writer is None:
             _writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxaot-writer")
-        future = _writer.submit(write)
+        future = _writer.submit(_guarded, write)
         _pending[digest] = future
 
     def done(_: Any) -> None:
@@ -33,6 +35,20 @@ def in_background(digest: str, write: Callable[[], None]) -> concurrent.futures.
 
     future.add_done_callback(done)
     return future
+
+
+def _guarded(write: Callable[[], None]) -> None:
+    """``write``; a failure is said once per kind and ends there (the entry is not
+    written; the program has its result): it never reaches ``wait_for_writes``."""
+    try:
+        write()
+    except Exception as e:
+        _stats.bump("cache_write_errors")
+        _stats.warn_once(
+            f"background-write:{type(e).__name__}",
+            f"jaxaot: writing a cache entry failed ({type(e).__name__}: {e}); this process "
+            "goes on without it, and a new process makes it again",
+        )
 
 
 def wait_for_writes() -> None:

@@ -31,13 +31,17 @@ def _cmd_clear(args: argparse.Namespace, out: Output) -> int:
         if not confirm(f"Remove {what} from {view.location}?"):
             out.line("nothing removed")
             return 1
+    before = set(view.cache.keys())
     view.cache.clear()
-    left = int(view.cache.stats().get("entries") or 0)
+    now = set(view.cache.keys())
+    left = len(before & now)
     if left:  # a directory it cannot write in: said, and the run fails
         out.line(
-            f"removed {entries_text(n - left)} of {n} from {view.location}; "
-            f"{entries_text(left)} could not be removed"
+            f"removed {entries_text(len(before) - left)} of {len(before)} from "
+            f"{view.location}; {entries_text(left)} could not be removed"
         )
         return 1
     out.line(f"removed {what} from {view.location}")
+    if now - before:  # written meanwhile by a process using the cache: not a failure
+        out.line(f"{entries_text(len(now - before))} written meanwhile by a running process")
     return 0
