@@ -330,7 +330,7 @@ def test_a_process_late_for_a_decision_takes_the_jobs_answer(
     stopped waiting takes the job's answer (a fallback, there), never its own:
     the same program, so the same collectives, and jax.jit's values, in both."""
     assert LATE_WORKER != SHARDED_WORKER
-    env = dict(subprocess_env, JAXAOT_DISTRIBUTED_TIMEOUT="4")
+    env = dict(subprocess_env, JAXAOT_DISTRIBUTED_TIMEOUT="2")
     leader, other = _sharded_job(tmp_path, env, LATE_WORKER)
     assert leader["values"] == other["values"]
     assert leader["split"] == other["split"] and leader["split"][0] is False, (leader, other)

@@ -144,6 +144,10 @@ class _Canonical:
         # changes what its derivatives compute) or named by their code only (an
         # executable's program: it runs none of them).
         self.trace_rules = rules
+        # An executable's program (``program_digest``), by id: the values of its
+        # own trace that its nested jaxprs hold. ``None`` for a component's key,
+        # where such a value is a ClosureError.
+        self.traced: dict[int, int] | None = None if rules else {}
         self.hash = hashlib.sha256()
         self.consts: list[str] = []
         self.rules: list[tuple[str, str]] = []
@@ -171,6 +175,12 @@ class _Canonical:
                 self._eqn.update(b"\0")
 
     def const(self, value: Any, where: str) -> str:
+        if isinstance(value, Tracer) and self.traced is not None:
+            # A value of the program's own trace that a nested jaxpr holds (JAX
+            # 0.12 keeps some there): computed from its inputs, named by its type
+            # and the order it is met in.
+            n = self.traced.setdefault(id(value), len(self.traced))
+            return f"traced:{jax_type_text(value.aval)}:{n}"
         if isinstance(value, Tracer):
             raise ClosureError(
                 f"jaxaot.component {self.component!r}: the function closes over a traced "
@@ -274,6 +284,7 @@ class _Canonical:
         self.tracing.append(this)
         try:
             inner = _Canonical(self.component, self.trace_rules)
+            inner.traced = self.traced
             inner.depth = self.depth
             inner.tracing = self.tracing
             try:
@@ -319,6 +330,7 @@ class _Canonical:
             return f"sharding:{sharding}"
         if isinstance(value, ClosedJaxpr | Jaxpr):
             sub = _Canonical(self.component, self.trace_rules)
+            sub.traced = self.traced
             sub.depth = self.depth
             sub.param(value)
             self.consts.extend(sub.consts)
