@@ -80,13 +80,6 @@ OBJECT_STORE_PROTOCOLS = frozenset(
 DEFAULT_BACKOFF = 1.0
 
 
-def fsspec_filesystem(url: str, options: dict[str, Any]) -> Any:
-    """The fsspec filesystem of ``url`` (raises what its driver raises)."""
-    import fsspec.core
-
-    return fsspec.core.url_to_fs(url, **options)[0]
-
-
 _LOCAL_PREFIXES = ("file://", "local://", "file:", "local:")
 
 
@@ -243,7 +236,9 @@ class FsspecCache(FaultTracking):
     def fs(self) -> Any:
         """The fsspec filesystem (made on first use where the store was down)."""
         if self._fs is None:
-            self._fs = fsspec_filesystem(self._address, self._options)
+            import fsspec.core
+
+            self._fs = fsspec.core.url_to_fs(self._address, **self._options)[0]
         return self._fs
 
     def _is_outage(self, e: BaseException) -> bool:
