@@ -320,6 +320,35 @@ def test_explain_compiles_nothing(compiles: list[str]) -> None:
         compiles.clear()
 
 
+def test_jax_stages_are_those_of_jax_jit(compiles: list[str]) -> None:
+    """``trace``, ``lower`` and ``eval_shape`` give JAX's stages of the whole program,
+    as ``jax.jit`` of it gives them (static and donated arguments, ShapeDtypeStructs
+    included), for reading its jaxpr, StableHLO, cost and output types; they run
+    nothing of jaxaot's, and the program's calls still go through the cache."""
+    comp = jaxaot.component(lambda w, v: jnp.tanh(v @ w) + v)
+
+    def step(ws: Any, v: jax.Array, n: int) -> Any:
+        for w in ws:
+            v = comp(w, v)
+        return {"out": v * n, "sum": jnp.sum(v).astype(jnp.bfloat16)}
+
+    ws, v = [jnp.eye(4) * 0.1 * (i + 1) for i in range(3)], jnp.ones((2, 4))
+    regional = jaxaot.jit(step, static_argnums=2)
+    plain = jax.jit(step, static_argnums=2)
+    sds = jax.ShapeDtypeStruct(v.shape, v.dtype)
+    compiles.clear()
+    assert str(regional.trace(ws, v, 3).jaxpr) == str(plain.trace(ws, v, 3).jaxpr)
+    lowered = regional.lower(ws, sds, 3)
+    assert lowered.as_text() == plain.lower(ws, sds, 3).as_text()
+    assert regional.eval_shape(ws, sds, 3) == jax.eval_shape(plain, ws, sds, 3)
+    assert compiles == []
+    costs = lowered.compile().cost_analysis()
+    assert costs and "flops" in (costs[0] if isinstance(costs, list) else costs)
+    before = jaxaot.stats()["compiles"]
+    close(regional(ws, v, 3), plain(ws, v, 3))
+    assert jaxaot.stats()["compiles"] > before  # the call compiled through jaxaot
+
+
 def test_program_without_components_and_static_args() -> None:
     f = jaxaot.jit(lambda x, n: x * n, static_argnums=1)
     np.testing.assert_allclose(f(jnp.ones(3), 4), 4 * np.ones(3))

@@ -53,7 +53,8 @@ from ._placement import (
     MeshContext,
     canonical_sharding,
     check_shardings,
-    flat_targets,
+    input_targets,
+    place_inputs,
     reshard,
 )
 from ._plan import WHOLE as WHOLE_MODE
@@ -252,37 +253,13 @@ class RegionalFunction:
                 raise self._arguments.leaf_error(dyn_args, dyn_kwargs, i) from None
 
     def _placed(self, leaves: list[Any], treedef: Any) -> list[Any] | None:
-        """The leaves placed as ``in_shardings`` says (as ``jax.jit`` places them: host
-        values and uncommitted arrays are put there); ``None`` where a committed array
-        is elsewhere, or ``in_shardings`` name devices that disagree (``jax.jit`` says
-        what happens then)."""
+        """The leaves placed as ``in_shardings`` says (``place_inputs``)."""
         targets = self._in_targets.get(treedef)
         if targets is None:
             dyn_args, _ = jax.tree_util.tree_unflatten(treedef, leaves)
-            targets = flat_targets(self._in_shardings, dyn_args, "in_shardings")
-            targets += (None,) * (len(leaves) - len(targets))  # keyword arguments
-            if len({frozenset(t.device_set) for t in targets if t is not None}) > 1:
-                targets = ()  # (noted once; every call goes to jax.jit)
+            targets = input_targets(self._in_shardings, dyn_args, len(leaves))
             self._in_targets[treedef] = targets
-        if len(targets) != len(leaves):
-            return None
-        placed = list(leaves)
-        for i, (leaf, target) in enumerate(zip(leaves, targets, strict=True)):
-            if target is None:
-                continue
-            if isinstance(leaf, jax.Array) and leaf.committed:
-                if not leaf.sharding.is_equivalent_to(target, leaf.ndim):
-                    return None
-            elif isinstance(leaf, jax.ShapeDtypeStruct):  # precompile's and explain's
-                if leaf.sharding is None:
-                    placed[i] = jax.ShapeDtypeStruct(
-                        leaf.shape, leaf.dtype, sharding=target, weak_type=leaf.weak_type
-                    )
-                elif not leaf.sharding.is_equivalent_to(target, len(leaf.shape)):
-                    return None
-            else:
-                placed[i] = jax.device_put(leaf, target)
-        return placed
+        return place_inputs(leaves, targets)
 
     def _reset_dispatch(self) -> None:
         """A fresh C++ dispatcher: it knows no executable (calls skip it until a
@@ -517,6 +494,35 @@ class RegionalFunction:
             self._last = None
             self._reset_dispatch()
 
+    def _looked_up(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call's signature and the parts of ``_dynamic`` (arrays or
+        ShapeDtypeStructs), inputs placed by ``in_shardings``; ``None`` where an
+        input is committed other than ``in_shardings`` says."""
+        leaves, treedef, statics, donated = self._dynamic(args, kwargs, values=False)
+        if self._in_shardings is not UNSET:
+            placed = self._placed(leaves, treedef)
+            if placed is None:
+                return None
+            leaves = placed
+        sig = self._signature(leaves, treedef, statics, set(map(type, leaves)) <= _ARRAY_TYPES)
+        return sig, (leaves, treedef, statics, donated)
+
+    # JAX's stages of the whole program, as jax.jit makes them: to read its jaxpr,
+    # StableHLO, cost or output types. What a call runs is cut from the same trace.
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """JAX's ``Traced`` stage of the whole program (``jax.jit(f).trace``)."""
+        return self._jitted.trace(*args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """JAX's ``Lowered`` stage of the whole program (``jax.jit(f).lower``);
+        its ``compile()`` is JAX's, uncached: calls and ``precompile`` use the cache."""
+        return self._jitted.lower(*args, **kwargs)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """The results' ``ShapeDtypeStruct``s, as ``jax.eval_shape`` gives them."""
+        return jax.eval_shape(self._jitted, *args, **kwargs)
+
     def precompile(self, *args: Any, **kwargs: Any) -> None:
         """Traces, splits and loads or compiles every executable for this signature,
         without running anything; returns when all are ready.
@@ -525,18 +531,14 @@ class RegionalFunction:
           Exception: what ``jax.jit`` of the function raises for these arguments
             (a call would raise it too): the program cannot be traced with them.
         """
-        leaves, treedef, statics, donated = self._dynamic(args, kwargs, values=False)
-        if self._in_shardings is not UNSET:
-            placed = self._placed(leaves, treedef)
-            if placed is None:
-                # A leaf placed other than in_shardings says: jax.jit's error says how.
-                self._jitted.lower(*args, **kwargs)
-                return
-            leaves = placed
-        sig = self._signature(leaves, treedef, statics, set(map(type, leaves)) <= _ARRAY_TYPES)
+        looked = self._looked_up(args, kwargs)
+        if looked is None:
+            # A leaf placed other than in_shardings says: jax.jit's error says how.
+            self._jitted.lower(*args, **kwargs)
+            return
+        sig, parts = looked
         with self._lock:
             if sig not in self._plans:
-                parts = (leaves, treedef, statics, donated)
                 self._plans[sig] = self._agreed(self._plan(args, kwargs, *parts))
             plan = self._plans[sig]
         failed: PlanFailed | None = None
@@ -568,13 +570,10 @@ class RegionalFunction:
         (under ``lax.scan``/``fori_loop``, compiled with their glue); or that the
         program is served whole, as one cached program, and why; and whether it
         runs as one program, its repeated layers as loops."""
-        leaves, treedef, statics, donated = self._dynamic(args, kwargs, values=False)
-        if self._in_shardings is not UNSET:
-            placed = self._placed(leaves, treedef)
-            if placed is None:
-                return f"jaxaot.jit {self.__name__}: jax.jit (an input is committed elsewhere)"
-            leaves = placed
-        sig = self._signature(leaves, treedef, statics, set(map(type, leaves)) <= _ARRAY_TYPES)
+        looked = self._looked_up(args, kwargs)
+        if looked is None:
+            return f"jaxaot.jit {self.__name__}: jax.jit (an input is committed elsewhere)"
+        sig, (leaves, _, _, donated) = looked
         with self._lock:
             plan = self._plans.get(sig, _NOT_LOOKED_UP)
         head = f"jaxaot.jit {self.__name__}"

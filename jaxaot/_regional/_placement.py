@@ -198,6 +198,44 @@ def flat_targets(prefix: Any, tree: Any, what: str) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def input_targets(in_shardings: Any, dyn_args: Any, count: int) -> tuple[Any, ...]:
+    """The sharding ``in_shardings`` gives each of ``count`` leaves (the positional
+    arguments' leaves, then the keyword arguments', unconstrained); none where
+    they name devices that disagree (every call then goes to ``jax.jit``, which
+    says what happens)."""
+    targets = flat_targets(in_shardings, dyn_args, "in_shardings")
+    targets += (None,) * (count - len(targets))
+    if len({frozenset(t.device_set) for t in targets if t is not None}) > 1:
+        return ()
+    return targets
+
+
+def place_inputs(leaves: list[Any], targets: tuple[Any, ...]) -> list[Any] | None:
+    """The leaves placed on their targets as ``jax.jit`` places them (host values
+    and uncommitted arrays are put there; ``ShapeDtypeStruct``s of ``precompile``
+    and ``explain`` take them); ``None`` where a committed array or a
+    ``ShapeDtypeStruct`` is elsewhere, or there are no targets."""
+    if len(targets) != len(leaves):
+        return None
+    placed = list(leaves)
+    for i, (leaf, target) in enumerate(zip(leaves, targets, strict=True)):
+        if target is None:
+            continue
+        if isinstance(leaf, jax.Array) and leaf.committed:
+            if not leaf.sharding.is_equivalent_to(target, leaf.ndim):
+                return None
+        elif isinstance(leaf, jax.ShapeDtypeStruct):
+            if leaf.sharding is None:
+                placed[i] = jax.ShapeDtypeStruct(
+                    leaf.shape, leaf.dtype, sharding=target, weak_type=leaf.weak_type
+                )
+            elif not leaf.sharding.is_equivalent_to(target, len(leaf.shape)):
+                return None
+        else:
+            placed[i] = jax.device_put(leaf, target)
+    return placed
+
+
 def reshard(out: list[Any], targets: Sequence[Any]) -> list[Any]:
     """``out`` with each array moved to its target sharding where it is elsewhere."""
     return [
