@@ -19,6 +19,7 @@ default one; ``--cache redis://host:6379/0`` at a shared store.)
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import jax
@@ -72,10 +73,12 @@ manifest = jaxaot.manifest("precompile_serving").buckets(forward, bucket, batch=
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--cache", default=None, help="a cache directory (default: the default)")
+    parser.add_argument(
+        "--cache", default=None, help="a cache directory or store URL, as jaxaot precompile's"
+    )
     args = parser.parse_args()
     if args.cache:
-        jaxaot.set_cache(jaxaot.DirectoryCache(args.cache))
+        os.environ["JAXAOT_CACHE"] = args.cache  # read at the first call, as JAXAOT_CACHE is
     params = init(jax.random.key(0))
     requests = [jax.device_put(np.zeros((b, s), np.int32)) for b in BATCH for s in SEQ]
     # XLA compiles while the buckets are served, as JAX itself reports them.

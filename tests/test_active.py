@@ -109,6 +109,31 @@ def test_max_bytes_with_a_unit_reaches_the_default_cache(
     assert isinstance(cache, jaxaot.DirectoryCache) and cache.max_bytes == 3 << 20
 
 
+@pytest.mark.parametrize("spelled", ["absolute", "home", "relative"])
+def test_a_directory_path_names_the_cache_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spelled: str
+) -> None:
+    """``JAXAOT_CACHE=/path/to/cache`` (as ``JAX_COMPILATION_CACHE_DIR`` is set) is a
+    cache directory there, ahead of ``JAXAOT_CACHE_DIR``; entries go there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    value, where = {
+        "absolute": (str(tmp_path / "c"), tmp_path / "c"),
+        "home": ("~/c", tmp_path / "home" / "c"),
+        "relative": ("./c", tmp_path / "c"),
+    }[spelled]
+    monkeypatch.setenv("JAXAOT_CACHE", value)
+    monkeypatch.setenv("JAXAOT_CACHE_DIR", str(tmp_path / "other"))
+    assert _active.cache_setting() == _active.CacheSetting("dir", path=str(where))
+    cache = _active._default_from_env()
+    assert isinstance(cache, jaxaot.DirectoryCache)
+    jaxaot.set_cache(cache)
+    jaxaot.component(lambda x: x * 3)(jnp.ones(2))
+    jaxaot.wait_for_writes()
+    assert len(cache.keys()) == 2  # lowered + executable
+    assert any(p.is_file() for p in where.rglob("*")) and not (tmp_path / "other").exists()
+
+
 def test_bad_cache_choice_lists_every_form(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JAXAOT_CACHE", "bogus")
     with pytest.raises(ValueError) as info:

@@ -211,6 +211,70 @@ def test_blocks_called_once_stay_in_their_glue_and_the_switch_turns_it_off() -> 
     assert "cached whole" in off.explain(ws, x)
 
 
+@pytest.mark.parametrize("whole", [False, True])
+def test_linen_layers_drawing_under_remat_are_one_block(whole: bool, compiles: list[str]) -> None:
+    """A linen model of ``nn.remat`` layers with dropout: each layer's draws fold
+    its place in the model into their keys, a number that differs per layer. The
+    layers are still one block, drawing what they draw under ``jax.jit``: the
+    losses and parameters of steps with fresh keys are ``jax.jit``'s, and a
+    deeper model compiles no more than one block's programs."""
+    import flax.linen as nn
+    import optax
+
+    opt = optax.adam(1e-2)
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+            h = nn.gelu(nn.Dense(16)(nn.LayerNorm()(x)))
+            h = nn.Dropout(0.3, deterministic=not train)(h)
+            return x + nn.Dense(x.shape[-1])(h)
+
+    class Model(nn.Module):
+        layers: int
+
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for _ in range(self.layers):
+                x = nn.remat(Block, static_argnums=(2,))()(x, True)
+            return nn.Dense(1)(x)
+
+    from jaxaot._component import _blocks
+
+    x = jax.random.normal(jax.random.key(1), (4, 8))
+    counts = []
+    for layers in (3, 5):
+        _blocks.forget_blocks()  # each depth from nothing: its own compiles
+        jaxaot.set_cache(jaxaot.MemoryCache())
+        model = Model(layers)
+        params = model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x)
+
+        def step(params: Any, state: Any, key: jax.Array, model: Any = model) -> Any:
+            def loss(p: Any) -> jax.Array:
+                return jnp.mean(model.apply(p, x, rngs={"dropout": key}) ** 2)
+
+            value, grads = jax.value_and_grad(loss)(params)
+            updates, state = opt.update(grads, state, params)
+            return optax.apply_updates(params, updates), state, value
+
+        regional = jaxaot.jit(step, whole_program=whole)
+        explained = regional.explain(params, opt.init(params), jax.random.key(2))
+        assert f"Block.__call__): {layers} forward" in explained, explained
+        mine = theirs = (params, opt.init(params))
+        keys = [jax.random.key(10), jax.random.key(11)]
+        compiles.clear()
+        for key in keys:
+            *mine, got = regional(*mine, key)
+            if key is keys[0]:
+                counts.append(len(compiles))
+            *theirs, want = jax.jit(step)(*theirs, key)
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+        _close(mine, theirs)
+    # At most a forward and a backward block and two glue programs (whole: one
+    # program), at either depth (the deeper one may reuse this process's glue).
+    assert counts[1] <= counts[0] <= (1 if whole else 4), counts
+
+
 @pytest.mark.parametrize(
     ("policy", "saved"),
     [(None, 0), (jax.checkpoint_policies.dots_saveable, 1)],

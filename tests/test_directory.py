@@ -77,6 +77,18 @@ def test_a_path_that_is_not_one_is_a_type_error_naming_the_class(path: object) -
         DirectoryCache(path)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "gs://bucket/path", "file:///tmp/c"])
+def test_a_url_is_refused_naming_the_stores_that_open_it(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DirectoryCache("redis://...")`` would make a directory named ``redis:`` and
+    share nothing: it says which class opens the store."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="is a URL, not a directory: RedisCache"):
+        DirectoryCache(url)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_default_max_bytes_is_10_gib(tmp_path: Path) -> None:
     assert DEFAULT_DIRECTORY_BYTES == 10 * 2**30
     cache = DirectoryCache(tmp_path / "c")

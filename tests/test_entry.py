@@ -265,6 +265,62 @@ def test_a_forged_sound_header_still_decodes() -> None:
     _entry.decode(_forge(json.dumps(header).encode()))
 
 
+def test_another_programs_sound_entry_under_a_key_is_dropped_not_called(
+    fresh_cache: jaxaot.MemoryCache, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An entry whose checksum holds but whose body is another signature's (written
+    under this key by a faulty or hostile writer of an unsigned cache) is refused
+    when read: the call recomputes and gives ``jax.jit``'s value, with a warning,
+    rather than failing on an executable made for other inputs."""
+
+    def f(x: jax.Array) -> jax.Array:
+        return jnp.sin(x) * 2
+
+    a, b = jnp.ones(3), jnp.ones((5, 2))
+    mine, other = jaxaot.component(f).entry(a), jaxaot.component(f).entry(b)
+    jaxaot.wait_for_writes()
+    header, sections = _entry.verify(fresh_cache.get(other.key.digest))
+    header["key"], header["digest"] = mine.key.to_json(), mine.key.digest
+    payload = b"".join(sections[name] for name, _ in header["sections"])
+    forged = _forge(json.dumps(header).encode(), payload)
+    fresh_cache.put(mine.key.digest, forged)
+    with pytest.raises(EntryError, match="input types") as info:
+        _entry.decode(forged, expected=mine.key)
+    assert info.value.removable
+    caplog.set_level("WARNING", logger="jaxaot")
+    np.testing.assert_allclose(jaxaot.component(f)(a), jax.jit(f)(a))
+    assert any("input types are not those its key names" in r.getMessage() for r in caplog.records)
+    assert fresh_cache.get(mine.key.digest) != forged  # dropped (and made again)
+
+
+def test_an_entry_whose_output_tree_is_not_its_keys_is_dropped_not_used(
+    fresh_cache: jaxaot.MemoryCache,
+) -> None:
+    """A sound entry whose header names the results in another order (its dict
+    keys swapped, re-checksummed) would hand each result to the other name:
+    refused when read, so the call gives ``jax.jit``'s values."""
+
+    def f(x: jax.Array) -> dict[str, jax.Array]:
+        return {"a": jnp.sin(x), "b": jnp.cos(x) + 1}
+
+    x = jnp.arange(3.0)
+    entry = jaxaot.component(f).entry(x)
+    jaxaot.wait_for_writes()
+    header, sections = _entry.verify(fresh_cache.get(entry.key.digest))
+    text = json.dumps(header["out_tree"])
+    header["out_tree"] = json.loads(
+        text.replace('"a"', '"@"').replace('"b"', '"a"').replace('"@"', '"b"')
+    )
+    payload = b"".join(sections[name] for name, _ in header["sections"])
+    forged = _forge(json.dumps(header).encode(), payload)
+    with pytest.raises(EntryError, match="output tree"):
+        _entry.decode(forged, expected=entry.key)
+    fresh_cache.put(entry.key.digest, forged)
+    got, want = jaxaot.component(f)(x), jax.jit(f)(x)
+    for name in ("a", "b"):
+        np.testing.assert_allclose(got[name], want[name])
+
+
 def test_tree_types_are_only_looked_up_in_imported_modules() -> None:
     header = _good_header()
     header["sections"] = []

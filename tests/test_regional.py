@@ -349,6 +349,24 @@ def test_jax_stages_are_those_of_jax_jit(compiles: list[str]) -> None:
     assert jaxaot.stats()["compiles"] > before  # the call compiled through jaxaot
 
 
+def test_a_bad_cache_setting_is_raised_as_a_component_raises_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``JAXAOT_*`` setting to fix is the user's error, raised as a component's
+    call raises it: not a program silently run under plain ``jax.jit``."""
+    from jaxaot._env import SettingError
+    from jaxaot._store import _active
+
+    monkeypatch.setenv("JAXAOT_CACHE", "floppy")
+    monkeypatch.setattr(_active, "_default", _active._UNSET)
+    comp = jaxaot.component(lambda w, v: jnp.tanh(v @ w) + v)
+    step = jaxaot.jit(lambda ws, v: comp(ws[1], comp(ws[0], v)))
+    ws, v = [jnp.eye(4), 2 * jnp.eye(4)], jnp.ones((2, 4))
+    for run in (comp, step.explain, step):
+        with pytest.raises(SettingError, match="JAXAOT_CACHE.*'floppy'"):
+            run(*(ws, v) if run is not comp else (ws[0], v))
+
+
 def test_program_without_components_and_static_args() -> None:
     f = jaxaot.jit(lambda x, n: x * n, static_argnums=1)
     np.testing.assert_allclose(f(jnp.ones(3), 4), 4 * np.ones(3))

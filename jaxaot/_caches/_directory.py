@@ -181,6 +181,12 @@ class DirectoryCache(WarnOnce):
             )
         if not isinstance(path, str | os.PathLike):
             raise TypeError(f"DirectoryCache: path must be a str or a path, got {path!r:.80}")
+        head, sep, _ = os.fspath(path).partition("://")
+        if sep and head.isalnum():
+            raise ValueError(
+                f"DirectoryCache: {os.fspath(path)!r:.80} is a URL, not a directory: "
+                "RedisCache(url) or FsspecCache(url) opens a store, as JAXAOT_CACHE=url does"
+            )
         signing()  # an empty $JAXAOT_CACHE_HMAC_KEY is a configuration error: raise now
         root = os.path.realpath(os.path.expanduser(os.fspath(path)))
         self._root = root

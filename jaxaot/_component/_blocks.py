@@ -27,6 +27,7 @@ from .._jax import (
     call_jaxpr,
     default_platform,
     hoisted,
+    hoisted_draws,
     pruned,
     trace_context,
 )
@@ -117,8 +118,10 @@ def block_call(call: BoundCall, name: str | None = None) -> tuple[Call, tuple[An
     function), and the operands to bind it with (an inner ``jit``'s constants
     first; inputs the body never uses left out)."""
     # Keyed by what it uses: inputs its body never reads are dropped, so layers
-    # handed more than they read (``hk.remat``'s whole state) key alike.
-    call, _ = pruned(hoisted(call))
+    # handed more than they read (``hk.remat``'s whole state) key alike; the
+    # numbers folded into its random keys are inputs, so linen layers drawing
+    # under ``nn.remat`` key alike.
+    call, _ = pruned(hoisted_draws(hoisted(call)))
     avals = tuple(aval_of(a) for a in call.args)
     made = _memoized(_MADE, call, avals, lambda: _made(call, avals, name or block_name(call)))
     return made, call.args

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import core as _core
 from jax._src import pjit as _pjit
@@ -35,6 +36,7 @@ __all__ = [
     "current_trace",
     "differentiating",
     "hoisted",
+    "hoisted_draws",
     "intercepting",
     "is_inline",
     "is_plain_jit",
@@ -142,15 +144,51 @@ def hoisted(call: BoundCall) -> BoundCall:
     then one program)."""
     if call.kind != "jit" or not call.params["jaxpr"].consts:
         return call
+    closed = call.params["jaxpr"]
+    return _with_inputs(call, _pe.convert_constvars_jaxpr(closed.jaxpr), closed.consts)
+
+
+def _with_inputs(call: BoundCall, jaxpr: Any, first: Sequence[Any]) -> BoundCall:
+    """``call`` of the open ``jaxpr``, which takes ``first`` before its operands."""
     params = dict(call.params)
-    closed = params["jaxpr"]
-    n = len(closed.consts)
-    jaxpr = _pe.convert_constvars_jaxpr(closed.jaxpr)
-    params["jaxpr"] = ClosedJaxpr(jaxpr, ())
-    params["in_shardings"] = (*(UNSPECIFIED,) * n, *params["in_shardings"])
-    params["in_layouts"] = (*(None,) * n, *params["in_layouts"])
-    params["donated_invars"] = (*(False,) * n, *params["donated_invars"])
-    return BoundCall(call.kind, params, (*closed.consts, *call.args))
+    n = len(first)
+    if call.kind == "jit":
+        params["jaxpr"] = ClosedJaxpr(jaxpr, ())
+        params["in_shardings"] = (*(UNSPECIFIED,) * n, *params["in_shardings"])
+        params["in_layouts"] = (*(None,) * n, *params["in_layouts"])
+        params["donated_invars"] = (*(False,) * n, *params["donated_invars"])
+    else:
+        params["jaxpr"] = jaxpr
+    return BoundCall(call.kind, params, (*first, *call.args))
+
+
+def hoisted_draws(call: BoundCall) -> BoundCall:
+    """``call`` with the numbers its body folds into random keys
+    (``random_fold_in`` of a literal) passed as its first operands instead.
+    Flax linen folds a layer's place in the model into each of its draws' keys
+    so (``make_rng`` under ``nn.remat``): every layer's program would differ by
+    that number, and no layer would be shared. It computes the same."""
+    closed = call.params["jaxpr"]
+    if getattr(closed, "consts", ()):
+        return call
+    jaxpr = getattr(closed, "jaxpr", closed)
+    values: list[Any] = []
+    inputs: list[Any] = []
+    eqns = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "random_fold_in" and isinstance(eqn.invars[1], _core.Literal):
+            literal = eqn.invars[1]
+            values.append(np.asarray(literal.val, dtype=getattr(literal.aval, "dtype", None)))
+            inputs.append(_core.Var(literal.aval))
+            eqn = eqn.replace(invars=[eqn.invars[0], inputs[-1]])
+        eqns.append(eqn)
+    if not values:
+        return call
+    changes: dict[str, Any] = {"invars": [*inputs, *jaxpr.invars], "eqns": eqns}
+    info = getattr(jaxpr, "debug_info", None)
+    if info is not None and getattr(info, "arg_names", None) is not None:
+        changes["debug_info"] = info._replace(arg_names=(*("draw",) * len(values), *info.arg_names))
+    return _with_inputs(call, jaxpr.replace(**changes), values)
 
 
 def pruned(call: BoundCall) -> tuple[BoundCall, tuple[bool, ...]]:

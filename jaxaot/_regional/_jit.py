@@ -29,6 +29,7 @@ import numpy as np
 from .. import _stats
 from .._component._arguments import Arguments, unfit_value
 from .._component._types import ARRAY_SCALARS
+from .._env import SettingError
 from .._jax import (
     ArrayImpl,
     PRNGKeyArray,
@@ -495,9 +496,8 @@ class RegionalFunction:
             self._reset_dispatch()
 
     def _looked_up(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A call's signature and the parts of ``_dynamic`` (arrays or
-        ShapeDtypeStructs), inputs placed by ``in_shardings``; ``None`` where an
-        input is committed other than ``in_shardings`` says."""
+        """A call's signature and ``_dynamic``'s parts, inputs placed by ``in_shardings``
+        (``None``: an input is committed elsewhere)."""
         leaves, treedef, statics, donated = self._dynamic(args, kwargs, values=False)
         if self._in_shardings is not UNSET:
             placed = self._placed(leaves, treedef)
@@ -507,8 +507,7 @@ class RegionalFunction:
         sig = self._signature(leaves, treedef, statics, set(map(type, leaves)) <= _ARRAY_TYPES)
         return sig, (leaves, treedef, statics, donated)
 
-    # JAX's stages of the whole program, as jax.jit makes them: to read its jaxpr,
-    # StableHLO, cost or output types. What a call runs is cut from the same trace.
+    # JAX's stages of the whole program, as jax.jit makes them (a call's plan is cut from it).
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
         """JAX's ``Traced`` stage of the whole program (``jax.jit(f).trace``)."""
@@ -584,6 +583,8 @@ class RegionalFunction:
         else:
             try:
                 described = describe(self._spec, args, kwargs, donated, leaves)
+            except SettingError:
+                raise
             except Exception as e:  # a call would fall back to jax.jit
                 return f"{head}: jax.jit (not split: {type(e).__name__}: {e})"
             if described is None:
@@ -599,6 +600,8 @@ class RegionalFunction:
         try:
             with loading_ahead(self.__wrapped__, leaves, treedef, statics):
                 return build_plan(self._spec, args, kwargs, donated, leaves)
+        except SettingError:
+            raise  # a JAXAOT_* setting to fix: said, as components say it
         except Exception as e:  # never a wrong result: fall back to jax.jit
             logger.debug(
                 "jaxaot.jit %s: not split (%s: %s); using jax.jit",

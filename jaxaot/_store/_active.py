@@ -70,13 +70,25 @@ def explain_misses() -> bool:
 
 
 def default_cache_dir() -> str:
-    """Where the default cache lives: $JAXAOT_CACHE_DIR, $XDG_CACHE_HOME/jaxaot or ~/.cache/jaxaot."""
+    """Where the default cache lives: $JAXAOT_CACHE where it is a path, else
+    $JAXAOT_CACHE_DIR, $XDG_CACHE_HOME/jaxaot or ~/.cache/jaxaot."""
+    named = os.environ.get("JAXAOT_CACHE", "").strip()
+    if url_scheme(named) is None and _as_path(named) is not None:
+        return _as_path(named)  # type: ignore[return-value]
     explicit = os.environ.get("JAXAOT_CACHE_DIR")
     if explicit:
         return os.path.abspath(os.path.expanduser(explicit))
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = xdg if xdg else os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.abspath(os.path.join(base, "jaxaot"))
+
+
+def _as_path(text: str) -> str | None:
+    """``text`` as an absolute directory path, where it reads as a path (it starts
+    with ``~`` or ``.``, or holds a separator), as users set a cache directory."""
+    if text.startswith(("~", ".")) or os.sep in text:
+        return os.path.abspath(os.path.expanduser(text))
+    return None
 
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
@@ -156,7 +168,8 @@ def _local_tier() -> Cache:
 
 
 _CACHE_CHOICES = (
-    "JAXAOT_CACHE must be one of: 'dir' (a cache directory, the default), 'memory' "
+    "JAXAOT_CACHE must be one of: 'dir' (a cache directory, the default), a "
+    "directory's path (/path/to/cache), 'memory' "
     "(this process only), 'off' (no cache), or the URL of a shared store: "
     "redis://[:password@]host[:port][/db] or rediss://... (Redis), "
     "file:///absolute/path (a shared directory), or any fsspec URL such as "
@@ -165,10 +178,12 @@ _CACHE_CHOICES = (
 
 
 class CacheSetting(NamedTuple):
-    """What ``JAXAOT_CACHE`` asks for: ``dir``, ``memory``, ``off``, or a store ``url``."""
+    """What ``JAXAOT_CACHE`` asks for: ``dir`` (at ``path`` where it names one),
+    ``memory``, ``off``, or a store ``url``."""
 
     kind: Literal["dir", "memory", "off", "url"]
     url: str | None = None
+    path: str | None = None
 
 
 def cache_setting(raw: str | None = None) -> CacheSetting:
@@ -180,6 +195,9 @@ def cache_setting(raw: str | None = None) -> CacheSetting:
     text = (os.environ.get("JAXAOT_CACHE", "dir") if raw is None else raw).strip()
     if url_scheme(text) is not None:
         return CacheSetting("url", text)
+    path = _as_path(text)
+    if path is not None:
+        return CacheSetting("dir", path=path)
     choice = text.lower()
     if choice in ("off", "none", "0", "false"):
         return CacheSetting("off")

@@ -69,7 +69,7 @@ from .._caches import BadEntry
 from .._caches._trust import HMAC_ENV, hmac_secret
 from .._keys._key import ComponentKey
 from .._keys._sharding import sharded_type, type_sharding_from_json, type_sharding_to_json
-from .._keys._text import parse_aval_str, type_text
+from .._keys._text import parse_aval_str, tree_text, type_text
 from ._trees import LEAF, NotPersistable, TreeError, tree_from_json, tree_to_json
 
 __all__ = [
@@ -506,6 +506,30 @@ def check_stored(key: str, blob: bytes) -> tuple[dict[str, Any], dict[str, bytes
     return header, sections
 
 
+def _check_named(key: ComponentKey, header: dict[str, Any], out_tree: Any) -> None:
+    """Raises where the entry is not what its key names: sound bytes of another
+    entry under this key (a faulty or hostile writer's; a signature, not a
+    checksum, rules that out) would be called with inputs of other types, or
+    give their results in another tree.
+
+    Raises:
+      HeaderError: its input types or output tree are not its key's, or its
+        output types do not fill its tree.
+    """
+    if out_tree.num_leaves != len(header["out_avals"]):
+        raise HeaderError("its output types do not fill its output tree")
+    if key.parts.get("transform") != ():
+        return  # (a derived entry's key names its parent's types)
+    named = key.parts.get("args")
+    if isinstance(named, tuple) and list(named) != list(header["in_avals"]):
+        raise HeaderError("its input types are not those its key names")
+    tree = key.parts.get("out_tree")
+    # (A block's entry returns its results as a flat list, whatever tree its key names.)
+    flat = out_tree == jax.tree_util.tree_structure([0] * out_tree.num_leaves)
+    if isinstance(tree, str) and not flat and tree != tree_text(out_tree):
+        raise HeaderError("its output tree is not the one its key names")
+
+
 def decode(blob: bytes, expected: ComponentKey | None = None) -> Entry:
     """Verifies and decodes ``blob``; if ``expected`` is given, its parts must match."""
     header, sections = verify(blob)
@@ -530,12 +554,14 @@ def decode(blob: bytes, expected: ComponentKey | None = None) -> Entry:
                     out.append(ShapedArray(shape, dtype, weak_type=weak, sharding=typed))
             return tuple(out)
 
+        out_tree = tree_from_json(header["out_tree"])
+        _check_named(key, header, out_tree)
         return Entry(
             key=key,
             name=str(header["name"]),
             in_avals=avals("in"),
             out_avals=avals("out"),
-            out_tree=tree_from_json(header["out_tree"]),
+            out_tree=out_tree,
             arg_names=tuple(header["arg_names"]),
             result_paths=tuple(header["result_paths"]),
             stablehlo=sections.get("stablehlo"),

@@ -320,6 +320,8 @@ def _cache_env(spec: str | None) -> dict[str, str]:
 
         if parsed is None:  # a path
             env["JAXAOT_CACHE_DIR"] = os.path.abspath(os.path.expanduser(setting))
+        elif parsed.path is not None:
+            env["JAXAOT_CACHE_DIR"] = parsed.path
         env["JAXAOT_CACHE"] = "dir"
         path = env.get("JAXAOT_CACHE_DIR") or default_cache_dir()
         # A directory the workers could not use (a file, unsafe permissions) would
