@@ -103,6 +103,8 @@ def test_manifest_refuses_what_it_cannot_precompile() -> None:
     f = jaxaot.jit(lambda x: x * 2)
     with pytest.raises(TypeError, match=r"buckets\(<lambda>\): seq must be positive integers"):
         m.buckets(f, lambda b, s: jnp.zeros((b, s)), batch=(1,), seq=(0,))
+    with pytest.raises(TypeError, match=r"batch must be a sequence of positive integers .* got 2"):
+        m.buckets(f, lambda b, s: jnp.zeros((b, s)), batch=2, seq=(4,))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="worker must be in range"):
         m.precompile(worker=2, workers=2)
     assert len(m) == 0
@@ -204,6 +206,19 @@ def test_a_call_added_twice_is_one_signature() -> None:
     m = jaxaot.manifest().add(g, sds, np.int32(3)).add(g, sds, np.int32(4))
     m.add(g, sds, np.int32(3)).add(g, weak, np.int32(3))
     assert len(m) == 3
+
+
+def test_calls_whose_labels_read_alike_are_told_apart_each() -> None:
+    """The third of three calls that read alike is told from both others, not only
+    from the first (whose difference it may share with the second)."""
+    h = jaxaot.jit(lambda d: d["a"] + d["b"] + d["c"])
+    f32, i32 = (jax.ShapeDtypeStruct((2,), t) for t in (jnp.float32, jnp.int32))
+    m = jaxaot.manifest()
+    for b, c in ((f32, f32), (i32, f32), (i32, i32)):
+        m.add(h, {"a": f32, "b": b, "c": c})
+    labels = [item.label for item in m]
+    assert len(set(labels)) == 3, labels
+    assert labels[2].endswith("[args[0]['c']: i32[2]]"), labels
 
 
 def test_buckets_and_claims() -> None:
@@ -482,6 +497,10 @@ def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     for memory in ("memory", "memory://deploy"):  # (fsspec's memory is this process's)
         assert main(["precompile", "_precompile_targets:components", "--cache", memory]) == 2
         assert "no later process can read" in capsys.readouterr().err
+    with pytest.MonkeyPatch.context() as patch:  # the environment's, named as such
+        patch.setenv("JAXAOT_CACHE", "memory")
+        assert main(["precompile", "_precompile_targets:components"]) == 2
+        assert "JAXAOT_CACHE=memory: precompiling into a cache" in capsys.readouterr().err
     assert main(["precompile", "_precompile_targets:components", "--cache", "ftp://x.invalid/y"])
     assert "cannot reach ftp://x.invalid/y: " in capsys.readouterr().err
     assert main(["precompile", "--help"]) == 0

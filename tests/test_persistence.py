@@ -315,6 +315,27 @@ def test_a_bad_entry_that_cannot_be_removed_is_said_once_not_dropped(
     assert dcache.path_for(digest).read_bytes() == bad
 
 
+def test_entries_another_key_signed_are_kept_and_said_not_replaced(
+    dcache: jaxaot.DirectoryCache, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After the signing key changes (or signing is turned on), the old entries
+    stay (good for the processes with the old key); this process's own, under the
+    same keys, are then not stored. That is said once and counted as a write the
+    cache did not take (``jaxaot precompile`` fails on it), never taken for a
+    stored entry."""
+    x, expected, digest = _populate("rotated")
+    unsigned = dcache.path_for(digest).read_bytes()
+    monkeypatch.setenv("JAXAOT_CACHE_HMAC_KEY", "a new secret")
+    before = jaxaot.stats()["cache_write_errors"]
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    np.testing.assert_allclose(_in_jit(_recomputing("rotated"), x), expected)
+    jaxaot.wait_for_writes()
+    assert dcache.path_for(digest).read_bytes() == unsigned  # kept
+    assert jaxaot.stats()["cache_write_errors"] > before
+    said = [r.getMessage() for r in caplog.records if "therefore not stored" in r.getMessage()]
+    assert len(said) == 1 and "jaxaot cache clear" in said[0], said
+
+
 def test_planted_pickle_never_runs(dcache: jaxaot.DirectoryCache, tmp_path: Path) -> None:
     x, expected, digest = _populate("planted")
     sentinel = tmp_path / "pwned"

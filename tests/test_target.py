@@ -274,6 +274,14 @@ def test_jit_under_a_target_in_process(no_target: None) -> None:
         )
         with pytest.raises(RuntimeError, match="jaxaot.jit net: called under the compile target"):
             net(jnp.ones((16, 16)), jnp.ones((8, 16)))
+        # Shardings over this machine's devices (jax.devices(), not target_devices()):
+        # under plain jax.jit it would compile for the CPU, nothing for the target.
+        cpu = NamedSharding(Mesh(np.array(jax.devices()), ("d",)), PartitionSpec())
+        with pytest.raises(TypeError, match="placed on cpu devices"):
+            net.precompile(
+                jax.ShapeDtypeStruct((16, 16), jnp.float32, sharding=cpu),
+                jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=cpu),
+            )
         jaxaot.wait_for_writes()
         set_target(None)
         parts = _executable_parts([cache.get(k) for k in cache.keys()])  # type: ignore[misc]

@@ -59,7 +59,7 @@ from ._placement import (
     reshard,
 )
 from ._plan import WHOLE as WHOLE_MODE
-from ._plan import Plan, PlanFailed
+from ._plan import Plan, PlanFailed, refuse_unsplit
 from ._planner import PlanSpec, build_plan, describe
 from ._signatures import loading_ahead, say_new_signature, signature_types
 
@@ -308,7 +308,7 @@ class RegionalFunction:
         committedness, configuration) then stands for this plan's. Otherwise the
         call runs the Python path, and the next one with its signature comes back
         here. A plan that leaves the whole program resets the dispatcher."""
-        self._refuse_under_target()
+        refuse_call(f"jaxaot.jit {self.__name__}", "RegionalFunction.precompile")
         parts = self._dynamic(args, kwargs)
         leaves, treedef, statics, donated = parts
         found: Plan | None | object = _NOT_LOOKED_UP
@@ -322,9 +322,6 @@ class RegionalFunction:
                     return fastpath_miss(exe, dyn_args, dyn_kwargs)  # type: ignore[no-any-return]
         # No fast path for this signature yet: forgotten (True), for a later call to give.
         return self._call_slow(args, kwargs, *parts, plan=found), None, True
-
-    def _refuse_under_target(self) -> None:
-        refuse_call(f"jaxaot.jit {self.__name__}", "RegionalFunction.precompile")
 
     def _call_slow(
         self,
@@ -345,7 +342,7 @@ class RegionalFunction:
             ):
                 self._spec.say(_IN_A_TRACE)
                 return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
-            self._refuse_under_target()
+            refuse_call(f"jaxaot.jit {self.__name__}", "RegionalFunction.precompile")
             if self._in_shardings is not UNSET:
                 try:
                     placed = self._placed(leaves, treedef)
@@ -557,6 +554,7 @@ class RegionalFunction:
             # (devices that do not fit), the arguments are wrong: said now, not deployed.
             self._jitted.lower(*args, **kwargs)
             if failed is not None:
+                refuse_unsplit(self.__name__, failed)  # (nothing made for a compile target)
                 self._say_unsplit(failed)
 
     def explain(self, *args: Any, **kwargs: Any) -> str:
@@ -613,6 +611,7 @@ class RegionalFunction:
                 self._jitted.lower(*args, **kwargs)  # (JAX keeps it for the call)
             except Exception:
                 return None  # the program's own error: the call raises it, as jax.jit does
+            refuse_unsplit(self.__name__, e)
             self._say_unsplit(e)
             return None
 

@@ -276,9 +276,11 @@ class Manifest:
         # read alike but for a note can be one call: the others are not compared.)
         if any(o.label.startswith(base) and _same_call(o, item) for o in self._items):
             return self
-        alike = [other for other in self._items if other.label == label]
+        alike = [o for o in self._items if o.label == label or o.label.startswith(f"{label} [")]
         if alike:  # another call that reads the same (in its trees, its mesh): told apart
-            label += f" [{_difference(alike[0], item)}]"
+            taken = {other.label for other in self._items}
+            told = (f"{label} [{_difference(other, item)}]" for other in alike)
+            label = next((t for t in told if t not in taken), f"{label} [call {len(alike) + 1}]")
             item = item._replace(label=label)
         self._items.append(item)
         return self
@@ -304,6 +306,11 @@ class Manifest:
         """
         _check_function(function, "buckets")
         for what, sizes in (("batch", batch), ("seq", seq)):
+            if not isinstance(sizes, Sequence) or isinstance(sizes, str):
+                raise TypeError(
+                    f"jaxaot.Manifest.buckets({_function_name(function)}): {what} must be "
+                    f"a sequence of positive integers (batch=(1, 2, 4)), got {sizes!r:.60}"
+                )
             bad = [s for s in sizes if not isinstance(s, int) or isinstance(s, bool) or s < 1]
             if bad or not len(sizes):
                 raise TypeError(

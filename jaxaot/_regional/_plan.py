@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 
-from .._jax import with_trees
+from .._jax import active_target, with_trees
 
 logger = logging.getLogger("jaxaot")
 
@@ -33,6 +33,24 @@ WHOLE = "whole"
 
 class PlanFailed(Exception):
     """An executable of a plan could not be made; nothing was donated yet."""
+
+
+def refuse_unsplit(name: str, error: Exception) -> None:
+    """Under a compile target (``jaxaot precompile --target``), raises for a
+    program that would run under plain ``jax.jit`` (``error``: why it cannot be
+    split): that compiles for this process's devices, so nothing would be made
+    for the target. The user's own error where it is one (a ``TypeError`` or
+    ``ValueError``: arguments placed on this machine's devices), else a
+    ``ValueError`` that says so."""
+    if active_target() is None:
+        return
+    cause = error.__cause__ if isinstance(error, PlanFailed) else error
+    if isinstance(cause, TypeError | ValueError):
+        raise cause
+    raise ValueError(
+        f"jaxaot.jit {name}: not precompiled for {active_target()}: it would run under "
+        f"plain jax.jit, on this process's devices ({type(error).__name__}: {error})"
+    )
 
 
 def _getter(slots: Sequence[int]) -> Callable[[list[Any]], Sequence[Any]]:

@@ -43,6 +43,10 @@ logger = logging.getLogger("jaxaot")
 #: The digests of the entries this process wrote: read back (by a second wrapper
 #: of one function, after ``clear_cache``), they count as no entry ``loaded``.
 _WRITTEN_HERE: set[str] = set()
+#: The digests under which this process read an entry it cannot use, left in
+#: place (another HMAC key's, another entry format's): caches keep an existing
+#: entry, so this process's own is not stored there.
+_KEPT_UNUSABLE: set[str] = set()
 
 
 def read(cache: Cache, key: ComponentKey) -> Entry | None:
@@ -70,6 +74,8 @@ def read_blob(cache: Cache, key: ComponentKey) -> tuple[Entry | None, bytes | No
             # Sound for the processes that wrote it (another HMAC key, another entry
             # format): a miss here, left alone, one warning per cause.
             _stats.bump("unusable_entries")
+            if len(_KEPT_UNUSABLE) < 100_000:
+                _KEPT_UNUSABLE.add(key.digest)
             _stats.warn_once(
                 f"entry-unusable:{e.cause}",
                 f"jaxaot: cache entries in {cache!r} cannot be used by this process ({e}); "
@@ -165,6 +171,17 @@ def write(cache: Cache, entry: Entry) -> None:
     try:
         cache.put(entry.key.digest, blob)
         _WRITTEN_HERE.add(entry.key.digest)
+        if entry.key.digest in _KEPT_UNUSABLE:
+            _KEPT_UNUSABLE.discard(entry.key.digest)
+            # (A signing key rotated: jaxaot precompile then fails, rather than
+            # reporting entries made that no process with its key can read.)
+            lost_write()
+            _stats.warn_once(
+                f"unusable-kept:{cache!r}",
+                f"jaxaot: {cache!r} keeps the entries this process cannot use (signed with "
+                "another key, or of another format) under the keys of its own entries, "
+                "which are therefore not stored; remove them (jaxaot cache clear) to store these",
+            )
     except Exception as e:
         _stats.bump("cache_errors")
         lost_write()

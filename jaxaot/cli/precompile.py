@@ -336,7 +336,8 @@ def _cache_env(spec: str | None) -> dict[str, str]:
             ) from None
     elif parsed.kind in ("memory", "off") or url_scheme(setting) == "memory":
         raise CLIError(
-            f"--cache {setting}: precompiling into a cache that no later process can read; "
+            f"{'--cache ' if spec is not None else 'JAXAOT_CACHE='}{setting}: precompiling "
+            "into a cache that no later process can read; "
             "give a directory or a shared store",
             2,
         )
