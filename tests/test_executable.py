@@ -360,3 +360,46 @@ def test_an_executable_calling_lapack_runs_in_a_process_that_lowered_none(
 
     assert run()[0] == 2  # cold: compiled both
     assert run() == [0, 2, 0]  # warm: loaded both and ran, LAPACK set up for one only
+
+
+def test_an_executable_for_another_input_tree_is_dropped_not_called(
+    fresh_cache: jaxaot.MemoryCache, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sound executable entry of another program with the same input types but
+    another input tree, planted under a key (re-checksummed: an unsigned cache's
+    writer can): a miss with a warning, never called with inputs it was not
+    compiled for, and not counted as ``loaded``."""
+    import hashlib
+
+    def pair(x: jax.Array, y: jax.Array) -> jax.Array:
+        return x * 2 + y
+
+    def named(d: dict[str, jax.Array]) -> jax.Array:
+        return d["a"] - d["b"]
+
+    x, y = jnp.arange(3.0), jnp.ones(3)
+    jaxaot.component(pair)(x, y)
+    mine = set(fresh_cache.keys())
+    jaxaot.component(named)({"a": x, "b": y})
+    jaxaot.wait_for_writes()
+
+    def executable_entry(digests: set[str]) -> tuple[str, dict[str, Any], dict[str, bytes]]:
+        for digest in digests:
+            header, sections = _entry.verify(fresh_cache.get(digest))  # type: ignore[arg-type]
+            if "executable" in sections:
+                return digest, header, sections
+        raise AssertionError("no executable entry")
+
+    digest, header, _ = executable_entry(mine)
+    _, other, sections = executable_entry(set(fresh_cache.keys()) - mine)
+    other["key"], other["digest"] = header["key"], header["digest"]
+    raw = json.dumps(other).encode()
+    payload = b"".join(sections[name] for name, _ in other["sections"])
+    body = _entry._PREFIX.pack(_entry.MAGIC, _entry.ENTRY_FORMAT_VERSION, 0, len(raw)) + raw
+    body += payload
+    fresh_cache.put(digest, body + hashlib.sha256(body).digest())
+    before = jaxaot.stats()["loaded"]
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    np.testing.assert_allclose(jaxaot.component(pair)(x, y), jax.jit(pair)(x, y))
+    assert any("input tree is not the call's" in r.getMessage() for r in caplog.records)
+    assert jaxaot.stats()["loaded"] == before  # (its lowered entry was written here)

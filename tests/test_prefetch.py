@@ -157,6 +157,7 @@ def _fill(cache: jaxaot.MemoryCache) -> list[_entry.Entry]:
     with jaxaot.using_cache(cache):
         f(jnp.ones(3))
         g(jnp.ones(3))
+    jaxaot.wait_for_writes()  # (executables are written in the background)
     _prefetch._looked_up.clear()  # (as in the next process)
     return _stored_executables(cache)
 

@@ -27,7 +27,7 @@ from .._jax import (
 from .._keys._key import ComponentKey
 from . import _prefetch
 from ._entry import Entry, EntryError
-from ._readwrite import dropped, read_blob, write
+from ._readwrite import counted_loaded, dropped, read_blob, write
 from ._trees import NotPersistable, tree_from_json, tree_to_json
 from ._writer import written
 
@@ -147,7 +147,7 @@ def load_executable_entry(
     ahead = _prefetch.take(cache, key)
     if ahead is not None:
         return ahead[1], ahead[0]
-    entry, blob = read_blob(cache, key)
+    entry, blob = read_blob(cache, key, count=False)
     if entry is None or blob is None:
         return None
     try:
@@ -155,7 +155,12 @@ def load_executable_entry(
             raise EntryError("entry has no executable section")
         stored = entry.extra.get("executable_in_tree")
         if stored is not None:
-            in_tree = tree_from_json(stored)
+            stored = tree_from_json(stored)
+            if in_tree is not None and stored != in_tree:
+                # (Sound bytes of another executable under this key: it would be
+                # called with inputs it was not compiled for.)
+                raise EntryError("its input tree is not the call's")
+            in_tree = stored
         if in_tree is None:
             raise EntryError("entry has no input tree")
         exe = deserialize_executable(entry.executable, in_tree, entry.out_tree)
@@ -169,6 +174,7 @@ def load_executable_entry(
         what = f"a cached executable that could not be loaded ({type(e).__name__}: {e})"
         dropped(cache, key.digest, what, "compiling instead", blob, "unloadable")
         return None
+    counted_loaded(key.digest)
     return exe, entry
 
 

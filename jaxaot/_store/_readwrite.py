@@ -53,9 +53,12 @@ def read(cache: Cache, key: ComponentKey) -> Entry | None:
     return read_blob(cache, key)[0]
 
 
-def read_blob(cache: Cache, key: ComponentKey) -> tuple[Entry | None, bytes | None]:
+def read_blob(
+    cache: Cache, key: ComponentKey, count: bool = True
+) -> tuple[Entry | None, bytes | None]:
     """The entry under ``key`` (``None``: missing, unreadable or bad, dropped) and
-    the bytes it was read from (``None`` where there were none)."""
+    the bytes it was read from (``None`` where there were none); ``count``: counted
+    as ``loaded`` (else the caller counts it, once it could use it)."""
     try:
         blob = cache.get(key.digest)
     except Exception as e:
@@ -85,7 +88,8 @@ def read_blob(cache: Cache, key: ComponentKey) -> tuple[Entry | None, bytes | No
         _stats.bump("corrupt_entries")
         dropped(cache, key.digest, f"a bad cache entry ({e})", "recomputing", blob, e.cause)
         return None, blob
-    counted_loaded(key.digest)
+    if count:
+        counted_loaded(key.digest)
     return entry, blob
 
 
