@@ -410,6 +410,10 @@ def test_slow_server_times_out(
     assert len(warnings) == 1 and "TimeoutError" in warnings[0], warnings
     time.sleep(max(0.0, paused_at + 3.0 + remote.backoff - time.monotonic()) + 0.1)
     assert remote.get(key) == blob  # the server answers again: hits resume
+    # Then it goes: refused connections are the same outage, not a second warning.
+    private_server.stop()
+    assert remote.get(key) is None
+    assert warnings_of(caplog) == warnings
 
 
 def test_refused_writes_warn_once_and_the_program_goes_on(

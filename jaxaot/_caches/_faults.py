@@ -130,7 +130,10 @@ class FaultTracking(WarnOnce):
             with self._state_lock:
                 self._down_until = time.monotonic() + self.backoff
             action = f"skipping the {self._peer} for a while"
-        self._warn_once(cause, f"{what} failed ({cause}: {self._describe(e)}); {action}")
+        # One warning for an outage, however its calls fail (a timeout while the
+        # server stalls, then refused connections once it is gone).
+        once = "outage" if self._is_outage(e) else cause
+        self._warn_once(once, f"{what} failed ({cause}: {self._describe(e)}); {action}")
 
     def _describe(self, e: BaseException) -> str:
         """What went wrong, for a user (backends override with their own words)."""

@@ -201,13 +201,14 @@ def make_once(
         _stats.bump("lease_takeovers")
         waited = time.monotonic() - started
         text = (
-            f"jaxaot: took over {what} {digest[:16]} from {holder}, which stopped before it was "
-            f"done; waited {waited:.1f} s for it"
+            f"jaxaot: took over {what} {digest[:16]} from {holder}, whose lease ended before "
+            f"the entry was written; waited {waited:.1f} s for it"
         )
         if waited >= 1.0:  # a wait the user feels: said once (a lock file frees at once)
             _stats.warn_once(
                 "lease-takeover",
-                text + " (a lease that expires: $JAXAOT_LEASE_TTL after it stopped)",
+                text + " (a lease ends $JAXAOT_LEASE_TTL after its holder stops, or when the "
+                "store evicts it: a Redis at its maxmemory)",
             )
         else:
             logger.debug(text)
