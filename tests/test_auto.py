@@ -275,6 +275,42 @@ def test_linen_layers_drawing_under_remat_are_one_block(whole: bool, compiles: l
     assert counts[1] <= counts[0] <= (1 if whole else 4), counts
 
 
+def test_solves_traced_again_for_each_call_are_differentiated_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chain of diffrax solves whose vector field is made in each call (a new
+    function, so JAX traces each solve again: a new body of the same program)
+    under grad: the solve's forward and backward blocks are made once, by
+    program, not once per call, and the gradient is ``jax.jit``'s."""
+    import diffrax
+
+    from jaxaot._component import _blocks
+
+    def solve(w: jax.Array, y: jax.Array) -> jax.Array:
+        term = diffrax.ODETerm(lambda t, y, a: jnp.tanh(a @ y))
+        return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, 0.5, 0.1, y, args=w).ys[-1]  # type: ignore[index]
+
+    def loss(ws: Any, y: jax.Array) -> jax.Array:
+        for w in ws:
+            y = solve(w, y)
+        return jnp.sum(y**2)
+
+    made: list[str] = []
+    vjp_blocks = _blocks._vjp_blocks
+    monkeypatch.setattr(
+        _blocks,
+        "_vjp_blocks",
+        lambda call, avals, name: made.append(name) or vjp_blocks(call, avals, name),
+    )
+    _blocks.forget_blocks()
+    ws, y = [jnp.eye(4) * 0.2 * (i + 1) for i in range(3)], jnp.ones(4) / 4
+    step = jax.value_and_grad(loss)
+    regional = jaxaot.jit(step)
+    _close(regional(ws, y), jax.jit(step)(ws, y))
+    assert made == ["jit(diffeqsolve)"], made
+    assert "block jit(diffeqsolve) forward: 3 call" in regional.explain(ws, y)
+
+
 @pytest.mark.parametrize(
     ("policy", "saved"),
     [(None, 0), (jax.checkpoint_policies.dots_saveable, 1)],

@@ -101,6 +101,7 @@ def forget_blocks() -> None:
         _BLOCKS.clear()
         _MADE.clear()
         _VJP_MADE.clear()
+        _BY_CONTENT.clear()
 
 
 def _memo_key(call: BoundCall, avals: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -143,6 +144,33 @@ def _memoized(
                 table.clear()
             table[memo] = (call.params["jaxpr"], made)
     return made
+
+
+#: Differentiated calls already made, by their body's program (see ``_by_content``).
+_BY_CONTENT: dict[Any, Any] = {}
+
+
+def _by_content(call: BoundCall, avals: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+    """What ``make()`` gives for ``call``, made once per program its body computes:
+    a function traced again for each call binds another body of the same program
+    (a diffrax solve whose terms are made in the call), and differentiating it
+    with ``jax.vjp`` costs several times what naming its program does. A body
+    that cannot be named so (a value of an outer trace in it) is made."""
+    try:
+        parts = program_parts(call_jaxpr(call), "block")
+    except Exception:
+        return make()
+    others = tuple(sorted((k, repr(v)) for k, v in call.params.items() if k != "jaxpr"))
+    content = (call.kind, str(parts["program"]), repr(parts["consts"]), repr(parts["rules"]))
+    key = (*content, others, avals, trace_context())
+    known = _BY_CONTENT.get(key)
+    if known is None:
+        known = make()
+        with _LOCK:
+            if len(_BY_CONTENT) >= _MADE_MAX:
+                _BY_CONTENT.clear()
+            _BY_CONTENT[key] = known
+    return known
 
 
 def _made(call: BoundCall, avals: tuple[Any, ...], name: str) -> Call:
@@ -243,7 +271,12 @@ def vjp_call(call: BoundCall, name: str | None = None) -> list[Any]:
     call, _ = pruned(hoisted(call))
     avals = tuple(aval_of(a) for a in call.args)
     blocks: _VjpBlocks = _memoized(
-        _VJP_MADE, call, avals, lambda: _vjp_blocks(call, avals, name or block_name(call))
+        _VJP_MADE,
+        call,
+        avals,
+        lambda: _by_content(
+            call, avals, lambda: _vjp_blocks(call, avals, name or block_name(call))
+        ),
     )
     kind, params = call.kind, call.params
 

@@ -136,7 +136,7 @@ def _unlike(counts: collections.Counter[Any]) -> str:
         return ""
     return (
         f"; {', '.join(named)}, each call a different program: a value made for each "
-        "layer is built into it, such as linen's random keys under nn.remat"
+        "layer is built into it (a number or an array of its own, a Python value per layer)"
     )
 
 
