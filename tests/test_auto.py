@@ -311,6 +311,43 @@ def test_solves_traced_again_for_each_call_are_differentiated_once(
     assert "block jit(diffeqsolve) forward: 3 call" in regional.explain(ws, y)
 
 
+def test_a_solve_under_vmap_under_grad_is_traced_once() -> None:
+    """diffrax's own example: a solve vmapped over the batch, under grad. Its
+    rules (around a while loop) cannot be differentiated outside the program's
+    trace once batched, so the solve stays in its glue, said once, and the
+    program is traced once (trying to make it a block cost a trace of the whole
+    program per solve function, in every process); values are ``jax.jit``'s."""
+    import diffrax
+
+    traces: list[int] = []
+
+    def solve(w: jax.Array, y: jax.Array) -> jax.Array:
+        ts = jnp.linspace(0.0, 0.5, 4)
+        return diffrax.diffeqsolve(  # type: ignore[no-any-return]
+            diffrax.ODETerm(lambda t, y, a: jnp.tanh(a @ y)),
+            diffrax.Tsit5(),
+            0.0,
+            0.5,
+            0.1,
+            y,
+            args=w,
+            stepsize_controller=diffrax.PIDController(rtol=1e-3, atol=1e-6),
+            saveat=diffrax.SaveAt(ts=ts),
+        ).ys
+
+    def loss(w: jax.Array, ys: jax.Array) -> jax.Array:
+        traces.append(1)
+        return jnp.mean(jax.vmap(lambda y: solve(w, y))(ys) ** 2)
+
+    w, ys = jnp.eye(4) * 0.3, jnp.ones((3, 4)) / 4
+    step = jax.value_and_grad(loss)
+    regional = jaxaot.jit(step)
+    got = regional(w, ys)
+    assert len(traces) == 1, len(traces)
+    _close(got, jax.jit(step)(w, ys))
+    assert "jit(diffeqsolve): a custom_vjp rule under vmap" in regional.explain(w, ys)
+
+
 @pytest.mark.parametrize(
     ("policy", "saved"),
     [(None, 0), (jax.checkpoint_policies.dots_saveable, 1)],

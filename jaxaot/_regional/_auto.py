@@ -34,6 +34,7 @@ from .._component._rules import bind, component_p
 from .._jax import (
     CALL_PRIMITIVES,
     BoundCall,
+    bind_plainly,
     call_body,
     call_jaxpr,
     current_trace,
@@ -170,6 +171,9 @@ class BlockFinder:
         # Whether a linen module method's latest call called repeated layers
         # (``_scoped.Calls.wraps_layers``), where its calls are counted.
         self.wraps_layers: Callable[[str], bool] | None = None
+        # The calls kept in their glue under vmap for their custom_vjp rules: their
+        # backward passes, bound by grad's transpose, are kept there too.
+        self.under_vmap: set[str] = set()
 
     def note(self, call: BoundCall | str, why: str) -> None:
         """Records why ``call`` (or the call named so) is not a block. JAX's own
@@ -204,6 +208,9 @@ class BlockFinder:
             self.note(call, LOOKED_THROUGH)
             closed = call_jaxpr(call)
             return evaluate(closed.jaxpr, closed.consts, call.args)
+        if (self._name(call) or block_name(call)) in self.under_vmap:
+            self.note(call, CUSTOM_VJP)  # (a backward pass: a block called once at best)
+            return None
         why = _why_not(call)
         rules = why is None and uses_primitive(call_jaxpr(call), _CUSTOM_VJP)
         held = _rules_of(call, self._name(call) or block_name(call)) if rules else ()
@@ -218,7 +225,14 @@ class BlockFinder:
             # transformations (vmap), kept in its glue.
             if not differentiating(current_trace()):
                 self.note(call, CUSTOM_VJP)
-                return None
+                if not uses_primitive(call_jaxpr(call), ("while",)):
+                    return None  # (under a grad around the vmap, its batched form may be)
+                # A solve (diffrax, optimistix: rules around a while loop): bound here,
+                # unseen, as are its batched form (under a grad around the vmap) and
+                # its backward pass. Their batched rules cannot be differentiated
+                # outside this trace, and trying costs a trace of the whole program.
+                self.under_vmap.add(self._name(call) or block_name(call))
+                return bind_plainly(call)
             try:
                 with not_intercepting():
                     return vjp_call(call, self._name(call))
