@@ -379,6 +379,7 @@ def test_an_executable_for_another_input_tree_is_dropped_not_called(
 
     x, y = jnp.arange(3.0), jnp.ones(3)
     jaxaot.component(pair)(x, y)
+    jaxaot.wait_for_writes()  # (executables are written in the background)
     mine = set(fresh_cache.keys())
     jaxaot.component(named)({"a": x, "b": y})
     jaxaot.wait_for_writes()

@@ -487,30 +487,14 @@ def test_a_model_under_nn_jit_splits_in_every_program_of_the_process() -> None:
 def test_layers_each_called_once_start_no_executable_when_traced_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Remat'd linen layers drawing dropout: each layer's stream is its own, so
-    each is called once, and the program is served whole. Its second trace (its
-    layer class found repeating, left inline for its random streams) sees each
-    layer's entries again, which is no repetition: no layer's executable is
+    """Remat'd linen layers that each build a number of their own into their
+    program: each is called once, and the program is served whole. Its trace sees
+    each layer's entries once, which is no repetition: no layer's executable is
     started in the background (warm processes compiled some each, never used)."""
     from jaxaot._regional import _planner, _tracing, _whole
 
     monkeypatch.setattr(_whole, "WHOLE_BELOW", 1.0)  # every call big: entries start early
-    remat = nn.remat(Dropped)
-
-    class Model(nn.Module):
-        @nn.compact
-        def __call__(self, x: jax.Array) -> jax.Array:
-            for _ in range(3):
-                x = remat()(x)
-            return x
-
-    model, x = Model(), jnp.ones((2, WIDTH))
-    variables = model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x)
-
-    def loss(variables: Any, x: jax.Array) -> jax.Array:
-        return (model.apply(variables, x, rngs={"dropout": jax.random.key(2)}) ** 2).mean()
-
-    step = jax.value_and_grad(loss)
+    step, (variables, x) = _scaled_layers()
     regional = jaxaot.jit(step)
     with jaxaot.using_cache(jaxaot.MemoryCache()):
         started = _tracing.trace(
@@ -625,15 +609,50 @@ def test_layers_whose_draws_cannot_move_out_stay_inline_with_jax_jit_draws(
     assert f"{name} is not a block (left inline: {why}" in caplog.text, caplog.text
 
 
-def test_remat_layers_drawing_random_numbers_say_why_none_repeats() -> None:
-    """``nn.remat`` of a layer with dropout: Flax builds each layer's random key into
-    its checkpoint region, so each layer is a program of its own and none repeats;
-    the program is served whole with ``jax.jit``'s values, and ``explain`` says which
-    block ran how often, each call a different program (it said only that every
-    block was called once)."""
+def test_remat_layers_drawing_random_numbers_are_one_block() -> None:
+    """``nn.remat`` of a layer with dropout: Flax folds each layer's place into its
+    draws' keys, a number that is an input of the block, so the layers are one
+    block, with ``jax.jit``'s values. Layers that each build a number of their own
+    into their program are not: ``explain`` says which block ran how often, each
+    call a different program (it said only that every block was called once)."""
     step, args = _linen(nn.remat(Dropped), rngs={"dropout": jax.random.key(2)})
     regional = jaxaot.jit(step)
     _same(regional(*args), jax.jit(step)(*args))
     said = regional.explain(*args)
+    assert "checkpoint(Dropped.__call__): 3 forward" in said, said
+    step, args = _scaled_layers()
+    regional = jaxaot.jit(step)
+    _same(regional(*args), jax.jit(step)(*args))
+    said = regional.explain(*args)
     assert "every block it found is called once; " in said, said
-    assert "checkpoint(Dropped.__call__) runs 3 times, each call a different program" in said
+    assert "checkpoint(Scaled.__call__) runs 3 times, each call a different program" in said
+
+
+class Scaled(nn.Module):
+    """A layer that builds a number of its own (its ``scale``) into its program."""
+
+    scale: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x + jnp.tanh(nn.Dense(WIDTH)(x)) * self.scale
+
+
+def _scaled_layers() -> tuple[Any, tuple[Any, ...]]:
+    """Three ``nn.remat`` layers, each of another ``scale``: three programs."""
+    remat = nn.remat(Scaled)
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for i in range(3):
+                x = remat(scale=1.0 + 0.25 * i)(x)
+            return x
+
+    model, x = Model(), jnp.ones((2, WIDTH))
+    variables = model.init(jax.random.key(0), x)
+
+    def loss(variables: Any, x: jax.Array) -> jax.Array:
+        return (model.apply(variables, x) ** 2).mean()
+
+    return jax.value_and_grad(loss), (variables, x)

@@ -82,7 +82,8 @@ def _cmd_info(args: argparse.Namespace, out: Output) -> int:
     h = record.header
     overview += [
         ("created", when_text(record.created)),
-        ("transform", record.transform),
+        # (A root entry's is none: its key parts say so.)
+        *((("transform", record.transform),) if record.transform not in ("-", "") else ()),
         ("kind", kind(record)),
         ("signature", clip(str(h.get("signature", "?")), _INFO_WIDTH)),
         ("platforms", ", ".join(str(p) for p in h.get("platforms") or []) or "-"),
