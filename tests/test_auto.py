@@ -211,8 +211,7 @@ def test_blocks_called_once_stay_in_their_glue_and_the_switch_turns_it_off() -> 
     assert "cached whole" in off.explain(ws, x)
 
 
-@pytest.mark.parametrize("whole", [False, True])
-def test_linen_layers_drawing_under_remat_are_one_block(whole: bool, compiles: list[str]) -> None:
+def test_linen_layers_drawing_under_remat_are_one_block(compiles: list[str]) -> None:
     """A linen model of ``nn.remat`` layers with dropout: each layer's draws fold
     its place in the model into their keys, a number that differs per layer. The
     layers are still one block, drawing what they draw under ``jax.jit``: the
@@ -257,7 +256,7 @@ def test_linen_layers_drawing_under_remat_are_one_block(whole: bool, compiles: l
             updates, state = opt.update(grads, state, params)
             return optax.apply_updates(params, updates), state, value
 
-        regional = jaxaot.jit(step, whole_program=whole)
+        regional = jaxaot.jit(step, whole_program=False)
         explained = regional.explain(params, opt.init(params), jax.random.key(2))
         assert f"Block.__call__): {layers} forward" in explained, explained
         mine = theirs = (params, opt.init(params))
@@ -270,15 +269,15 @@ def test_linen_layers_drawing_under_remat_are_one_block(whole: bool, compiles: l
             *theirs, want = jax.jit(step)(*theirs, key)
             np.testing.assert_allclose(got, want, rtol=1e-6)
         _close(mine, theirs)
-    # At most a forward and a backward block and two glue programs (whole: one
-    # program), at either depth (the deeper one may reuse this process's glue).
-    assert counts[1] <= counts[0] <= (1 if whole else 4), counts
+    # At most a forward and a backward block and two glue programs, at either
+    # depth (the deeper one may reuse this process's glue).
+    assert counts[1] <= counts[0] <= 4, counts
 
 
 def test_solves_traced_again_for_each_call_are_differentiated_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A chain of diffrax solves whose vector field is made in each call (a new
+    """Two diffrax solves whose vector field is made in each call (a new
     function, so JAX traces each solve again: a new body of the same program)
     under grad: the solve's forward and backward blocks are made once, by
     program, not once per call, and the gradient is ``jax.jit``'s."""
@@ -303,12 +302,12 @@ def test_solves_traced_again_for_each_call_are_differentiated_once(
         lambda call, avals, name: made.append(name) or vjp_blocks(call, avals, name),
     )
     _blocks.forget_blocks()
-    ws, y = [jnp.eye(4) * 0.2 * (i + 1) for i in range(3)], jnp.ones(4) / 4
+    ws, y = [jnp.eye(4) * 0.2 * (i + 1) for i in range(2)], jnp.ones(4) / 4
     step = jax.value_and_grad(loss)
     regional = jaxaot.jit(step)
     _close(regional(ws, y), jax.jit(step)(ws, y))
     assert made == ["jit(diffeqsolve)"], made
-    assert "block jit(diffeqsolve) forward: 3 call" in regional.explain(ws, y)
+    assert "block jit(diffeqsolve) forward: 2 call" in regional.explain(ws, y)
 
 
 def test_a_solve_under_vmap_under_grad_is_traced_once() -> None:
