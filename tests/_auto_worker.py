@@ -515,5 +515,10 @@ def run(kind: str, layers: int, compare: bool = True) -> dict[str, Any]:
 if __name__ == "__main__":
     depth = int(sys.argv[1])
     compare = "--no-compare" not in sys.argv[2:]
-    kinds = [k for k in sys.argv[2:] if k != "--no-compare"] or [k for k in KINDS if k != "gemma"]
-    print(json.dumps({kind: run(kind, depth, compare) for kind in kinds}))
+    # A kind may name its own depth: ``diffrax_chain:3``.
+    named = [k for k in sys.argv[2:] if k != "--no-compare"] or [k for k in KINDS if k != "gemma"]
+    runs = {}
+    for token in named:
+        kind, _, layers = token.partition(":")
+        runs[kind] = run(kind, int(layers or depth), compare)
+    print(json.dumps(runs))

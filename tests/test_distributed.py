@@ -72,7 +72,9 @@ def _job(
         penv["JAXAOT_CACHE_DIR"] = str(tmp_path / f"cache-{pid}")  # a cold cache per process
         penv.setdefault("JAXAOT_DISTRIBUTED_TIMEOUT", "120")
         if devices is not None:
-            penv["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+            penv["XLA_FLAGS"] = (
+                f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+            )
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(script), str(pid), str(n), str(port)],

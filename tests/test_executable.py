@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -102,12 +103,15 @@ def test_dump_flags_warm_start_and_code_flags_recompile(
     # As JAX's persistent cache: dumping HLO to a new folder cannot change the
     # code, so the executable is loaded; an optimization level changes it.
     (tmp_path / "stepmod.py").write_text(STEP_MODULE)
+    flags = subprocess_env.get("XLA_FLAGS", "")  # (the suite's own, conftest.py)
     cold = _run(tmp_path, subprocess_env, raise_if_traced=False)
     dumped = _run(
         tmp_path,
         subprocess_env,
         raise_if_traced=True,
-        extra_env={"XLA_FLAGS": f"--xla_dump_to={tmp_path / 'dump'} --xla_dump_hlo_as_text"},
+        extra_env={
+            "XLA_FLAGS": f"{flags} --xla_dump_to={tmp_path / 'dump'} --xla_dump_hlo_as_text"
+        },
     )
     assert dumped["info"]["compiles"] == 0 and dumped["info"]["traces"] == 0
     assert dumped["losses"] == cold["losses"]
@@ -116,7 +120,8 @@ def test_dump_flags_warm_start_and_code_flags_recompile(
         subprocess_env,
         raise_if_traced=False,
         extra_env={
-            "XLA_FLAGS": f"--xla_dump_to={tmp_path / 'dump2'} --xla_backend_optimization_level=0"
+            "XLA_FLAGS": re.sub(r"--xla_backend_optimization_level=\S*", "", flags)
+            + f" --xla_dump_to={tmp_path / 'dump2'} --xla_backend_optimization_level=1"
         },
     )
     assert optimized["info"]["compiles"] == 1

@@ -241,7 +241,8 @@ def test_outputs_no_step_writes_are_placed_on_the_calls_mesh(
     import subprocess
     import sys
 
-    env = {**subprocess_env, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    flags = f"{subprocess_env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
+    env = {**subprocess_env, "XLA_FLAGS": flags}
     proc = subprocess.run(
         [sys.executable, "-c", _ON_A_MESH], env=env, capture_output=True, text=True, timeout=300
     )

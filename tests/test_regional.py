@@ -1098,7 +1098,7 @@ def test_jit_checks_its_shardings() -> None:
 
 DEEP_SHARDED = """
 import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
 import jaxaot

@@ -49,7 +49,9 @@ def run_devices(script: str, devices: int = 8, cache: Path | None = None) -> str
     """Runs ``script`` (after PRELUDE) in a fresh interpreter with ``devices`` CPU
     devices (and ``cache`` as jaxaot's cache); returns its stdout."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = (
+        f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    )
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("JAXAOT_CACHE_DIR", None)
     if cache is not None:

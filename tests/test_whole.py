@@ -203,37 +203,43 @@ def test_a_stored_whole_program_is_loaded_never_compiled() -> None:
     np.testing.assert_allclose(exe(jnp.ones(3))[0], np.full(3, 2.0))
 
 
-@pytest.mark.parametrize("form", ["whole", "split"])
 def test_a_program_gives_the_same_bits_cold_warm_and_under_load(
-    form: str, tmp_path: Path, subprocess_env: dict[str, str]
+    tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     """The form is the program's: 400 training steps give bit-identical losses in
     a cold process, a warm one, one on a machine kept busy by other processes,
-    and one on a cache of its own; the warm ones compile nothing."""
+    and one on a cache of its own; the warm ones compile nothing. Both forms (the
+    whole program, and split) run in each process, one after the other."""
     env = dict(subprocess_env, JAXAOT_CACHE_DIR=str(tmp_path / "cache"))
-    cold = _train(env, form)
-    warm = _train(env, form)
+    cold = _train(env)
+    warm = _train(env)
     # One spinning process keeps the machine busy (the other pytest-xdist worker too).
     busy = subprocess.Popen(
         [sys.executable, "-c", "import time\nt = time.time() + 120\nwhile time.time() < t: pass"]
     )
     try:
-        loaded = _train(env, form)
+        loaded = _train(env)
     finally:
         busy.kill()
         busy.wait()
-    other = _train(dict(env, JAXAOT_CACHE_DIR=str(tmp_path / "other")), form)
-    assert {run["mode"] for run in (cold, warm, loaded, other)} == {form}
-    assert len(cold["losses"]) == 400 and len(set(cold["losses"])) > 1
-    assert cold["losses"] == warm["losses"] == loaded["losses"] == other["losses"]
-    assert warm["compiles"] == loaded["compiles"] == 0 and warm["loaded"] > 0
-    assert cold["compiles"] > 0 and other["compiles"] > 0
+    other = _train(dict(env, JAXAOT_CACHE_DIR=str(tmp_path / "other")))
+    for form in FORMS:
+        runs = [run[form] for run in (cold, warm, loaded, other)]
+        assert {run["mode"] for run in runs} == {form}
+        assert len(runs[0]["losses"]) == 400 and len(set(runs[0]["losses"])) > 1
+        assert all(run["losses"] == runs[0]["losses"] for run in runs), form
+        assert warm[form]["compiles"] == loaded[form]["compiles"] == 0, form
+        assert warm[form]["loaded"] > 0, form
+        assert cold[form]["compiles"] > 0 and other[form]["compiles"] > 0, form
 
 
-def _train(env: dict[str, str], form: str) -> dict[str, Any]:
+FORMS = ("whole", "split")
+
+
+def _train(env: dict[str, str]) -> dict[str, Any]:
     worker = Path(__file__).with_name("_form_worker.py")
     proc = subprocess.run(
-        [sys.executable, str(worker), "400", form],
+        [sys.executable, str(worker), "400", ",".join(FORMS)],
         capture_output=True,
         text=True,
         env=dict(env, PYTHONPATH=os.pathsep.join([str(worker.parent), env.get("PYTHONPATH", "")])),
