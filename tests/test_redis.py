@@ -588,7 +588,11 @@ def test_cli_on_a_redis_url(server: RedisServer, capsys: pytest.CaptureFixture[s
     assert "cli_listed" in out and key[:12] in out
     assert _cli.main(["cache", "stats", "--url", url, "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
-    assert stats["entries"] == 2 and stats["backend"] == "redis"
+    assert stats["entries"] == 2 and stats["backend"] == "redis" and stats["ttl"] is None
+    assert _cli.main(["cache", "stats", "--url", url]) == 0
+    fields = {line[:14].strip(): line[14:].strip() for line in capsys.readouterr().out.splitlines()}
+    assert fields["ttl"] == "none (entries never expire)" and fields["entries"] == "2", fields
+    assert "null" not in fields.values(), fields
     assert _cli.main(["cache", "info", key[:10], "--url", url]) == 0
     assert "cli_listed" in capsys.readouterr().out
     assert _cli.main(["cache", "verify", "--url", url, "--fix"]) == 0

@@ -41,6 +41,14 @@ def _is_process_counter(name: str) -> bool:
     )
 
 
+def _other_text(name: str, value: object) -> str:
+    """A backend figure as a person reads it: a Redis cache's ``ttl`` in seconds, or
+    that its entries never expire; a figure the backend could not give, ``-``."""
+    if name == "ttl":
+        return "none (entries never expire)" if value is None else f"{value:g} s"
+    return "-" if value is None else value_text(value)
+
+
 def _cmd_stats(args: argparse.Namespace, out: Output) -> int:
     view = open_cache(args)
     stats = {k: v for k, v in view.cache.stats().items() if not _is_process_counter(k)}
@@ -69,6 +77,6 @@ def _cmd_stats(args: argparse.Namespace, out: Output) -> int:
     rows.append(("recorded hits", opt(recorded)))
     shown = {"path", "backend", "entries", "bytes", "other_bytes", "max_bytes", "recorded_hits"}
     # Whatever else the backend reports about the store itself (temp files, TTL, ...).
-    rows += [(n.replace("_", " "), value_text(v)) for n, v in stats.items() if n not in shown]
+    rows += [(n.replace("_", " "), _other_text(n, v)) for n, v in stats.items() if n not in shown]
     out.fields(rows)
     return 0
