@@ -838,3 +838,30 @@ def test_unsigned_remote_store_warns_once_per_process(
     monkeypatch.setenv(_entry.HMAC_ENV, "  ")
     with pytest.raises(ValueError, match="set but empty"):
         RedisCache(url)
+
+
+def test_stats_say_when_the_server_evicts_entries_near_its_maxmemory(
+    private_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server at its ``maxmemory`` drops entries silently (LRU): ``cache stats``
+    gives its memory and evictions, and says what that does to the cache."""
+    url = f"{private_server.url.rsplit('/', 1)[0]}/0"
+    client = private_server.client()
+    assert _cli.main(["cache", "stats", "--url", url, "--json"]) == 0
+    roomy = json.loads(capsys.readouterr().out)
+    assert roomy["server_max_bytes"] is None and roomy["server_used_bytes"] > 0
+    assert _cli.main(["cache", "stats", "--url", url]) == 0
+    assert "warning" not in capsys.readouterr().out
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) + 400_000))
+    cache = RedisCache(url)
+    for i in range(40):  # 40 entries of 64 KB into about 400 KB
+        cache.put(*make_blob(name=f"big{i}", payload=os.urandom(65536)))
+    assert _cli.main(["cache", "stats", "--url", url, "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert full["evicted_keys"] > 0 and full["eviction_policy"] == "allkeys-lru", full
+    assert full["entries"] < 40
+    assert _cli.main(["cache", "stats", "--url", url]) == 0
+    fields = {line[:14].strip(): line[14:].strip() for line in capsys.readouterr().out.splitlines()}
+    assert "evicts keys (allkeys-lru" in fields["warning"], fields
+    assert "raise maxmemory" in fields["warning"], fields

@@ -498,8 +498,30 @@ class RedisCache(FaultTracking):
             "ttl": self.ttl,
             "entries": entries,
             "bytes": total,
+            **self._server_memory(entries is not None),
             **counters,
         }
+
+    def _server_memory(self, reachable: bool) -> dict[str, Any]:
+        """The server's memory and what it drops to stay under its ``maxmemory``: a
+        cache near that limit loses entries silently (``None`` where the server
+        does not say, as managed servers that refuse ``INFO``)."""
+        figures: dict[str, Any] = dict.fromkeys(
+            ("server_used_bytes", "server_max_bytes", "eviction_policy", "evicted_keys")
+        )
+        if not reachable:
+            return figures
+        try:
+            with self._within(self._call_deadline()):
+                memory, counts = self._client.info("memory"), self._client.info("stats")
+        except Exception as e:  # (INFO refused: the figures stay unknown)
+            logger.debug("Redis INFO refused: %s", e)
+            return figures
+        figures["server_used_bytes"] = memory.get("used_memory")
+        figures["server_max_bytes"] = memory.get("maxmemory") or None  # 0: no limit
+        figures["eviction_policy"] = memory.get("maxmemory_policy")
+        figures["evicted_keys"] = counts.get("evicted_keys")
+        return figures
 
     # -- extras --------------------------------------------------------------
 

@@ -4,6 +4,7 @@ the store (not its per-process counters)."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from .._output import Output, human_bytes
 from ._text import opt, value_text
@@ -46,7 +47,29 @@ def _other_text(name: str, value: object) -> str:
     that its entries never expire; a figure the backend could not give, ``-``."""
     if name == "ttl":
         return "none (entries never expire)" if value is None else f"{value:g} s"
+    if name.endswith("_bytes") and isinstance(value, int):
+        return f"{human_bytes(value)} ({value} bytes)"
     return "-" if value is None else value_text(value)
+
+
+#: How full a server with a ``maxmemory`` may be before ``stats`` says so.
+_NEAR_FULL = 0.9
+
+
+def _memory_warning(stats: dict[str, Any]) -> str | None:
+    """What a Redis server near its ``maxmemory`` does to the cache's entries."""
+    used, most = stats.get("server_used_bytes"), stats.get("server_max_bytes")
+    if not isinstance(used, int) or not isinstance(most, int) or used < _NEAR_FULL * most:
+        return None
+    policy = stats.get("eviction_policy")
+    held = f"the server holds {human_bytes(used)} of its maxmemory {human_bytes(most)}"
+    if policy == "noeviction":
+        return f"{held} and evicts nothing: writes of new entries will fail"
+    return (
+        f"{held} and evicts keys ({policy}; {stats.get('evicted_keys', '?')} so far): "
+        "entries are dropped and made again; raise maxmemory or give the cache a server "
+        "of its own"
+    )
 
 
 def _cmd_stats(args: argparse.Namespace, out: Output) -> int:
@@ -78,5 +101,8 @@ def _cmd_stats(args: argparse.Namespace, out: Output) -> int:
     shown = {"path", "backend", "entries", "bytes", "other_bytes", "max_bytes", "recorded_hits"}
     # Whatever else the backend reports about the store itself (temp files, TTL, ...).
     rows += [(n.replace("_", " "), _other_text(n, v)) for n, v in stats.items() if n not in shown]
+    warning = _memory_warning(stats)
+    if warning is not None:
+        rows.append(("warning", warning))
     out.fields(rows)
     return 0
