@@ -24,10 +24,11 @@ os.environ.pop("JAXAOT_EXPLAIN_MISSES", None)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The tests compile with XLA's backend optimization off (LLVM at -O0 on the CPU), in
 # this process and in every process they start: compiling is most of the suite's
-# time, and this cuts it by about a third (the deep run of ``_auto_worker.py``).
-# No test times anything; values are compared with jax.jit's under the same flags,
-# which are part of every key. Flags the caller sets are kept (a run with
-# ``XLA_FLAGS=--xla_backend_optimization_level=2`` tests the default code).
+# time, and LLVM's passes most of a CPU compile's (time `python tests/_auto_worker.py
+# 4` with and without the flag). No test times anything; values are compared with
+# jax.jit's under the same flags, which are part of every key. A level the caller
+# sets is kept: `XLA_FLAGS=--xla_backend_optimization_level=3` (XLA's default)
+# runs the suite on the code users get.
 OPT_FLAG = "--xla_backend_optimization_level"
 if OPT_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {OPT_FLAG}=0".strip()
