@@ -126,6 +126,22 @@ def test_process_start_is_before_now() -> None:
         assert start < time.perf_counter()
 
 
+def test_the_clock_starts_at_the_import_when_the_process_start_is_implausible(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``/proc`` start time far before ``jaxaot.cli``'s import (clocks a sandbox
+    keeps apart) is not the demo's origin: the import is, and is named so."""
+    imported_at = 1000.0
+    monkeypatch.setattr(cli_demo, "process_start", lambda: imported_at - 0.4)
+    assert cli_demo.demo_origin(imported_at) == (imported_at - 0.4, "process start")
+    monkeypatch.setattr(cli_demo, "process_start", lambda: imported_at - 30.0)
+    assert cli_demo.demo_origin(imported_at) == (imported_at, "command start")
+    monkeypatch.setattr(cli_demo, "process_start", lambda: imported_at + 1.0)
+    assert cli_demo.demo_origin(imported_at) == (imported_at, "command start")
+    monkeypatch.setattr(cli_demo, "process_start", lambda: None)
+    assert cli_demo.demo_origin(imported_at) == (imported_at, "command start")
+
+
 def _demo(env: dict[str, str], *args: str) -> dict[str, list[str]]:
     proc = subprocess.run(
         [sys.executable, "-m", "jaxaot", "demo", *TINY, *args],
