@@ -39,6 +39,7 @@ import jax
 import numpy as np
 
 from ._jaxpr import component_callback_jaxpr, is_ordered_effect, walk_jaxprs
+from ._runtime import executable_fields
 from ._target import target_devices
 
 __all__ = [
@@ -370,8 +371,12 @@ def serialize_with_callbacks(compiled: Any, component: str, program: str) -> byt
                 return _rebound_callback, (component, program, index)
             return NotImplemented
 
+    try:
+        fields = executable_fields(unloaded, args_info_flat, compiled._no_kwargs)
+    except ValueError as e:
+        raise CallbacksNotRebindable(str(e)) from None
     with io.BytesIO() as file:
-        Pickler(file).dump((unloaded, args_info_flat, compiled._no_kwargs))
+        Pickler(file).dump(fields)
         return file.getvalue()
 
 

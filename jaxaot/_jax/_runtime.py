@@ -36,6 +36,7 @@ __all__ = [
     "default_platform",
     "api_boundary",
     "deserialize_executable",
+    "executable_fields",
     "hide_internal_frames",
     "jit_disabled",
     "jax_explains_misses",
@@ -358,9 +359,49 @@ def executable_devices(payload: bytes) -> list[Any]:
                 return _nothing
             return super().find_class(module, name)
 
-    unloaded = Devices(io.BytesIO(payload), backend).load()[0]
+    unloaded = unloaded_of(Devices(io.BytesIO(payload), backend).load())
     devices = list(getattr(unloaded, "device_list", None) or ())
     return devices or list(backend.devices())
+
+
+#: The versions of JAX's executable format (``serialize_executable``'s pickled
+#: tuple) that jaxaot reads and writes: JAX before it versioned the format
+#: pickles ``(unloaded, args_info, no_kwargs)``; version 3 (jax 0.12.1) pickles
+#: ``(3, unloaded, args_info, no_kwargs, const_args)``.
+_FORMATS = (None, 3)
+
+
+def executable_format() -> int | None:
+    """The installed JAX's executable format: its version, or ``None`` before JAX
+    versioned it.
+
+    Raises:
+      ValueError: a format jaxaot does not know (a newer JAX).
+    """
+    from jax.experimental import serialize_executable as _se
+
+    version = getattr(_se, "_SERIALIZATION_VERSION", None)
+    if version not in _FORMATS:
+        raise ValueError(f"JAX's executable format {version} is not one jaxaot knows")
+    return version
+
+
+def executable_fields(unloaded: Any, args_info_flat: Any, no_kwargs: bool) -> tuple[Any, ...]:
+    """The tuple JAX's ``deserialize_and_load`` reads, in the installed JAX's format,
+    for an executable without constant arguments.
+
+    Raises:
+      ValueError: a format jaxaot does not know.
+    """
+    version = executable_format()
+    if version is None:
+        return (unloaded, args_info_flat, no_kwargs)
+    return (version, unloaded, args_info_flat, no_kwargs, [])
+
+
+def unloaded_of(fields: tuple[Any, ...]) -> Any:
+    """The unloaded executable in a tuple of ``executable_fields``' (either format)."""
+    return fields[1] if isinstance(fields[0], int) else fields[0]
 
 
 def _nothing(*args: Any) -> None:
