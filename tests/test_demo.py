@@ -126,20 +126,23 @@ def test_process_start_is_before_now() -> None:
         assert start < time.perf_counter()
 
 
-def test_the_clock_starts_at_the_import_when_the_process_start_is_implausible(
+def test_a_process_start_far_from_the_import_is_not_the_clocks_origin(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A ``/proc`` start time far before ``jaxaot.cli``'s import (clocks a sandbox
-    keeps apart) is not the demo's origin: the import is, and is named so."""
-    imported_at = 1000.0
-    monkeypatch.setattr(cli_demo, "process_start", lambda: imported_at - 0.4)
-    assert cli_demo.demo_origin(imported_at) == (imported_at - 0.4, "process start")
-    monkeypatch.setattr(cli_demo, "process_start", lambda: imported_at - 30.0)
-    assert cli_demo.demo_origin(imported_at) == (imported_at, "command start")
-    monkeypatch.setattr(cli_demo, "process_start", lambda: imported_at + 1.0)
-    assert cli_demo.demo_origin(imported_at) == (imported_at, "command start")
-    monkeypatch.setattr(cli_demo, "process_start", lambda: None)
-    assert cli_demo.demo_origin(imported_at) == (imported_at, "command start")
+    keeps apart), or after it, is no process start: the demo's clock (and the edits
+    suite's) then starts at the import."""
+    import jaxaot.cli
+
+    start = cli_demo.process_start()
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the process start is read from /proc (Linux)")
+    assert start is not None
+    assert 0.0 <= jaxaot.cli.IMPORTED_AT - start <= cli_demo.STARTUP_MOST_S
+    monkeypatch.setattr(jaxaot.cli, "IMPORTED_AT", start + cli_demo.STARTUP_MOST_S + 20.0)
+    assert cli_demo.process_start() is None
+    monkeypatch.setattr(jaxaot.cli, "IMPORTED_AT", start - 1.0)
+    assert cli_demo.process_start() is None
 
 
 def _demo(env: dict[str, str], *args: str) -> dict[str, list[str]]:

@@ -513,14 +513,14 @@ class RedisCache(FaultTracking):
             return figures
         try:
             with self._within(self._call_deadline()):
-                memory, counts = self._client.info("memory"), self._client.info("stats")
+                info = self._client.info()  # (its default sections: memory and stats)
         except Exception as e:  # (INFO refused: the figures stay unknown)
             logger.debug("Redis INFO refused: %s", e)
             return figures
-        figures["server_used_bytes"] = memory.get("used_memory")
-        figures["server_max_bytes"] = memory.get("maxmemory") or None  # 0: no limit
-        figures["eviction_policy"] = memory.get("maxmemory_policy")
-        figures["evicted_keys"] = counts.get("evicted_keys")
+        figures["server_used_bytes"] = info.get("used_memory")
+        figures["server_max_bytes"] = info.get("maxmemory") or None  # 0: no limit
+        figures["eviction_policy"] = info.get("maxmemory_policy")
+        figures["evicted_keys"] = info.get("evicted_keys")
         return figures
 
     # -- extras --------------------------------------------------------------

@@ -89,9 +89,19 @@ def batches(batch: int, seq: int, seed: int = 0) -> Any:
         yield ((start + stride * t) % VOCAB).astype(np.int32)
 
 
+#: The longest a process may take from its start to importing ``jaxaot.cli`` (the
+#: interpreter, then the console script): a ``/proc`` start time further back comes
+#: from a clock kept apart from ``/proc/uptime`` (as some sandboxes keep them).
+STARTUP_MOST_S = 10.0
+
+
 def process_start() -> float | None:
     """The ``time.perf_counter()`` reading at which this process started, from
-    ``/proc`` (Linux, 10 ms resolution), or ``None`` where that cannot be read."""
+    ``/proc`` (Linux, 10 ms resolution), or ``None`` where that cannot be read or
+    is implausible: after ``jaxaot.cli``'s import, or over ``STARTUP_MOST_S``
+    before it."""
+    from . import IMPORTED_AT
+
     try:
         with open("/proc/self/stat") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
@@ -100,25 +110,8 @@ def process_start() -> float | None:
         age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
-    if not 0 <= age < 7 * 86400:
-        return None
-    return time.perf_counter() - age
-
-
-#: The longest a process may take from its start to importing ``jaxaot.cli`` (the
-#: interpreter, then the console script): a ``/proc`` start time further back comes
-#: from a clock kept apart from ``/proc/uptime`` (as some sandboxes keep them), and
-#: the demo's clock starts at that import instead.
-STARTUP_MOST_S = 10.0
-
-
-def demo_origin(imported_at: float) -> tuple[float, str]:
-    """Where the demo's clock starts, and what to call it: the process start, if
-    it is readable and plausible, else ``imported_at`` (``jaxaot.cli``'s import)."""
-    start = process_start()
-    if start is not None and 0.0 <= imported_at - start <= STARTUP_MOST_S:
-        return start, "process start"
-    return imported_at, "command start"
+    start = time.perf_counter() - age
+    return start if 0.0 <= IMPORTED_AT - start <= STARTUP_MOST_S else None
 
 
 # ----------------------------------------------------------------------------
@@ -482,9 +475,13 @@ def _cmd_demo(args: argparse.Namespace, out: Output) -> int:
         )
     origin, clock = getattr(args, "_started", time.perf_counter()), "command start"
     if getattr(args, "_first_call", False):
-        from . import IMPORTED_AT
+        start = process_start()
+        if start is not None:
+            origin, clock = start, "process start"
+        else:
+            from . import IMPORTED_AT
 
-        origin, clock = demo_origin(IMPORTED_AT)
+            origin = IMPORTED_AT
     try:
         result = run(args, origin, clock)
     except ValueError as e:  # bad sizes, a bad JAXAOT_CACHE_MAX_BYTES, ...

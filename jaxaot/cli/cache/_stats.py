@@ -61,12 +61,12 @@ def _memory_warning(stats: dict[str, Any]) -> str | None:
     used, most = stats.get("server_used_bytes"), stats.get("server_max_bytes")
     if not isinstance(used, int) or not isinstance(most, int) or used < _NEAR_FULL * most:
         return None
-    policy = stats.get("eviction_policy")
+    policy, evicted = stats.get("eviction_policy"), stats.get("evicted_keys")
     held = f"the server holds {human_bytes(used)} of its maxmemory {human_bytes(most)}"
     if policy == "noeviction":
         return f"{held} and evicts nothing: writes of new entries will fail"
     return (
-        f"{held} and evicts keys ({policy}; {stats.get('evicted_keys', '?')} so far): "
+        f"{held} and evicts keys ({policy}; {'?' if evicted is None else evicted} so far): "
         "entries are dropped and made again; raise maxmemory or give the cache a server "
         "of its own"
     )
