@@ -3,7 +3,9 @@ nothing ever touches the real home directory's cache."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +15,9 @@ import pytest
 # Before JAX and jaxaot are imported anywhere: point every default location at a
 # throwaway directory, so no test (or subprocess it starts) writes to $HOME.
 _SESSION_TMP = tempfile.mkdtemp(prefix="jaxaot-tests-")
+# Removed when this process (pytest, or one of its xdist workers) exits: the
+# processes the tests start have ended by then.
+atexit.register(shutil.rmtree, _SESSION_TMP, ignore_errors=True)
 os.environ["JAXAOT_CACHE_DIR"] = os.path.join(_SESSION_TMP, "default-cache")
 os.environ["XDG_CACHE_HOME"] = os.path.join(_SESSION_TMP, "xdg")
 os.environ.pop("JAXAOT_CACHE", None)

@@ -148,7 +148,9 @@ class _Canonical:
         # own trace that its nested jaxprs hold. ``None`` for a component's key,
         # where such a value is a ClosureError.
         self.traced: dict[int, int] | None = None if rules else {}
-        self.hash = hashlib.sha256()
+        # What the digest hashes, item by item (each item, then a NUL byte), hashed
+        # once at the end: one update per item costs more than the walk itself.
+        self._items: list[str] = []
         self.consts: list[str] = []
         self.rules: list[tuple[str, str]] = []
         self.depth = 0
@@ -162,17 +164,25 @@ class _Canonical:
         self.const_texts: list[str] = []
         self.eqns: list[str] = []
         self.eqn_count = 0
-        self._eqn: Any = None
         self._nesting = 0
+        # Type texts by the type's id (JAX shares a few type objects among all of a
+        # program's variables), each with its type, which it keeps alive.
+        self._types: dict[int, tuple[Any, str]] = {}
+
+    def type_text(self, aval: Any) -> str:
+        known = self._types.get(id(aval))
+        if known is None or known[0] is not aval:
+            known = self._types[id(aval)] = (aval, jax_type_text(aval))
+        return known[1]
 
     def emit(self, *items: str) -> None:
-        for item in items:
-            data = item.encode("utf-8", "backslashreplace")
-            self.hash.update(data)
-            self.hash.update(b"\0")
-            if self._eqn is not None:
-                self._eqn.update(data)
-                self._eqn.update(b"\0")
+        self._items.extend(items)
+
+    def hexdigest(self, start: int = 0) -> str:
+        """The digest of the items emitted (from item ``start`` on)."""
+        items = self._items[start:]
+        text = "\0".join(items) + "\0" if items else ""
+        return hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()
 
     def const(self, value: Any, where: str) -> str:
         if isinstance(value, Tracer) and self.traced is not None:
@@ -208,21 +218,20 @@ class _Canonical:
 
         def var(v: Any) -> str:
             if isinstance(v, Literal):
-                return f"lit({self.value(v.val)}:{jax_type_text(v.aval)})"
+                return f"lit({self.value(v.val)}:{self.type_text(v.aval)})"
             if isinstance(v, DropVar):
                 return "_"
             n = names.get(v)
             if n is None:
                 n = names[v] = len(names)
-            return f"v{n}:{jax_type_text(v.aval)}"
+            return f"v{n}:{self.type_text(v.aval)}"
 
         self.emit("jaxpr", *[var(v) for v in jaxpr.constvars], "|", *[var(v) for v in jaxpr.invars])
         top = self._nesting == 0
         self._nesting += 1
         try:
             for eqn in jaxpr.eqns:
-                if top:
-                    self._eqn = hashlib.sha256()
+                start = len(self._items)
                 self.eqn(eqn, var)
                 if top:
                     self.eqn_count += 1
@@ -230,9 +239,8 @@ class _Canonical:
                         literals = ",".join(
                             _value_text(v.val) for v in eqn.invars if isinstance(v, Literal)
                         )
-                        item = f"{eqn.primitive.name}:{self._eqn.hexdigest()[:12]}:{literals}"
+                        item = f"{eqn.primitive.name}:{self.hexdigest(start)[:12]}:{literals}"
                         self.eqns.append(item[: _ABOUT_TEXT * 2])
-                    self._eqn = None
         finally:
             self._nesting -= 1
         self.emit("out", *[var(v) for v in jaxpr.outvars])
@@ -289,7 +297,7 @@ class _Canonical:
             inner.tracing = self.tracing
             try:
                 inner.closed(_rule_jaxpr(eqn))
-                digest = inner.hash.hexdigest()[:32]
+                digest = inner.hexdigest()[:32]
             except ClosureError:
                 raise
             except Exception as e:  # a rule that cannot be traced for these types
@@ -336,7 +344,7 @@ class _Canonical:
             self.consts.extend(sub.consts)
             self.rules.extend(sub.rules)
             self.callbacks.extend(sub.callbacks)
-            return f"jaxpr:{sub.hash.hexdigest()}"
+            return f"jaxpr:{sub.hexdigest()}"
         if isinstance(value, dict) or (
             hasattr(value, "items") and callable(value.items) and hasattr(value, "keys")
         ):
@@ -368,7 +376,7 @@ def program_parts(closed: Any, component: str) -> dict[str, Any]:
     transformation (it has no content to key on)."""
     canon = _Canonical(component)
     canon.closed(closed, top=True)
-    register_callbacks(component, canon.hash.hexdigest(), canon.callbacks)
+    register_callbacks(component, canon.hexdigest(), canon.callbacks)
     about = {
         "args": arg_names(closed),
         "consts": canon.const_texts,
@@ -376,7 +384,7 @@ def program_parts(closed: Any, component: str) -> dict[str, Any]:
         "eqn_count": canon.eqn_count,
     }
     return {
-        "program": Described(canon.hash.hexdigest(), about),
+        "program": Described(canon.hexdigest(), about),
         "consts": tuple(canon.consts),
         "rules": tuple(canon.rules),
     }
@@ -393,7 +401,7 @@ def program_digest(program: Any, what: str) -> str:
     canon = _Canonical(what, rules=False)
     canon.param(program)
     canon.emit("consts", *canon.consts, "rules", *(f"{n}={d}" for n, d in canon.rules))
-    return canon.hash.hexdigest()
+    return canon.hexdigest()
 
 
 def arg_names(closed: Any) -> list[str] | None:
