@@ -578,6 +578,28 @@ def test_arguments_on_devices_that_do_not_fit_together_raise_what_jax_jit_raises
         want = error(jax.jit(f, in_shardings=(s1, s2)), x.copy(), w.copy())
         got = error(jaxaot.jit(f, in_shardings=(s1, s2)), x.copy(), w.copy())
         assert got == want, (got, want)
+
+        # One argument committed to the default device, the other to another device
+        # or a mesh: jax.jit's error (the default device is no placement left to the
+        # call once an array is committed there), and nothing is compiled for it.
+        mesh = jax.sharding.Mesh(devs, ("a",))
+        on0 = jax.device_put(jnp.ones((8, 4)), devs[0])
+        for other in (jax.device_put(jnp.ones((4, 4)), devs[3]),
+                      jax.device_put(jnp.ones((4, 4)), jax.sharding.NamedSharding(mesh, P()))):
+            want = error(jax.jit(f), on0, other)
+            assert "argument x of f" in want[1] and "incompatible devices" in want[1], want
+            before = jaxaot.stats()["compiles"]
+            for fn in (jaxaot.component(f), jaxaot.jit(f)):
+                assert error(fn, on0, other) == want
+            assert jaxaot.stats()["compiles"] == before
+
+        # in_shardings whose spec has more dimensions than a committed argument:
+        # jax.jit's error, naming the argument.
+        s3 = jax.sharding.NamedSharding(mesh, P(None, None, "a"))
+        x2 = jax.device_put(jnp.ones((8, 8)), jax.sharding.NamedSharding(mesh, P("a")))
+        want = error(jax.jit(lambda x: x.sum(), in_shardings=s3), x2)
+        assert "rank" in want[1], want
+        assert error(jaxaot.jit(lambda x: x.sum(), in_shardings=s3), x2) == want
         """
     )
     assert "LOGGED" not in out, out

@@ -43,6 +43,7 @@ __all__ = [
     "MeshContext",
     "as_sharding",
     "canonical_sharding",
+    "devices_disagree",
     "is_target",
     "output_shardings",
     "check_shardings",
@@ -222,18 +223,40 @@ def place_inputs(leaves: list[Any], targets: tuple[Any, ...]) -> list[Any] | Non
         if target is None:
             continue
         if isinstance(leaf, jax.Array) and leaf.committed:
-            if not leaf.sharding.is_equivalent_to(target, leaf.ndim):
+            if not _equivalent(leaf.sharding, target, leaf.ndim):
                 return None
         elif isinstance(leaf, jax.ShapeDtypeStruct):
             if leaf.sharding is None:
                 placed[i] = jax.ShapeDtypeStruct(
                     leaf.shape, leaf.dtype, sharding=target, weak_type=leaf.weak_type
                 )
-            elif not leaf.sharding.is_equivalent_to(target, len(leaf.shape)):
+            elif not _equivalent(leaf.sharding, target, len(leaf.shape)):
                 return None
         else:
             placed[i] = jax.device_put(leaf, target)
     return placed
+
+
+def _equivalent(sharding: Any, target: Any, ndim: int) -> bool:
+    """Whether ``sharding`` places a value of ``ndim`` dimensions as ``target`` does;
+    ``False`` where ``target`` cannot place it at all (a spec of more dimensions:
+    ``jax.jit`` then says so)."""
+    try:
+        return bool(sharding.is_equivalent_to(target, ndim))
+    except (IndexError, ValueError):
+        return False
+
+
+def devices_disagree(leaves: Sequence[Any]) -> bool:
+    """Whether committed arrays among ``leaves`` are on different devices (one
+    committed to the default device among them): ``jax.jit`` refuses such a call,
+    naming the arguments, and no program is compiled for it."""
+    found: set[frozenset[Any]] = set()
+    for leaf in leaves:
+        sharding = leaf_sharding(leaf)
+        if isinstance(sharding, Sharding):
+            found.add(frozenset(sharding.device_set))
+    return len(found) > 1
 
 
 def reshard(out: list[Any], targets: Sequence[Any]) -> list[Any]:

@@ -40,6 +40,7 @@ from ._auto import BlockFinder
 from ._placement import (
     UNSET,
     MeshContext,
+    devices_disagree,
     flat_targets,
     in_flight_limit,
     output_shardings,
@@ -254,7 +255,9 @@ def _cut(
 ) -> _Cut | None:
     """Traces the program and cuts it into regions (``prefetch``: starting the
     executables autodiff binds while it traces; else compiling nothing); ``None``
-    where there is nothing to compile."""
+    where there is nothing to compile, or the call is one ``jax.jit`` refuses."""
+    if devices_disagree(leaves):
+        return None  # (jax.jit names the arguments on other devices)
     placements = [region_placement(x) for x in leaves]
     sharded = any(p is not None for p in placements) or not MeshContext().empty
     traced, early, finder, kept_whole = trace(
