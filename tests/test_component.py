@@ -92,6 +92,30 @@ def test_an_explicit_key_served_after_a_global_number_changed_says_so(
     assert len(said) == 1 and "(key ('scaled', 4))" in said[0], caplog.text
 
 
+def test_an_explicit_key_served_after_a_default_changed_says_so(
+    fresh_cache: jaxaot.MemoryCache, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A default argument (positional or keyword-only) edited between runs under one
+    explicit key: the component says, once, that the entry was made by other code."""
+    x = jnp.ones(3)
+    for source in (
+        "def f(x, scale={}):\n    return x * scale\n",
+        "def f(x, *, scale={}):\n    return x * scale\n",
+    ):
+        caplog.clear()
+        fns = []
+        for value in (2.0, 3.0):
+            space: dict[str, Any] = {}
+            exec(source.format(value), space)  # (each run's function)
+            fns.append(space["f"])
+        key = f"scaled-{len(source)}"
+        np.testing.assert_allclose(jaxaot.component(fns[0], key=key)(x), x * 2.0)
+        with caplog.at_level(logging.WARNING, logger="jaxaot"):
+            jaxaot.component(fns[1], key=key)(x)  # (the promise, kept as given)
+        said = [m for m in caplog.messages if "made by code that differs" in m]
+        assert len(said) == 1 and "a default" in said[0], caplog.text
+
+
 _HELPERS = """
 import numpy as np
 ALPHA = {alpha}
@@ -817,3 +841,74 @@ def test_debug_nans_and_disable_jit_work_as_under_jax_jit() -> None:
         out = f(x)
     assert seen and all(not issubclass(t, jax.core.Tracer) for t in seen), seen
     np.testing.assert_array_equal(np.asarray(out), np.asarray(jnp.log(x) * 2))
+
+
+class _Slope:
+    """A static config object: equal by value, printed without its value."""
+
+    def __init__(self, slope: float) -> None:
+        self.slope = slope
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Slope and other.slope == self.slope
+
+    def __hash__(self) -> int:
+        return hash(self.slope)
+
+    def __call__(self, x: Any) -> Any:
+        return jnp.where(x > 0, x, self.slope * x)
+
+
+@jax.tree_util.register_pytree_node_class
+class _Layer:
+    """A layer whose activation is static (tree node data, as an Equinox module's
+    static field is)."""
+
+    def __init__(self, w: Any, act: Callable[[Any], Any]) -> None:
+        self.w, self.act = w, act
+
+    def __call__(self, x: Any) -> Any:
+        return self.act(x @ self.w)
+
+    def tree_flatten(self) -> tuple[tuple[Any], Callable[[Any], Any]]:
+        return (self.w,), self.act
+
+    @classmethod
+    def tree_unflatten(cls, act: Callable[[Any], Any], children: tuple[Any]) -> _Layer:
+        return cls(children[0], act)
+
+
+def test_static_values_passed_through_come_back_as_the_call_passed_them() -> None:
+    """An update step passing a layer's static activation (a closure, or an object
+    whose text does not show its value) through to its result: each call's result
+    holds its own activation, as jax.jit's does, called directly or inside jax.jit.
+    (The entry's tree is the first call's: the key tells static values apart only
+    as far as their text does.)"""
+
+    @dataclasses.dataclass
+    class Config:  # (not frozen)
+        slope: float
+
+    def closure(slope: float) -> Callable[[Any], Any]:
+        config = Config(slope)
+
+        def act(x: Any) -> Any:
+            return jnp.where(x > 0, x, config.slope * x)
+
+        return act
+
+    def update(m: _Layer, g: _Layer) -> _Layer:
+        return jax.tree.map(lambda a, b: a - b, m, g)
+
+    x = -jnp.ones((2, 4))
+    for make in (closure, _Slope):
+        direct = jaxaot.component(update)
+        inside = jax.jit(jaxaot.component(update))
+        for slope in (0.1, 0.2, 0.3):
+            m = _Layer(jnp.ones((4, 4)), make(slope))
+            g = jax.tree.map(jnp.zeros_like, m)
+            want = jax.jit(update)(m, g)
+            for fn in (direct, inside):
+                got = fn(m, g)
+                assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+                np.testing.assert_array_equal(got(x), want(x))

@@ -289,7 +289,7 @@ class Component(Generic[P, R]):
             f"code:{self.name}:{id(self)}",
             f"jaxaot: component {self.name!r} (key {_key_text(entry, self._key):.60}) was served "
             "an entry "
-            "made by code that differs from the code running now (its code, or a number or "
+            "made by code that differs from the code running now (its code, a default, or a number or "
             "string it reads by name). An explicit key is a "
             "promise that the computation is the same; change the key when the "
             "computation changes.",
@@ -436,7 +436,7 @@ class Component(Generic[P, R]):
             )
         call = made[-1] if made else self._root_call(args, kwargs, False, resolved)[0]
         outs = bind(call, leaves)
-        return jax.tree_util.tree_unflatten(call.entry.out_tree, outs)
+        return jax.tree_util.tree_unflatten(_out_tree(traced, call.entry), outs)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
@@ -631,3 +631,14 @@ class Component(Generic[P, R]):
             # A fresh jax.jit too: its own trace cache would otherwise skip the body
             # that makes (and writes) the root entry.
             self._jitted = self._make_jitted()
+
+
+def _out_tree(traced: Any, entry: Entry) -> Any:
+    """The tree of a call's results: its own trace's, where a default key traced
+    it. An entry's is the first call's with its key, and its static parts (an
+    Equinox module's static field, passed through) are only as distinct in its
+    key as their text: two closures of one function print alike. (Such an entry is
+    kept in its process: a tree is stored only where its text tells it apart.)"""
+    if traced is None:
+        return entry.out_tree
+    return jax.tree_util.tree_structure(traced.out_info)

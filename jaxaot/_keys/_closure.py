@@ -245,7 +245,7 @@ def code_digest(fun: Any, with_values: bool = False) -> str:
     """A digest of the code of ``fun`` (through partials, methods and wrappers) and of
     the project functions it names: to tell that an explicit-key entry was made by
     other code. ``with_values``: the plain values (numbers, strings) of the
-    globals and closure cells that code reads, as well."""
+    globals and closure cells that code reads, and of its defaults, as well."""
     h = hashlib.sha256()
     seen: set[int] = set()
     stack: list[Any] = [fun]
@@ -277,6 +277,12 @@ def code_digest(fun: Any, with_values: bool = False) -> str:
         if not project or code is None:
             continue
         h.update(_code_digest(code)[0].encode())
+        if with_values:  # (defaults are not in the code: a changed default is a change)
+            for value in getattr(f, "__defaults__", None) or ():
+                h.update(f"default={value!r}".encode() if isinstance(value, _PLAIN) else b"-")
+            for name, value in sorted((getattr(f, "__kwdefaults__", None) or {}).items()):
+                if isinstance(value, _PLAIN):
+                    h.update(f"default {name}={value!r}".encode())
         for name, value in _globals_read(f):
             if isinstance(value, types.FunctionType):
                 stack.append(value)
