@@ -721,6 +721,30 @@ def test_in_shardings_over_devices_that_disagree_raise_jax_jits_error() -> None:
     assert got == want
 
 
+def test_out_shardings_come_back_spelled_as_given() -> None:
+    """``out_shardings`` spelled with trailing unsharded dimensions
+    (``P("model", None)``) that the executable's results meet as ``P("model")``: the
+    results carry the given shardings, equal (``==``) to jax.jit's, not only
+    equivalent, and a jax.jit fed them compiles nothing more."""
+    out = run_devices(
+        """
+        mesh = auto_mesh((4, 2), ("data", "model"))
+        s = NamedSharding(mesh, P("model", None))
+        rows = NamedSharding(mesh, P("data", None))
+        w = jax.device_put(jnp.ones((8, 8)), s)
+        x = jax.device_put(jnp.ones((16, 8)), rows)
+        step = lambda w, x: (w * 2.0, jnp.tanh(x @ w), (x @ w).sum())
+        outs = (s, rows, NamedSharding(mesh, P()))
+        want = jax.jit(step, in_shardings=(s, rows), out_shardings=outs)(w, x)
+        for make in (jaxaot.jit, jax.jit):
+            got = make(step, in_shardings=(s, rows), out_shardings=outs)(w, x)
+            print([g.sharding == o.sharding for g, o in zip(got, want)], [g.sharding == t for g, t in zip(got, outs)])
+        """
+    )
+    aot, jit = out.strip().splitlines()[-2:]
+    assert aot == jit == "[True, True, True] [True, True, True]", out
+
+
 def test_a_component_called_inside_a_shard_map_gives_jax_jit_values() -> None:
     """A component with no collective called inside a ``shard_map`` body (as the
     body itself, its output varying over the axis; and on an invariant input

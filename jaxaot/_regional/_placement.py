@@ -260,10 +260,13 @@ def devices_disagree(leaves: Sequence[Any]) -> bool:
 
 
 def reshard(out: list[Any], targets: Sequence[Any]) -> list[Any]:
-    """``out`` with each array moved to its target sharding where it is elsewhere."""
+    """``out`` with each array moved to its target sharding where it is elsewhere,
+    and given the target itself where it is there but spelled otherwise
+    (``P("model")`` for ``P("model", None)``: as ``jax.jit`` returns it, so that it
+    compares equal; ``device_put`` moves nothing then)."""
     return [
         x
-        if t is None or not isinstance(x, jax.Array) or x.sharding.is_equivalent_to(t, x.ndim)
+        if t is None or not isinstance(x, jax.Array) or x.sharding == t
         else jax.device_put(x, t)
         for x, t in zip(out, targets, strict=True)
     ]
