@@ -265,9 +265,7 @@ def reshard(out: list[Any], targets: Sequence[Any]) -> list[Any]:
     (``P("model")`` for ``P("model", None)``: as ``jax.jit`` returns it, so that it
     compares equal; ``device_put`` moves nothing then)."""
     return [
-        x
-        if t is None or not isinstance(x, jax.Array) or x.sharding == t
-        else jax.device_put(x, t)
+        x if t is None or not isinstance(x, jax.Array) or x.sharding == t else jax.device_put(x, t)
         for x, t in zip(out, targets, strict=True)
     ]
 
