@@ -493,10 +493,18 @@ def test_blocks_named_by_the_user_become_blocks_functions_and_modules() -> None:
 GRAPHDEF: Any = None
 
 
+def _merged_forward(params: Any, rest: Any, v: jax.Array) -> jax.Array:
+    """A helper that merges the model from the global GraphDef (the step that
+    calls it, through its loss, never names the GraphDef)."""
+    from flax import nnx
+
+    return nnx.merge(GRAPHDEF, params, rest)(v)
+
+
 def test_nnx_layers_merged_inside_the_step_are_found_without_naming_them() -> None:
     """Flax NNX's functional form: the step merges the model from a GraphDef it
-    closes over, receives, or reads as a global, and its state; no module instance
-    reaches it. Its repeated layer class is a block all the same (the framework's
+    closes over, receives, or reads as a global (itself, or in a helper its loss
+    calls), and its state; no module instance reaches it. Its repeated layer class is a block all the same (the framework's
     own layers inside it are parts), with jax.jit's values and gradients."""
     from flax import nnx
 
@@ -536,10 +544,14 @@ def test_nnx_layers_merged_inside_the_step_are_found_without_naming_them() -> No
 
         return inner(params)
 
+    def helper(params: Any, v: jax.Array) -> jax.Array:
+        return (_merged_forward(params, rest, v) ** 2).mean()
+
     for loss, args, static in (
         (closed, (params, x), ()),
         (passed, (graphdef, params, x), (0,)),
         (global_, (params, x), ()),
+        (helper, (params, x), ()),
     ):
         step = jax.value_and_grad(loss, argnums=len(static))
         regional = jaxaot.jit(step, static_argnums=static)

@@ -31,6 +31,7 @@ __all__ = [
     "refuse_closed_arrays",
     "same_values",
     "seen_values",
+    "values_seen",
 ]
 
 
@@ -181,6 +182,26 @@ def _named_values(fun: Any) -> Iterable[tuple[str, Any]]:
         if _is_project_code(code):
             for name, value in _globals_read(f):
                 yield f"global {name!r}", value
+
+
+def values_seen(fun: Any, most: int = 64) -> list[Any]:
+    """What ``fun`` sees without an argument (see ``_named_values``), and what the
+    project functions among those see in turn (``step`` calling ``loss`` calling
+    ``forward``, which reads a global), up to ``most`` functions."""
+    found: list[Any] = []
+    functions: list[Any] = [fun]
+    seen: set[int] = set()
+    while functions and len(seen) < most:
+        f = functions.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        for _, value in _named_values(f):
+            found.append(value)
+            code = getattr(value, "__code__", None)
+            if isinstance(value, types.FunctionType) and code and _is_project_code(code):
+                functions.append(value)
+    return found
 
 
 def refuse_closed_arrays(fun: Any, component: str) -> None:

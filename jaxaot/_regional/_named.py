@@ -18,8 +18,9 @@ Without ``blocks=``, module classes name themselves (:func:`repeated_modules`):
 an Equinox or Flax NNX module class with two or more instances in what the
 program receives (its arguments, the values it closes over) is a block, as if
 the user had named it; so is one with two or more nodes in a Flax NNX
-``GraphDef`` it receives, closes over or reads as a global (a step that merges
-its model inside). Its calls that repeat with the same structure become
+``GraphDef`` it receives, closes over or reads as a global, itself or in a
+function of the project it calls (a step that merges its model inside, or in
+its loss). Its calls that repeat with the same structure become
 regions; a call made once (a head, an embedding) is inlined back into its glue
 by the block finder, as every block called once is. (Fewer than five small
 layers are not blocks: see ``_shallow``.)
@@ -40,6 +41,7 @@ import jax
 import numpy as np
 
 from .._jax import Tracer
+from .._keys._closure import values_seen
 
 __all__ = [
     "array_body",
@@ -211,7 +213,7 @@ def repeated_modules(
         # and its state, so no module instance reaches it; the GraphDef names them.
         # (Not where the user named blocks: a GraphDef does not say which of its
         # classes sit inside them, and those are parts, not blocks.)
-        for graph in _graphdefs((*roots, *_globals_read(target))):
+        for graph in _graphdefs((*roots, *values_seen(target))):
             with census.root():
                 census.count_graph(graph)
     repeated = [c for c, n in census.count.items() if n >= 2 and "__call__" in _calls(c)]
@@ -238,23 +240,6 @@ def _graphdefs(values: Sequence[Any]) -> list[Any]:
             if isinstance(leaf, graph_type):
                 found[id(leaf)] = leaf
     return list(found.values())
-
-
-def _globals_read(fn: Any) -> list[Any]:
-    """The values of the globals ``fn``'s code (and the functions defined in it)
-    names: a module-level GraphDef a step merges its model from."""
-    code = getattr(fn, "__code__", None)
-    namespace = getattr(fn, "__globals__", None)
-    if code is None or not isinstance(namespace, dict):
-        return []
-    names: set[str] = set()
-    stack, seen = [code], 0
-    while stack and seen < 256:
-        c = stack.pop()
-        seen += 1
-        names.update(c.co_names)
-        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return [namespace[n] for n in sorted(names) if n in namespace]
 
 
 def _calls(cls: type) -> set[str]:
