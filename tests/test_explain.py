@@ -474,3 +474,33 @@ def test_jax_explain_cache_misses_names_what_changed_in_the_users_words(
     assert "x: float32[4] on " in ours[2], ours
     assert "→ float32[4] sharded P('d',) over the mesh {'d': 1})" in ours[2], ours
     assert not [m for m in said if "never seen" in m], said
+
+
+def test_a_signature_traced_again_says_how_it_was_passed_and_its_weak_type(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Traced again for an argument passed by position where it was passed by
+    keyword (a static one too), or for a weakly typed array where the last call
+    passed a strongly typed one of the same shape: each is said in those words,
+    not as a change of "the mesh or JAX's configuration" or as ``int32[] →
+    int32[]``."""
+    f = jaxaot.jit(lambda x, n: x * n, static_argnames="n")
+    g = jaxaot.jit(lambda x, y: x + y)
+    h = jaxaot.jit(lambda x, p: x * p)
+    x = jnp.ones(4)
+    jax.config.update("jax_explain_cache_misses", True)
+    try:
+        with caplog.at_level(logging.WARNING):
+            f(x, n=2)
+            f(x, 2)
+            g(x, y=x)
+            g(x, x)
+            h(x, jnp.int32(5))
+            h(x, jnp.array(5))
+    finally:
+        jax.config.update("jax_explain_cache_misses", False)
+    ours = [r.getMessage() for r in caplog.records if "planned again" in r.getMessage()]
+    assert len(ours) == 3, ours
+    assert ours[0].endswith("(n: by keyword → by position)"), ours
+    assert ours[1].endswith("(y: by keyword → by position)"), ours
+    assert ours[2].endswith("(p: int32[] → int32[] weakly typed)"), ours

@@ -65,7 +65,10 @@ def say_new_signature(
             if where in old and old[where] != value:
                 arg = names[where] if isinstance(where, int) and where < len(names) else where
                 changes.append(f"static argument {arg!r}: {old[where]!r} → {value!r}")
-        if last[0] != treedef:
+        passed = _passing(last[0], set(old), treedef, {where for where, _ in statics})
+        if passed is not None:
+            changes.append(passed)
+        elif last[0] != treedef:
             changes.append("the arguments' tree structure")
         else:
             changes += _leaf_change(arguments, last, leaves, treedef)
@@ -90,10 +93,31 @@ def _leaf_change(
         if was == now and sharded == placed:
             continue
         a, b = was.str_short(), now.str_short()
-        if a == b:  # the same type on other devices (its mesh, its placement)
+        w, n = getattr(was, "weak_type", False), getattr(now, "weak_type", False)
+        if a == b and w != n:  # (a Python scalar's type)
+            a, b = (f"{t} weakly typed" if weak else t for t, weak in ((a, w), (b, n)))
+        elif a == b:  # the same type on other devices (its mesh, its placement)
             a, b = f"{a} {_placed(sharded)}", f"{b} {_placed(placed)}"
         return [f"{arguments.leaf_path(dyn_args, dyn_kwargs, i)}: {a} → {b}"]
     return []
+
+
+def _passing(was: Any, was_static: set[Any], now: Any, now_static: set[Any]) -> str | None:
+    """What changed in how the arguments are passed (by position or by keyword),
+    where that did: ``y: by keyword → by position``."""
+    keywords = []
+    for tree, static in ((was, was_static), (now, now_static)):
+        try:
+            _, kwargs = jax.tree_util.tree_unflatten(tree, [None] * tree.num_leaves)
+        except (TypeError, ValueError):  # not an (args, kwargs) tree
+            return None
+        keywords.append(set(kwargs) | {w for w in static if isinstance(w, str)})
+    if keywords[0] == keywords[1]:
+        return None
+    moved = [f"{name}: by keyword → by position" for name in sorted(keywords[0] - keywords[1])] + [
+        f"{name}: by position → by keyword" for name in sorted(keywords[1] - keywords[0])
+    ]
+    return "; ".join(moved)
 
 
 def _placed(sharding: Any) -> str:
