@@ -280,7 +280,7 @@ def test_jaxaot_jit_programs_are_listed_and_exported_by_their_function(
         predict(jnp.ones((3, 4)), jnp.ones((4, 2)))
         jaxaot.wait_for_writes()
     rows = run_json(capsys, "cache", "ls", "--dir", str(cache_dir))
-    assert [(r["name"], r["transform"]) for r in rows] == [("predict", "glue")], rows
+    assert [(r["name"], r["transform"]) for r in rows] == [("predict", "whole program")], rows
     out = tmp_path / "predict.jxb"
     assert (
         cli.main(["cache", "export", "--dir", str(cache_dir), "--component", "predict", str(out)])

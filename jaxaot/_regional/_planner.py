@@ -478,8 +478,8 @@ def _whole_form(spec: PlanSpec, cut: _Cut, donated: Sequence[int]) -> tuple[bool
 
 def _served(cut: _Cut, donated: tuple[int, ...], name: str) -> tuple[Any, bool]:
     """The job of a program served whole (one executable of the whole program, its
-    inputs then its constants, cached like a glue program), and whether it calls
-    back into Python."""
+    inputs then its constants, cached as a whole program, as ``jaxaot cache ls``
+    lists it), and whether it calls back into Python."""
     jaxpr = cut.jaxpr
     invars = [*jaxpr.invars, *jaxpr.constvars]
     program = _closed(invars, jaxpr.outvars, jaxpr.eqns, jaxpr.effects, jaxpr.debug_info)
@@ -487,7 +487,7 @@ def _served(cut: _Cut, donated: tuple[int, ...], name: str) -> tuple[Any, bool]:
     content = program_digest(program, what)
     names = _input_names(cut)
     job = submit_jobs(
-        {"whole": lambda: GLUE.get(program, donated, None, content, what, name, names)}
+        {"whole": lambda: WHOLE.get(program, donated, None, content, what, name, names)}
     )["whole"]
     return job, has_host_callbacks(program)
 
