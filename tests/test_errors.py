@@ -235,3 +235,19 @@ def test_a_shape_dtype_struct_argument_is_refused_by_its_path(static: bool) -> N
     # Where they belong, they are welcome.
     f.precompile(*args)
     assert "jaxaot.jit" in f.explain(*args)
+
+
+def test_a_python_branch_on_a_traced_value_names_the_component() -> None:
+    """A Python ``if`` on a traced value in a component's body: JAX's own error
+    (which names the function and the argument it depends on), and which
+    component it is in."""
+
+    def branchy(x: jax.Array) -> jax.Array:
+        if x.sum() > 0:
+            return x
+        return -x
+
+    with pytest.raises(jax.errors.TracerBoolConversionError) as raised:
+        jaxaot.component(branchy)(jnp.ones(3))
+    assert "depends on the value of the argument x" in str(raised.value)
+    assert "(in jaxaot.component 'branchy')" in getattr(raised.value, "__notes__", [])

@@ -330,6 +330,8 @@ class Component(Generic[P, R]):
             raise
         except (NameError, AssertionError) as e:  # e.g. a collective over an unbound axis
             raise naming(e, self.name) from e
+        except jax.errors.ConcretizationTypeError as e:  # a Python `if` on a traced value
+            raise naming(e, self.name) from None
         except TypeError as e:
             if "not a valid JAX type" not in str(e) or "output" not in str(e):
                 raise
