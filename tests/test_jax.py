@@ -4,6 +4,7 @@ jaxprs), each checked on whichever JAX is installed."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
@@ -295,3 +296,20 @@ def test_compile_flags_leave_out_what_jax_s_cache_key_leaves_out(
     }
     # Exactly the installed JAX's list, not a copy that drifts from it.
     assert set(cache_key.xla_flags_to_exclude_from_cache_key) == _jaxcompat.EXCLUDED_FLAGS
+
+
+def test_no_deprecated_jax_api_is_read(caplog: pytest.LogCaptureFixture) -> None:
+    """With DeprecationWarnings as errors (a project's ``filterwarnings = error``), a
+    component and a jaxaot.jit function on an array committed to a device run and
+    are split and cached: jaxaot reads no API that JAX deprecates (on jax 0.12.1,
+    ``jax.sharding.SingleDeviceSharding``, which failed the call, or made jaxaot.jit
+    fall back to plain jax.jit)."""
+    import warnings
+
+    x = jax.device_put(jnp.arange(4.0), jax.devices()[0])
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="jaxaot"):
+        warnings.simplefilter("error", DeprecationWarning)
+        np.testing.assert_array_equal(jaxaot.component(lambda v: v * 2)(x), x * 2)
+        np.testing.assert_array_equal(jaxaot.jit(lambda v: v + 1)(x), x + 1)
+        assert jaxaot.jit(lambda v: v + 1).explain(x).startswith("jaxaot.jit")
+    assert not caplog.messages, caplog.messages

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 from .._caches import Cache
-from .._jax import Tracer, active_target, on_target
+from .._jax import Tracer, active_target, is_single_device, on_target
 from .._keys._key import ComponentKey
 from .._store._executables import (
     cost_dict,
@@ -119,7 +119,7 @@ def runs_flat(call: Any, args: tuple[Any, ...]) -> bool:
     for x in args:
         if not isinstance(x, jax.Array) or isinstance(x, Tracer):
             return False
-        if not isinstance(x.sharding, jax.sharding.SingleDeviceSharding):
+        if not is_single_device(x.sharding):
             return False
         if x.sharding.device_set != {default}:
             return False

@@ -31,6 +31,8 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Sharding
 
+from .._jax import is_single_device
+
 __all__ = [
     "concrete_mesh",
     "context_mesh_parts",
@@ -266,7 +268,7 @@ def sharding_text(sharding: Any, ndim: int | None = None) -> str:
     memory = getattr(sharding, "memory_kind", None)
     if isinstance(sharding, NamedSharding):
         return f"named({mesh_text(sharding.mesh)};{spec_text(sharding.spec)};{memory})"
-    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+    if is_single_device(sharding):
         (device,) = tuple(sharding.device_set)
         return f"device({_device_text(device)};{memory})"
     if isinstance(sharding, Sharding):

@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from .._env import SettingError
-from .._jax import active_target, target_devices
+from .._jax import active_target, is_single_device, target_devices
 from .._keys._sharding import leaf_sharding
 
 
@@ -79,7 +79,7 @@ def region_sharding(sharding: Any) -> Any:
     spelling (:func:`canonical_sharding`)."""
     if sharding is None:
         return None
-    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+    if is_single_device(sharding):
         (device,) = tuple(sharding.device_set)
         if device == _default_device() and sharding.memory_kind in (None, _default_memory(device)):
             return None

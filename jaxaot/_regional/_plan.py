@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 
-from .._jax import active_target, with_trees
+from .._jax import active_target, is_single_device, with_trees
 
 logger = logging.getLogger("jaxaot")
 
@@ -293,7 +293,7 @@ def _as_arrays(out: list[Any], positions: Sequence[int], leaves: Sequence[Any]) 
         if isinstance(sharding, jax.sharding.NamedSharding):
             where = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
             break
-        if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        if is_single_device(sharding):
             where = sharding
             break
     for i in loose:

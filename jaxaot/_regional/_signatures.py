@@ -16,6 +16,7 @@ import jax
 
 from .._component._arguments import Arguments
 from .._component._types import type_of
+from .._jax import is_single_device
 from .._store._active import get_cache
 from .._store._executables import platform_text
 from .._store._prefetch import ahead
@@ -123,7 +124,7 @@ def _passing(was: Any, was_static: set[Any], now: Any, now_static: set[Any]) -> 
 def _placed(sharding: Any) -> str:
     if isinstance(sharding, jax.sharding.NamedSharding):
         return f"sharded {sharding.spec} over the mesh {dict(sharding.mesh.shape)}"
-    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+    if is_single_device(sharding):
         return f"on {next(iter(sharding.device_set))}"
     return f"placed {sharding}"
 
