@@ -241,6 +241,26 @@ def test_explicit_sharding_types_are_kept() -> None:
             batched = jax.device_put(jnp.ones((8, 16, 4)), P("x"))
             same(jax.jit(jax.vmap(c_scaled))(batched), jax.jit(jax.vmap(scaled))(batched),
                  "vmap over a sharded axis")
+
+        # A replicated input's type holds its mesh: a body that reads it (a batch per
+        # shard, a reshard over the type's mesh) computes what jax.jit computes, with
+        # the mesh in context or not (it read an empty mesh: one shard, or an error).
+        def per_shard(x):
+            return x.reshape(jax.typeof(x).sharding.mesh.shape["x"], -1).sum(1)
+
+        def spread(x):
+            mesh = jax.typeof(x).sharding.mesh
+            return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, P("x"))) * 2
+
+        replicated = jax.device_put(jnp.arange(16.0), jax.sharding.NamedSharding(mesh, P()))
+        for body in (per_shard, spread):
+            comp = jaxaot.component(body)
+            with jax.set_mesh(mesh):
+                same(comp(replicated), jax.jit(body)(replicated), f"{body.__name__} in context")
+            same(comp(replicated), jax.jit(body)(replicated), f"{body.__name__}")
+            same(jax.jit(comp)(replicated), jax.jit(body)(replicated), f"{body.__name__} in jit")
+            same(jaxaot.jit(lambda x: comp(x) + 1)(replicated), jax.jit(body)(replicated) + 1,
+                 f"{body.__name__} in jaxaot.jit")
         """
     )
 

@@ -55,14 +55,23 @@ __all__ = [
 
 def sharded_type(aval: Any) -> bool:
     """Whether a type carries a sharding (explicit mesh axes: ``f32[8@x]``), or
-    unreduced/reduced axes: what JAX checks types by."""
+    unreduced/reduced axes, or is replicated over a mesh with explicit axes (its
+    mesh is part of it: a body reads it as ``jax.typeof(x).sharding.mesh``): what
+    JAX checks types by."""
     sharding = getattr(aval, "sharding", None)
     spec = getattr(sharding, "spec", None)
     if spec is None:
         return False
-    return any(e is not None for e in tuple(spec)) or bool(
-        getattr(spec, "unreduced", None) or getattr(spec, "reduced", None)
+    return (
+        any(e is not None for e in tuple(spec))
+        or bool(getattr(spec, "unreduced", None) or getattr(spec, "reduced", None))
+        or _explicit_axes(getattr(sharding, "mesh", None))
     )
+
+
+def _explicit_axes(mesh: Any) -> bool:
+    types = getattr(mesh, "axis_types", None) or ()
+    return any(_enum(t) == "Explicit" for t in types)
 
 
 def is_sharding_value(value: Any) -> bool:
