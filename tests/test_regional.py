@@ -1565,3 +1565,27 @@ def test_a_program_xla_cannot_serialize_is_said_once_and_kept_here(
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(said) == 1 and "is not written to the cache (RuntimeError" in said[0], said
     assert seen == [6.0, 6.0]
+
+
+def test_a_block_kept_in_its_process_is_said_to_be_a_block(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A repeated layer taking a collective over an enclosing vmap axis (a batch
+    norm's mean): the block it becomes stays in its process, and the warning calls
+    it a block, by its call's name, not a component the user never made."""
+    inner = jax.jit(lambda w, x: jnp.tanh(x @ w) - jax.lax.pmean(x, "b"))
+
+    def step(ws: list[jax.Array], xs: jax.Array) -> jax.Array:
+        def one(x: jax.Array) -> jax.Array:
+            for w in ws:
+                x = inner(w, x)
+            return x.sum()
+
+        return jax.vmap(one, axis_name="b")(xs)
+
+    ws, xs = [jnp.full((4, 4), 0.1)] * 5, jnp.ones((3, 2, 4))
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        close(jaxaot.jit(step)(ws, xs), jax.jit(step)(ws, xs))
+    said = [m for m in caplog.messages if "is not written to the cache" in m]
+    assert said and all(m.startswith("jaxaot: block 'jit(<lambda>)'") for m in said), said

@@ -97,6 +97,11 @@ class ProgramCache:
         self._loaded: dict[int, tuple[Any, ComponentKey]] = {}
         self.counters = _stats.Counters(parent=_stats.PROCESS)
 
+    @property
+    def label(self) -> str:
+        """What it holds, in words: ``glue program``, ``whole program``."""
+        return self.kind if self.kind.endswith("program") else f"{self.kind} program"
+
     def payload(self, exe: Any) -> bytes | None:
         """The serialized executable ``exe`` was loaded from (read from its cache
         again), or ``None`` if it was compiled here. A loaded executable cannot be
@@ -190,8 +195,7 @@ class ProgramCache:
             )
 
         if what is None:
-            label = self.kind if self.kind.endswith("program") else f"{self.kind} program"
-            what = f"jaxaot.jit's {label}"
+            what = f"jaxaot.jit's {self.label}"
         return get_or_make(
             self._exes,
             memo_key,
@@ -228,7 +232,7 @@ class ProgramCache:
                 # Said once: silence would read as a warm start to come.
                 _stats.warn_once(
                     f"program-not-stored:{self.kind}:{e}",
-                    f"jaxaot: a jaxaot.jit {self.kind} program with host callbacks is not "
+                    f"jaxaot: a jaxaot.jit {self.label} with host callbacks is not "
                     f"written to the cache ({e}); it stays in this process, so a new "
                     "process compiles it again",
                 )

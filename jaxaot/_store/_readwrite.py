@@ -4,6 +4,7 @@ this process cannot use is a miss (one warning per cause), never an error."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -167,7 +168,7 @@ def write(cache: Cache, entry: Entry) -> None:
         # and cause what keeps it from a warm start.
         _stats.warn_once(
             f"not-persistable:{entry.name}:{e}",
-            f"jaxaot: component {entry.name!r} is not written to the cache ({e}); "
+            f"jaxaot: {_kind(entry.name)} {entry.name!r} is not written to the cache ({e}); "
             "its entries stay in this process, so a new process traces, lowers and "
             "compiles it again",
         )
@@ -222,3 +223,9 @@ def callbacks_executable(root: Entry, exe: Any, component: str) -> bytes | None:
             f"is not cached ({e}); each process compiles it",
         )
         return None
+
+
+def _kind(name: str) -> str:
+    """What an entry is of, in a message: a block jaxaot.jit found (named after the
+    call it wraps: ``jit(Block.__call__)``), else a component."""
+    return "block" if re.match(r"^\w+\(.*\)$", name) else "component"
