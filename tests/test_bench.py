@@ -736,10 +736,16 @@ def test_bench_precompile_quick_in_a_subprocess(
     text = (out / "precompile.md").read_text()
     assert text.startswith("Precompile benchmark")
     rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
-    assert len(rows) == 20, rows
+    assert len(rows) == 22, rows
     assert sum("load + trace limit" in row for row in rows) == 2
     assert sum("load + first-run limit" in row for row in rows) == 2
     assert sum("load + trace + run limit" in row for row in rows) == 2
+    # Every part of a first answer, one after another: the sum of the limits' parts.
+    for part in ("decoding", "serving"):
+        limit = data[part]["limit"]
+        want = limit["seconds"] + limit["first_run_seconds"] + limit["trace_seconds"]
+        (row,) = [r for r in rows if r.startswith(f"| {part} | load + first-run + trace")]
+        assert row.split(" | ")[2] == f"{want:.2f}", row
     for target in ("0.8 x jax.jit + JAX cache warm", "1.1 x jax.jit's", "1.1 x the load limit"):
         assert f"≤ {target} |" in text
     assert "≤ 0.6 x --workers 1 |" in text
