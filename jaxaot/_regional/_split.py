@@ -56,15 +56,15 @@ def under_loops(nested: str) -> str:
     """Why a program whose layers run under ``nested`` (``scan/fori_loop``...) is
     kept whole, as ``explain`` says it."""
     return (
-        f"kept whole: its layers run under {nested} (as with nn.scan, hk.layer_stack "
-        "or a scan over stacked layers), compiled with their glue: a loop's body is "
-        "compiled once already, and a split cannot reach inside it"
+        f"kept whole: its layers run under {nested} (as with nn.scan, hk.layer_stack, "
+        "a scan over stacked layers or a loop of inner steps), compiled with their "
+        "glue: a loop's body is compiled once already, and a split cannot reach inside it"
     )
 
 
 def scan_why() -> str:
     """Why a program whose layers are stacked under a scan has nothing to split."""
-    return "nothing to split: " + under_loops("lax.scan").removeprefix("kept whole: ")
+    return "nothing to split: " + under_loops("lax.scan or fori_loop").removeprefix("kept whole: ")
 
 
 def scanned_layers(jaxpr: Any) -> bool:
