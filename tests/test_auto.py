@@ -620,6 +620,15 @@ want = jax.jit(lambda p, y: step(p, y))(params, y0)  # a jax.jit after it works 
 for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-7)
 assert "could not be differentiated alone" in regional.explain(params, y0)
+
+# Three solves: their forward passes are one block, their rule stays in its glue;
+# explain says both, and that the note is of some of the block's calls.
+def three(params, y0s):
+    return jnp.stack([loss(params, y0s[i]) for i in range(3)]).sum()
+
+said = jaxaot.jit(jax.value_and_grad(three)).explain(params, jnp.ones((3, 2)))
+assert "block jit(diffeqsolve): 3 calls" in said, said
+assert "jit(diffeqsolve) (some of its calls): a custom_vjp rule" in said, said
 print("ok")
 """
 

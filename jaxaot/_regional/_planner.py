@@ -361,7 +361,13 @@ def _described(cut: _Cut, form: tuple[bool, str | None]) -> str:
     """What the program runs (its regions, and its form), then why its calls that
     are not blocks are not (for a program served whole, only the latter: its
     reason is ``cut.why``)."""
-    lines = [f"    {name}: {why}" for name, why in sorted(cut.notes.items())]
+    # A call that is a block at some sites and not at others (a solve whose rule
+    # stays in its glue under grad) is said to be so.
+    blocks = {r.eqns[0].params["call"].component.name for r in cut.regions if r.kind == "component"}
+    lines = [
+        f"    {name}{' (some of its calls)' if name in blocks else ''}: {why}"
+        for name, why in sorted(cut.notes.items())
+    ]
     not_blocks = ["  not blocks:", *lines] if lines else []
     if cut.why is not None:
         return "\n".join(not_blocks)
