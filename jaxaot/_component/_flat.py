@@ -16,8 +16,9 @@ from typing import Any
 import jax
 
 from .._caches import Cache
-from .._jax import Tracer, active_target, is_single_device, on_target
+from .._jax import Tracer, active_target, on_target
 from .._keys._key import ComponentKey
+from .._keys._sharding import is_single_device
 from .._store._executables import (
     cost_dict,
     executable_key,

@@ -141,7 +141,6 @@ from ._runtime import (
     trace_context_items,
     with_trees,
 )
-from ._shardings import is_single_device, single_device
 from ._target import (
     EXTRA,
     Target,
@@ -267,6 +266,4 @@ __all__ = [
     "uses_primitive",
     "walk_jaxprs",
     "within",
-    "is_single_device",
-    "single_device",
 ]

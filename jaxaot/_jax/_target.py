@@ -37,8 +37,6 @@ from typing import Any
 
 import jax
 
-from ._shardings import single_device
-
 __all__ = [
     "EXTRA",
     "Target",
@@ -259,7 +257,7 @@ def on_target(leaves: Sequence[Any], where: str) -> list[Any]:
         return list(leaves)
     shardings = [_target_sharding(x, target, where) for x in leaves]
     alone = all(s is None for s in shardings)
-    first = single_device(target.devices[0])
+    first = jax.sharding.make_single_device_sharding(target.devices[0])
     out = []
     for leaf, sharding in zip(leaves, shardings, strict=True):
         if not _array_like(leaf):

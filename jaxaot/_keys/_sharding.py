@@ -31,14 +31,13 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Sharding
 
-from .._jax import is_single_device
-
 __all__ = [
     "concrete_mesh",
     "context_mesh_parts",
     "input_sharding_parts",
     "input_sharding_sig",
     "is_sharding_value",
+    "is_single_device",
     "leaf_sharding",
     "mesh_axes",
     "mesh_text",
@@ -72,6 +71,19 @@ def sharded_type(aval: Any) -> bool:
 def _explicit_axes(mesh: Any) -> bool:
     types = getattr(mesh, "axis_types", None) or ()
     return any(_enum(t) == "Explicit" for t in types)
+
+
+#: ``jax.sharding.is_single_device_sharding`` (jax 0.12.1 on): reading
+#: ``jax.sharding.SingleDeviceSharding`` there warns, and a program run with
+#: warnings as errors fails; older releases have only the class.
+_IS_SINGLE_DEVICE = getattr(jax.sharding, "is_single_device_sharding", None)
+
+
+def is_single_device(sharding: Any) -> bool:
+    """Whether ``sharding`` places a value on one device."""
+    if _IS_SINGLE_DEVICE is not None:
+        return bool(_IS_SINGLE_DEVICE(sharding))
+    return isinstance(sharding, jax.sharding.SingleDeviceSharding)
 
 
 def is_sharding_value(value: Any) -> bool:

@@ -26,8 +26,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from .._env import SettingError
-from .._jax import active_target, is_single_device, target_devices
-from .._keys._sharding import leaf_sharding
+from .._jax import active_target, target_devices
+from .._keys._sharding import is_single_device, leaf_sharding
 
 
 class _Unset:

@@ -23,7 +23,8 @@ from typing import Any
 
 import jax
 
-from .._jax import active_target, is_single_device, with_trees
+from .._jax import active_target, with_trees
+from .._keys._sharding import is_single_device
 
 logger = logging.getLogger("jaxaot")
 

@@ -16,7 +16,7 @@ import jax
 
 from .._component._arguments import Arguments
 from .._component._types import type_of
-from .._jax import is_single_device
+from .._keys._sharding import is_single_device
 from .._store._active import get_cache
 from .._store._executables import platform_text
 from .._store._prefetch import ahead
