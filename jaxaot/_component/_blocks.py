@@ -52,7 +52,7 @@ class Block:
     def __init__(self, name: str) -> None:
         self.name = name
         self._counters = _stats.Counters(parent=_stats.PROCESS)
-        self.store = Store(name, self._counters)
+        self.store = Store(name, self._counters, kind="block")
 
     def __repr__(self) -> str:
         return f"<jaxaot block {self.name}>"

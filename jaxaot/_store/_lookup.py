@@ -206,6 +206,8 @@ class Store:
     """One component's entries and executables, each looked up by :func:`get_or_make`.
 
     ``check`` is called with every entry read from a cache (before it is used).
+    ``kind``: what its messages call it (``component``, or ``block`` for a block
+    ``jaxaot.jit`` found).
     """
 
     def __init__(
@@ -213,6 +215,7 @@ class Store:
         name: str,
         counters: _stats.Counters,
         check: Callable[[Entry], None] | None = None,
+        kind: str = "component",
     ) -> None:
         self.name = name
         self.counters = counters
@@ -228,7 +231,7 @@ class Store:
         self._entry_codec: Codec[Entry] = Codec(
             f"{name} entry",
             self._read_entry,
-            lambda cache, _, entry: write(cache, entry),
+            lambda cache, _, entry: write(cache, entry, kind),
             _entry.encode,
             decoder,
             kept_here=lambda entry: entry.host_callbacks,

@@ -4,7 +4,6 @@ this process cannot use is a miss (one warning per cause), never an error."""
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -152,7 +151,9 @@ def _discard(cache: Cache, digest: str, blob: bytes) -> bool:
     return still is None or still != blob
 
 
-def write(cache: Cache, entry: Entry) -> None:
+def write(cache: Cache, entry: Entry, kind: str = "component") -> None:
+    """Writes ``entry`` to ``cache``; one that cannot be written is said once, as of
+    a ``kind`` (``component``, ``block``), and kept in this process."""
     if entry.host_callbacks and entry.extra.get(CALLBACKS_ONLY):
         # Its lowered form would hold this process's callbacks; its executables
         # are cached with them rebound (``callbacks_executable``).
@@ -168,7 +169,7 @@ def write(cache: Cache, entry: Entry) -> None:
         # and cause what keeps it from a warm start.
         _stats.warn_once(
             f"not-persistable:{entry.name}:{e}",
-            f"jaxaot: {_kind(entry.name)} {entry.name!r} is not written to the cache ({e}); "
+            f"jaxaot: {kind} {entry.name!r} is not written to the cache ({e}); "
             "its entries stay in this process, so a new process traces, lowers and "
             "compiles it again",
         )
@@ -223,9 +224,3 @@ def callbacks_executable(root: Entry, exe: Any, component: str) -> bytes | None:
             f"is not cached ({e}); each process compiles it",
         )
         return None
-
-
-def _kind(name: str) -> str:
-    """What an entry is of, in a message: a block jaxaot.jit found (named after the
-    call it wraps: ``jit(Block.__call__)``), else a component."""
-    return "block" if re.match(r"^\w+\(.*\)$", name) else "component"
