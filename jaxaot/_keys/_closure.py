@@ -31,7 +31,7 @@ __all__ = [
     "refuse_closed_arrays",
     "same_values",
     "seen_values",
-    "values_seen",
+    "values_reached",
 ]
 
 
@@ -184,7 +184,7 @@ def _named_values(fun: Any) -> Iterable[tuple[str, Any]]:
                 yield f"global {name!r}", value
 
 
-def values_seen(fun: Any, most: int = 64) -> list[Any]:
+def values_reached(fun: Any, most: int = 64) -> list[Any]:
     """What ``fun`` sees without an argument (see ``_named_values``), and what the
     project functions among those see in turn (``step`` calling ``loss`` calling
     ``forward``, which reads a global), up to ``most`` functions."""

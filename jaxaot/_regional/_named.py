@@ -41,7 +41,7 @@ import jax
 import numpy as np
 
 from .._jax import Tracer
-from .._keys._closure import values_seen
+from .._keys._closure import values_reached
 
 __all__ = [
     "array_body",
@@ -213,7 +213,7 @@ def repeated_modules(
         # and its state, so no module instance reaches it; the GraphDef names them.
         # (Not where the user named blocks: a GraphDef does not say which of its
         # classes sit inside them, and those are parts, not blocks.)
-        for graph in _graphdefs((*roots, *values_seen(target))):
+        for graph in _graphdefs((*roots, *values_reached(target))):
             with census.root():
                 census.count_graph(graph)
     repeated = [c for c, n in census.count.items() if n >= 2 and "__call__" in _calls(c)]
