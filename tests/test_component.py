@@ -912,3 +912,42 @@ def test_static_values_passed_through_come_back_as_the_call_passed_them() -> Non
                 got = fn(m, g)
                 assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
                 np.testing.assert_array_equal(got(x), want(x))
+
+
+_SCALE = jnp.full(2, 2.0)
+
+
+def _scaled(x: jax.Array) -> jax.Array:
+    return x * _SCALE
+
+
+@pytest.mark.parametrize("first", ["top", "jit"])
+def test_a_rebound_global_is_seen_as_jax_jit_sees_it_however_the_component_is_called(
+    fresh_cache: jaxaot.MemoryCache, first: str
+) -> None:
+    """A component, like a ``jax.jit`` function, keeps what its first trace of a
+    signature saw: a global rebound afterwards is not seen in this process, called
+    at top level, inside ``jax.jit``, under ``vmap`` or inside ``jaxaot.jit`` alike
+    (before, the traced paths traced again and saw it while the top level did not)."""
+    global _SCALE
+    comp, plain = jaxaot.component(_scaled), jax.jit(_scaled)
+    x = jnp.ones(2)
+    if first == "top":
+        comp(x)
+    else:
+        jax.jit(lambda v: comp(v))(x)
+    plain(x)
+    _SCALE = jnp.full(2, 3.0)
+    try:
+        want = np.asarray(plain(x))
+        got = {
+            "top": comp(x),
+            "jit": jax.jit(lambda v: comp(v))(x),
+            "vmap": jax.vmap(comp)(x[None])[0],
+            "jaxaot.jit": jaxaot.jit(lambda v: comp(v) * 1.0)(x),
+        }
+        for where, value in got.items():
+            np.testing.assert_array_equal(value, want, err_msg=where)
+        assert comp.cache_info().traces == 1
+    finally:
+        _SCALE = jnp.full(2, 2.0)

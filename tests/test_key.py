@@ -23,8 +23,6 @@ from jaxaot._keys._closure import (
     ClosureError,
     code_digest,
     refuse_closed_arrays,
-    same_values,
-    seen_values,
 )
 from jaxaot._keys._key import ComponentKey, Described
 from jaxaot._keys._text import parse_aval_str, stable_repr, stable_text, tree_text
@@ -354,25 +352,6 @@ def test_stable_text_and_tree_text_hold_no_address() -> None:
     tree = jax.tree_util.tree_structure({"a": (1, None), "b": [2]})
     assert tree_text(tree) == tree_text(jax.tree_util.tree_structure({"b": [0], "a": (0, None)}))
     assert "0x" not in tree_text(tree)
-
-
-def test_seen_values_notice_a_rebound_global() -> None:
-    global _REBOUND
-    f = _reads_rebound
-    before = seen_values(f)
-    assert same_values(before, f)
-    _REBOUND = 3.0
-    try:
-        assert not same_values(before, f)
-    finally:
-        _REBOUND = 2.0
-
-
-_REBOUND = 2.0
-
-
-def _reads_rebound(x: Any) -> Any:
-    return x * _REBOUND
 
 
 def test_stable_repr() -> None:

@@ -50,8 +50,6 @@ from .._keys._closure import (
     closed_tracer,
     code_digest,
     refuse_closed_arrays,
-    same_values,
-    seen_values,
 )
 from .._keys._key import ComponentKey
 from .._keys._program import program_parts
@@ -130,8 +128,8 @@ class Component(Generic[P, R]):
         self._code = code_digest(fun, with_values=True) if key is not None else ""
         self.store = Store(self.name, self._counters, check=self._check_code)
         # signature -> (root key, the Traced it was found from (default keys), the
-        # values the body saw by name, the devices the program names)
-        self._keys: dict[tuple[Any, ...], tuple[ComponentKey, Any, tuple[Any, ...], Devices]] = {}
+        # devices the program names)
+        self._keys: dict[tuple[Any, ...], tuple[ComponentKey, Any, Devices]] = {}
         self._annotation = f"jaxaot:{self.name}"
         simple = self._args.simple and not callable(key)
         self._dispatch = (
@@ -226,16 +224,17 @@ class Component(Generic[P, R]):
         avals = [aval_of(x) for x in leaves]
         sig = self._signature_of(args, kwargs, in_tree, avals, statics)
         known = self._keys.get(sig)
-        if known is None or not same_values(known[2], self.__wrapped__):
+        if known is None:
             with self._lock:
                 known = self._keys.get(sig)
-                if known is None or not same_values(known[2], self.__wrapped__):
-                    # New, or the function now sees other objects by name (a
-                    # rebound global): trace again, as a new jax.jit would.
-                    seen = seen_values(self.__wrapped__)
+                if known is None:
+                    # Traced once per signature, as jax.jit traces a function: a
+                    # global rebound later is not seen in this process, however the
+                    # component is called (its top-level executable is not traced
+                    # again either); a new process traces, and keys, it afresh.
                     key, traced = self._make_key(args, kwargs, in_tree, avals, statics)
                     devices = devices_of(traced.jaxpr) if traced is not None else ()
-                    known = (key, traced, seen, devices)
+                    known = (key, traced, devices)
                     self._keys[sig] = known
         return known[0], known[1], leaves, sig
 
@@ -388,7 +387,7 @@ class Component(Generic[P, R]):
         if traced is not None:
             known = self._keys.get(sig)
             return (
-                known[3] if known is not None and known[1] is traced else devices_of(traced.jaxpr)
+                known[2] if known is not None and known[1] is traced else devices_of(traced.jaxpr)
             )
         try:
             return devices_from_json(entry.extra.get("devices") or [])
@@ -408,7 +407,7 @@ class Component(Generic[P, R]):
         it was made counts."""
         if traced is not None:
             known = self._keys.get(sig)
-            devices = known[3] if known is not None and known[1] is traced else None
+            devices = known[2] if known is not None and known[1] is traced else None
             return needs_plain_jax(devices_of(traced.jaxpr) if devices is None else devices)
         entry = root()
         plain = entry.extra.get("plain")

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 
 from .. import _stats
-from .._jax import has_host_callbacks, is_ordered_effect, module_to_bytecode
+from .._jax import has_host_callbacks, is_ordered_effect, module_to_bytecode, uses_primitive
 from .._keys._key import ComponentKey
 from .._store._entry import LOCAL, Entry
 from .._store._readwrite import CALLBACKS_ONLY, LINEAR_ONLY
@@ -19,8 +19,15 @@ from ._types import traced_under
 __all__ = ["build_entry"]
 
 
-def _local_reason(callbacks: bool, axis: bool, linear: bool, plain: str | None) -> str:
+def _local_reason(
+    callbacks: bool, axis: bool, linear: bool, checks: bool, plain: str | None
+) -> str:
     """Why an entry stays in this process (said when it is not written)."""
+    if checks:
+        return (
+            "its program holds checkify.check calls, which checkify lowers where "
+            "the component is called"
+        )
     if linear:
         return "it is a custom_vjp rule's linear part, which only its transpose uses"
     if axis:
@@ -65,7 +72,10 @@ def build_entry(
     devices = devices_of(closed)
     plain = needs_plain_jax(devices)
     axis, linear = needs_context(closed)
-    context = axis or linear
+    # checkify.check lowers only once checkify has made it a value: such a body
+    # is checked inline where it is called (``_rules``), never lowered alone.
+    checks = uses_primitive(closed, ("check",))
+    context = axis or linear or checks
     local = callbacks or context or plain is not None
     # Only a linear part: every process derives it again, and writes its transposes.
     linear_only = linear and not callbacks and plain is None
@@ -102,7 +112,7 @@ def build_entry(
             # cached where JAX can bind them again in another process.
             **({CALLBACKS_ONLY: True} if callbacks and not context and plain is None else {}),
             **({"plain": plain} if plain else {}),
-            **({LOCAL: _local_reason(callbacks, axis, linear, plain)} if local else {}),
+            **({LOCAL: _local_reason(callbacks, axis, linear, checks, plain)} if local else {}),
             **({LINEAR_ONLY: True} if linear_only else {}),
             **({"devices": devices_to_json(devices)} if devices else {}),
             **work_facts(closed),

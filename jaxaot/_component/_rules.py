@@ -38,6 +38,7 @@ from .._jax import (
     inline_jaxpr_lowering,
     lowering_platforms,
     not_mapped,
+    register_checkify,
     register_linearization,
     register_lowering,
 )
@@ -183,6 +184,10 @@ def _lower(
 
 
 register_lowering(component_p, _lower)
+# Under ``checkify`` a call is checked as its body: the equation is evaluated
+# inline, not from the cache, so that checks inside it (NaNs, indices,
+# ``checkify.check``) are reported as they are in a ``jax.jit``.
+register_checkify(component_p, lambda call, devices=None: call.jaxpr())
 for _platform in KNOWN_PLATFORMS:
     try:
         register_lowering(component_p, functools.partial(_lower, platform=_platform), _platform)

@@ -107,6 +107,7 @@ from ._primitive import (
     module_to_bytecode,
     not_mapped,
     partial_eval_jaxpr,
+    register_checkify,
     register_linearization,
     register_lowering,
 )
@@ -255,6 +256,7 @@ __all__ = [
     "not_mapped",
     "one_auto_layout",
     "partial_eval_jaxpr",
+    "register_checkify",
     "register_linearization",
     "register_lowering",
     "serialize_executable",

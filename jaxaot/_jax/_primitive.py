@@ -4,9 +4,11 @@ the jaxpr transformations (partial evaluation, batching) derived entries use."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jax._src import checkify as _checkify
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.lib.mlir import ir
@@ -24,6 +26,7 @@ __all__ = [
     "module_to_bytecode",
     "not_mapped",
     "partial_eval_jaxpr",
+    "register_checkify",
     "register_linearization",
     "register_lowering",
 ]
@@ -57,6 +60,28 @@ def register_linearization(prim: Any, rule: Callable[..., Any]) -> None:
         return outs, out_nonzeros, residuals, None, call
 
     ad.primitive_linearizations[prim] = with_structured_residuals
+
+
+# From 0.12 a checkify rule takes a context (the error codes handed out so far)
+# first, and passes it on to ``checkify_jaxpr``.
+_CHECKIFY_CONTEXT = next(iter(inspect.signature(_checkify.checkify_jaxpr).parameters)) == "ctx"
+
+
+def register_checkify(prim: Any, body: Callable[..., Any]) -> None:
+    """Makes ``checkify`` look into ``prim``'s equations: ``body(**params)`` is the
+    closed jaxpr an equation computes, checked as ``checkify`` checks the body of
+    a ``jit`` (the equation is evaluated inline, its checks discharged). Without
+    a rule, ``checkify`` binds the equation unchecked and reports nothing."""
+
+    def rule(*args: Any, **params: Any) -> Any:
+        jaxpr = body(**params)
+        if _CHECKIFY_CONTEXT:
+            ctx, error, enabled, *vals = args
+            return _checkify.checkify_jaxpr(ctx, jaxpr, enabled, error, *vals)
+        error, enabled, *vals = args
+        return _checkify.checkify_jaxpr(jaxpr, enabled, error, *vals)
+
+    _checkify.error_checks[prim] = rule
 
 
 def lowering_platforms(ctx: Any) -> tuple[str, ...]:

@@ -5,8 +5,6 @@ hold, and a digest of its code.
   function sees by name, so such a function is refused (:class:`ClosureError`);
 * :func:`code_digest`: the code of a function and the project functions it
   names, to tell that an explicit-key entry was made by other code;
-* :func:`seen_values` / :func:`same_values`: whether a function now sees the
-  objects it saw when it was traced (a rebound global, a new closure);
 * :func:`closed_tracer`: where a function sees a traced value by name.
 """
 
@@ -29,8 +27,6 @@ __all__ = [
     "closed_tracer",
     "code_digest",
     "refuse_closed_arrays",
-    "same_values",
-    "seen_values",
     "values_reached",
 ]
 
@@ -310,18 +306,6 @@ def code_digest(fun: Any, with_values: bool = False) -> str:
             elif with_values and isinstance(value, _PLAIN):
                 h.update(f"{name}={value!r}".encode())
     return h.hexdigest()[:32]
-
-
-def seen_values(fun: Any) -> tuple[Any, ...]:
-    """The objects ``fun`` sees by name now (closure cells, defaults, the globals
-    it names): a trace of ``fun`` made while :func:`same_values` holds saw the
-    same bindings (what a rebound global or a new closure changes)."""
-    return tuple(value for _, value in _named_values(fun))
-
-
-def same_values(before: tuple[Any, ...], fun: Any) -> bool:
-    now = seen_values(fun)
-    return len(now) == len(before) and all(a is b for a, b in zip(now, before, strict=True))
 
 
 def closed_tracer(fun: Any) -> str | None:
