@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -380,3 +381,23 @@ def test_calls_that_do_not_fit_say_what_python_says(call: Any, says: str) -> Non
 
     with pytest.raises(TypeError, match=f"jaxaot.component 'f': {says}"):
         call(f)
+
+
+@pytest.mark.parametrize("donate", [-1, (-2,), 1, (0, -1)])
+@pytest.mark.parametrize("wrap", ["component", "jaxaot.jit"])
+def test_donate_argnums_donate_what_this_jax_jit_donates(wrap: str, donate: Any) -> None:
+    """A negative ``donate_argnums`` donates what the installed ``jax.jit`` donates:
+    nothing on JAX 0.10, the argument counted from the last one later; code that
+    reuses such an argument under ``jax.jit`` keeps working under jaxaot."""
+
+    def f(a: Any, b: Any) -> Any:
+        return a + b, a * 2.0
+
+    def deleted(fn: Callable[..., Any]) -> tuple[bool, bool]:
+        a, b = jnp.ones(3), jnp.ones(3)
+        jax.block_until_ready(fn(a, b))
+        return a.is_deleted(), b.is_deleted()
+
+    make = jaxaot.component if wrap == "component" else jaxaot.jit
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        assert deleted(make(f, donate_argnums=donate)) == deleted(jax.jit(f, donate_argnums=donate))

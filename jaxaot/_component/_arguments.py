@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._jax import Tracer
+from .._jax import Tracer, donates_negative_argnums
 from .._keys._text import stable_repr, unstable_part
 from ._types import ARRAY_SCALARS
 
@@ -164,6 +164,9 @@ class Arguments:
             static_argnums, static_argnames
         )
         self.donate_argnums = as_ints(donate_argnums, "donate_argnums", self.who)
+        if min(self.donate_argnums, default=0) < 0 and not donates_negative_argnums():
+            # As this JAX's jax.jit: a negative number donates nothing.
+            self.donate_argnums = tuple(i for i in self.donate_argnums if i >= 0)
         # The key text of static values seen before, by identity (the value is
         # held, so its id is not reused): spelling a config of functions walks
         # their code and closures on every call otherwise. Like jax.jit, which keys

@@ -36,6 +36,8 @@ between those versions are all handled here, keyed on the installed version
   ``ClosedJaxpr`` name: ``ClosedJaxpr`` here is whichever class closes a jaxpr.
 * 0.11.2 computes tanh's derivative with a ``one_minus_square`` primitive:
   ``ELEMENTWISE_ARITHMETIC`` lists it with the other cheap elementwise ops.
+* 0.10 ignores a negative ``donate_argnums``; later versions count it from the
+  last argument (``donates_negative_argnums``, asked of ``jax.jit``).
 * Newer JAX puts a layout on every type, ``AutoLayout`` by default (see
   ``_runtime.one_auto_layout``).
 """
@@ -123,6 +125,7 @@ from ._runtime import (
     deserialize_executable,
     device_zeros,
     distributed_client,
+    donates_negative_argnums,
     explicit_mesh_axes_in_scope,
     fastpath_miss,
     hide_internal_frames,
@@ -218,6 +221,7 @@ __all__ = [
     "compile_flags",
     "cpp_dispatcher",
     "default_platform",
+    "donates_negative_argnums",
     "deserialize_executable",
     "device_zeros",
     "run_on_zeros",

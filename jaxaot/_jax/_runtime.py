@@ -28,6 +28,7 @@ from ._target import target_platform
 logger = logging.getLogger("jaxaot")
 
 __all__ = [
+    "donates_negative_argnums",
     "EXCLUDED_FLAGS",
     "KNOWN_PLATFORMS",
     "canonical_platform",
@@ -512,6 +513,17 @@ def jax_explanations_off() -> Iterator[None]:
     (jaxaot.jit says what changed instead)."""
     with _config.explain_cache_misses(False):
         yield
+
+
+@functools.cache
+def donates_negative_argnums() -> bool:
+    """Whether this JAX's ``jax.jit`` donates an argument named by a negative
+    ``donate_argnums`` (counted from the last): 0.10 ignores such numbers, later
+    versions count them from the end, as ``static_argnums``. Asked of
+    ``jax.jit`` itself, once."""
+    s = jax.ShapeDtypeStruct((), "float32")
+    info = jax.jit(lambda a, b: a, donate_argnums=-1).trace(s, s).args_info
+    return bool(info[0][1].donated)
 
 
 def jit_disabled() -> bool:
