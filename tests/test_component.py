@@ -951,3 +951,23 @@ def test_a_rebound_global_is_seen_as_jax_jit_sees_it_however_the_component_is_ca
         assert comp.cache_info().traces == 1
     finally:
         _SCALE = jnp.full(2, 2.0)
+
+
+def test_eval_shape_and_a_failing_key_function(fresh_cache: jaxaot.MemoryCache) -> None:
+    """``Component.eval_shape`` gives what ``jax.eval_shape`` of the function gives,
+    without compiling; a key function that fails names the component; a static
+    ``range`` is keyed by its value, as jax.jit takes it."""
+
+    def f(x: jax.Array, r: range) -> jax.Array:
+        return jnp.concatenate([x] * len(r)).astype(jnp.bfloat16)
+
+    comp = jaxaot.component(f, static_argnums=1)
+    x = jnp.ones((2, 3))
+    assert comp.eval_shape(x, range(3)) == jax.jit(f, static_argnums=1).eval_shape(x, range(3))
+    assert comp.cache_info().compiles == 0
+    np.testing.assert_array_equal(comp(x, range(2)), jax.jit(f, static_argnums=1)(x, range(2)))
+    assert comp.cache_key(x, range(2)) != comp.cache_key(x, range(0, 4, 2))
+
+    keyed = jaxaot.component(lambda x: x, key=lambda: "k")
+    with pytest.raises(TypeError, match=r"^jaxaot.component '<lambda>': .*positional argument"):
+        keyed(x)

@@ -251,3 +251,74 @@ def test_a_python_branch_on_a_traced_value_names_the_component() -> None:
         jaxaot.component(branchy)(jnp.ones(3))
     assert "depends on the value of the argument x" in str(raised.value)
     assert "(in jaxaot.component 'branchy')" in getattr(raised.value, "__notes__", [])
+
+
+def test_a_leaked_tracer_gets_jax_jits_error() -> None:
+    """A program that closes over a tracer of a trace that has ended raises
+    ``jax.jit``'s UnexpectedTracerError, which says where it leaked (before,
+    jaxaot.jit compiled the program with the tracer as one more input, then
+    failed to call it with a pytree mismatch)."""
+    leaked: list[jax.Array] = []
+
+    def leaky(x: jax.Array) -> jax.Array:
+        leaked.append(x)
+        return x * 2
+
+    x = jnp.ones(2)
+    jax.jit(leaky)(x)
+    errors = []
+    for wrap in (jax.jit, jaxaot.jit):
+        with jaxaot.using_cache(jaxaot.MemoryCache()), pytest.raises(Exception) as info:
+            wrap(lambda y: y + leaked[-1])(x)
+        errors.append(info.value)
+    assert type(errors[1]) is type(errors[0]) is jax.errors.UnexpectedTracerError
+    assert "leaky" in str(errors[1])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"static_argnames": "nn"}, {"static_argnums": 5}],
+    ids=["static_argnames", "static_argnums"],
+)
+def test_bad_options_name_the_function_at_decoration(options: dict[str, Any]) -> None:
+    """jax.jit's own error for options that do not fit the function, with the
+    component or jaxaot.jit function named."""
+
+    def scaled(x: jax.Array, n: int) -> jax.Array:
+        return x * n
+
+    with pytest.raises(ValueError) as want:
+        jax.jit(scaled, **options)
+    for wrap, who in ((jaxaot.jit, "jaxaot.jit"), (jaxaot.component, "jaxaot.component")):
+        with pytest.raises(ValueError) as got:
+            wrap(scaled, **options)
+        assert str(got.value) == f"{who} 'scaled': {want.value}"
+
+
+@pytest.mark.parametrize(
+    "options, error, words",
+    [
+        ({"blocks": [dict]}, TypeError, "built-in type dict"),
+        ({"whole_program": "yes"}, TypeError, "whole_program must be a bool"),
+        ({"auto_regions": None}, TypeError, "auto_regions must be a bool"),
+        ({"keep_unused": True}, ValueError, "keep_unused=True is not supported"),
+        ({"compiler_options": {"xla_cpu_enable_fast_math": True}}, ValueError, "XLA_FLAGS"),
+    ],
+)
+def test_options_jaxaot_jit_cannot_honour_are_refused_when_decorating(
+    options: dict[str, Any], error: type[Exception], words: str
+) -> None:
+    """Refused where the function is decorated, saying why (before, ``blocks=[dict]``
+    fell back to plain jax.jit at its first call and a non-bool was taken as one;
+    jax.jit's ``keep_unused`` and ``compiler_options`` were unknown keywords)."""
+    with pytest.raises(error, match=words):
+        jaxaot.jit(lambda x: x * 2, **options)
+
+
+def test_inline_is_taken_as_jax_jit_takes_it() -> None:
+    inner = jaxaot.jit(lambda x: x * 2, inline=True)
+    x = jnp.arange(3.0)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        np.testing.assert_array_equal(inner(x), x * 2)
+        jaxpr = jax.make_jaxpr(lambda v: inner(v) + 1)(x)
+    assert "pjit" not in str(jaxpr) and "jit[" not in str(jaxpr)

@@ -363,6 +363,16 @@ def test_stable_repr() -> None:
     assert stable_repr([1]) is None
     assert stable_repr(object()) is None
     assert stable_repr(frozenset({2, 1})) == stable_repr(frozenset({1, 2}))
+    # Values whose repr is their value, which jax.jit takes as static arguments.
+    texts = [stable_repr(v) for v in (range(3), range(0, 3, 2), ..., slice(1, None, 2), (1,))]
+    assert None not in texts and len(set(texts)) == len(texts)
+    assert stable_repr(range(3)) == stable_repr(range(0, 3))
+
+
+def test_explain_takes_a_key() -> None:
+    key = ComponentKey({"a": 1})
+    with pytest.raises(TypeError, match="ComponentKey.explain takes another ComponentKey, got str"):
+        key.explain("nope")  # type: ignore[arg-type]
 
 
 class _Pair(NamedTuple):

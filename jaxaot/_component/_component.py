@@ -144,7 +144,10 @@ class Component(Generic[P, R]):
             return fun(*args, **kwargs)
 
         self._counted = counted
-        self._jitted = self._make_jitted()
+        try:
+            self._jitted = self._make_jitted()
+        except (TypeError, ValueError) as e:  # jax.jit's, of static_argnames...
+            raise naming(e, self.name) from None
         _stats.bump("components")
 
     def _make_jitted(self) -> Any:
@@ -178,7 +181,10 @@ class Component(Generic[P, R]):
             qualname = getattr(self.__wrapped__, "__qualname__", self.name)
             return f"fn:{module}.{qualname}"
         if callable(key):
-            value = key(*args, **kwargs)
+            try:
+                value = key(*args, **kwargs)
+            except Exception as e:
+                raise naming(e, self.name) from e
             text = stable_repr(value)
             if text is None:
                 raise TypeError(
@@ -610,10 +616,24 @@ class Component(Generic[P, R]):
         """JAX's ``Lowered`` stage for a top-level call (arrays or ShapeDtypeStructs)."""
         return self._jitted.trace(*args, **kwargs).lower()
 
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """The results' shapes and dtypes (``jax.ShapeDtypeStruct``s), as
+        ``jax.eval_shape`` gives them: from the entry's types, without compiling."""
+        return self._jitted.trace(*args, **kwargs).out_info
+
     def entry(self, *args: Any, **kwargs: Any) -> Entry:
         """The cache entry for this signature (made if needed)."""
         call, _ = self._root_call(args, kwargs, allow_sds=True)
         return call.entry
+
+    # Errors are reported as jax.jit's are: without JAX's frames, nor jaxaot's.
+    precompile = api_boundary(precompile)  # type: ignore[assignment]
+    cost_analysis = api_boundary(cost_analysis)  # type: ignore[assignment]
+    cache_key = api_boundary(cache_key)  # type: ignore[assignment]
+    trace = api_boundary(trace)  # type: ignore[assignment]
+    lower = api_boundary(lower)  # type: ignore[assignment]
+    eval_shape = api_boundary(eval_shape)  # type: ignore[assignment]
+    entry = api_boundary(entry)  # type: ignore[assignment]
 
     def cache_info(self) -> _stats.CacheInfo:
         """Counts for this component in this process."""

@@ -99,6 +99,10 @@ class ComponentKey:
         an option or a version; a constant by its index, type and value and an
         equation by its index and primitive (where both keys carry the program's
         explanation data)."""
+        if not isinstance(other, ComponentKey):
+            raise TypeError(
+                f"ComponentKey.explain takes another ComponentKey, got {type(other).__name__}"
+            )
         mine, theirs = dict(self._items), dict(other._items)
         about_new, about_old = self.about.get("program"), other.about.get("program")
         names = (

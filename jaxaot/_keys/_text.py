@@ -70,8 +70,8 @@ def stable_repr(value: Any) -> str | None:
     """Text of ``value`` that is the same in every process and differs between
     values that differ, else ``None``.
 
-    Stable: None, bool, int, float, complex, str, bytes, NumPy scalars, enum
-    members, NumPy and JAX dtypes and scalar types, classes defined at module
+    Stable: None, bool, int, float, complex, str, bytes, ``range``, ``slice``,
+    ``...``, NumPy scalars, enum members, NumPy and JAX dtypes and scalar types, classes defined at module
     level (by import path), JAX meshes, shardings and partition specs (by axes,
     devices and spec); tuples (NamedTuples by type and fields), frozensets and
     hashable mappings of stable values; frozen dataclasses (``flax.struct``
@@ -135,6 +135,13 @@ def _stable_kind(value: Any, path: str, depth: int, active: list[int]) -> str:  
     kind = type(value)
     if isinstance(value, enum.Enum):
         return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
+    if kind is range:  # its repr is its value: range(0, 3), range(0, 8, 2)
+        return repr(value)
+    if value is Ellipsis or value is NotImplemented:
+        return repr(value)
+    if kind is slice:
+        parts = _items((value.start, value.stop, value.step), path, depth, active)
+        return f"slice({', '.join(parts)})"
     if isinstance(value, np.dtype):
         return f"dtype({value.name})"
     if isinstance(value, np.generic):

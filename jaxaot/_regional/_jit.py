@@ -92,8 +92,27 @@ class RegionalFunction:
         out_shardings: Any = UNSET,
         auto_regions: bool = True,
         blocks: Any = (),
+        inline: bool = False,
+        keep_unused: bool = False,
+        compiler_options: dict[str, Any] | None = None,
     ) -> None:
         self.__wrapped__ = fun
+        name = getattr(fun, "__name__", "function")
+        for option, value in (("whole_program", whole_program), ("auto_regions", auto_regions)):
+            if not isinstance(value, bool):
+                raise TypeError(f"jaxaot.jit {name!r}: {option} must be a bool, got {value!r:.60}")
+        if keep_unused:
+            raise ValueError(
+                f"jaxaot.jit {name!r}: keep_unused=True is not supported (its programs "
+                "are compiled, and cached, with unused inputs pruned); use jax.jit for a "
+                "program that must keep them"
+            )
+        if compiler_options:
+            raise ValueError(
+                f"jaxaot.jit {name!r}: compiler_options are not supported (its "
+                "executables are cached under keys that hold XLA's flags, not options "
+                "of one function); set them in XLA_FLAGS, or use jax.jit for this function"
+            )
         # Static arguments completed from each other through the signature, as
         # jax.jit completes them (it does not when given both, as below).
         self._arguments = Arguments(
@@ -116,6 +135,8 @@ class RegionalFunction:
         }
         if self._donate_argnames:
             options["donate_argnames"] = self._donate_argnames
+        if inline:  # (only inside another trace, where it is an inner jax.jit)
+            options["inline"] = True
         if in_shardings is not UNSET:
             check_shardings("in_shardings", in_shardings)
             options["in_shardings"] = in_shardings
@@ -124,7 +145,10 @@ class RegionalFunction:
             options["out_shardings"] = out_shardings
         self._in_shardings = in_shardings
         self._in_targets: dict[Any, tuple[Any, ...]] = {}
-        self._jitted = jax.jit(fun, **options)
+        try:
+            self._jitted = jax.jit(fun, **options)
+        except (TypeError, ValueError) as e:  # jax.jit's, of static_argnames...
+            raise type(e)(f"jaxaot.jit {name!r}: {e}") from None
         self._plans: dict[Any, Plan | None] = {}
 
         @functools.wraps(fun)
@@ -639,6 +663,9 @@ def jit(
     out_shardings: Any = UNSET,
     auto_regions: bool = True,
     blocks: Any = (),
+    inline: bool = False,
+    keep_unused: bool = False,
+    compiler_options: dict[str, Any] | None = None,
 ) -> Any:
     """Like ``jax.jit``, compiled region by region: each component is compiled
     once per signature (and per derived transformation) instead of once per
@@ -664,6 +691,11 @@ def jit(
     one compiled layer, from its first call: small steps then cost what one
     executable costs, not one executable per layer. The program decides this,
     the same in every process; no timing does.
+
+    ``inline`` is ``jax.jit``'s (a call inside another trace is an inner
+    ``jax.jit``). ``keep_unused=True`` and ``compiler_options`` are refused
+    with a ``ValueError``: the cached programs prune unused inputs, and their
+    keys hold XLA's flags (``XLA_FLAGS``), not options of one function.
 
     ``in_shardings`` and ``out_shardings`` are those of ``jax.jit`` (shardings,
     or partition specs under ``jax.set_mesh``, in a pytree prefix of the
@@ -694,6 +726,9 @@ def jit(
             out_shardings=out_shardings,
             auto_regions=auto_regions,
             blocks=blocks,
+            inline=inline,
+            keep_unused=keep_unused,
+            compiler_options=compiler_options,
         )
 
     return wrap if fun is None else wrap(fun)

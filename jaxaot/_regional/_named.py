@@ -72,7 +72,18 @@ def check_blocks(blocks: Any) -> tuple[Any, ...]:
                 f"jaxaot.jit: blocks must be functions or module classes, got "
                 f"{type(item).__name__}: {item!r:.60}"
             )
+        if isinstance(item, type) and item.__flags__ & _IMMUTABLE_TYPE:
+            # (Its calls are found by wrapping the class's __call__.)
+            raise TypeError(
+                f"jaxaot.jit: blocks must be functions or module classes, got the "
+                f"built-in type {item.__qualname__}"
+            )
     return items
+
+
+#: ``Py_TPFLAGS_IMMUTABLETYPE``: a built-in or extension type, whose methods
+#: cannot be replaced.
+_IMMUTABLE_TYPE = 1 << 8
 
 
 def _module_bases() -> tuple[type, ...]:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import jax
+
 from .._component._blocks import Block
 from .._component._cost import keeping_residuals
 from .._component._rules import PREFETCH
@@ -163,7 +165,9 @@ def trace(
             seen_calls.clear()
             stack.enter_context(counting_calls(counted, seen_calls))
             stack.enter_context(jax_explanations_off())
-            return jitted.trace(*args, **kwargs), finder, calls
+            traced = jitted.trace(*args, **kwargs)
+        _refuse_leaked_tracers(spec, traced, args, kwargs)
+        return traced, finder, calls
 
     token = PREFETCH.set(prefetch) if prefetch is not None else None
     kept_whole = None
@@ -201,6 +205,21 @@ def trace(
         if token is not None:
             PREFETCH.reset(token)
     return Traced(traced, prefetch.early if prefetch is not None else {}, finder, kept_whole)
+
+
+def _refuse_leaked_tracers(
+    spec: PlanSpec, traced: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Raises ``jax.jit``'s error where the program closes over a tracer of a
+    trace that has ended (a leaked tracer): ``trace`` takes it as one more input
+    of the program, which its call, with the arguments alone, would not fit."""
+    if len(traced.jaxpr.in_avals) == len(jax.tree_util.tree_leaves(traced.args_info)):
+        return
+    spec.jitted(*args, **kwargs)  # raises UnexpectedTracerError, naming where it leaked
+    raise TypeError(
+        f"jaxaot.jit {spec.name!r}: the function closes over a traced value of a "
+        "transformation that has ended (a leaked tracer); pass it as an argument"
+    )
 
 
 def _repeats_blocks(closed: Any) -> bool:
