@@ -418,6 +418,9 @@ def _uses_global(x: jax.Array) -> jax.Array:
 
 
 def test_changing_a_global_changes_the_key() -> None:
+    """A changed global is another program, so another key, for a component that
+    traces it anew (a new process, a new component); one that traced it already
+    keeps that trace in its process, as jax.jit does."""
     global GLOBAL_SCALE
     x = jnp.ones(3)
     comp = jaxaot.component(_uses_global)
@@ -425,9 +428,11 @@ def test_changing_a_global_changes_the_key() -> None:
     np.testing.assert_allclose(jax.jit(lambda v: comp(v))(x), 2 * x)
     GLOBAL_SCALE = 7.0
     try:
-        assert comp.cache_key(x) != k1
-        np.testing.assert_allclose(jax.jit(lambda v: comp(v))(x), 7 * x)
-        np.testing.assert_allclose(jaxaot.component(_uses_global)(x), 7 * x)
+        again = jaxaot.component(_uses_global)
+        assert again.cache_key(x) != k1
+        np.testing.assert_allclose(jax.jit(lambda v: again(v))(x), 7 * x)
+        np.testing.assert_allclose(again(x), 7 * x)
+        assert comp.cache_key(x) == k1
     finally:
         GLOBAL_SCALE = 2.0
 
@@ -914,11 +919,11 @@ def test_static_values_passed_through_come_back_as_the_call_passed_them() -> Non
                 np.testing.assert_array_equal(got(x), want(x))
 
 
-_SCALE = jnp.full(2, 2.0)
+_REBOUND_W = jnp.full(2, 2.0)
 
 
-def _scaled(x: jax.Array) -> jax.Array:
-    return x * _SCALE
+def _reads_rebound_w(x: jax.Array) -> jax.Array:
+    return x * _REBOUND_W
 
 
 @pytest.mark.parametrize("first", ["top", "jit"])
@@ -929,15 +934,15 @@ def test_a_rebound_global_is_seen_as_jax_jit_sees_it_however_the_component_is_ca
     signature saw: a global rebound afterwards is not seen in this process, called
     at top level, inside ``jax.jit``, under ``vmap`` or inside ``jaxaot.jit`` alike
     (before, the traced paths traced again and saw it while the top level did not)."""
-    global _SCALE
-    comp, plain = jaxaot.component(_scaled), jax.jit(_scaled)
+    global _REBOUND_W
+    comp, plain = jaxaot.component(_reads_rebound_w), jax.jit(_reads_rebound_w)
     x = jnp.ones(2)
     if first == "top":
         comp(x)
     else:
         jax.jit(lambda v: comp(v))(x)
     plain(x)
-    _SCALE = jnp.full(2, 3.0)
+    _REBOUND_W = jnp.full(2, 3.0)
     try:
         want = np.asarray(plain(x))
         got = {
@@ -950,7 +955,7 @@ def test_a_rebound_global_is_seen_as_jax_jit_sees_it_however_the_component_is_ca
             np.testing.assert_array_equal(value, want, err_msg=where)
         assert comp.cache_info().traces == 1
     finally:
-        _SCALE = jnp.full(2, 2.0)
+        _REBOUND_W = jnp.full(2, 2.0)
 
 
 def test_eval_shape_and_a_failing_key_function(fresh_cache: jaxaot.MemoryCache) -> None:
