@@ -346,3 +346,50 @@ def test_every_process_takes_the_same_split_or_fallback_decision(
     leader, other = _sharded_job(tmp_path, env, DIVERGING_WORKER)
     assert leader["values"] == other["values"]
     assert leader["split"] == other["split"] == [False] * 3, (leader, other)
+
+
+LOCAL_SIGNATURES = textwrap.dedent(
+    """
+    import json, os, sys
+    import jax
+    jax.config.update("jax_platforms", "cpu")
+    pid, n, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=n, process_id=pid,
+                               initialization_timeout=120)
+    import jax.numpy as jnp
+    import jaxaot
+
+    @jaxaot.component
+    def block(w, x):
+        return jnp.tanh(x @ w)
+
+    w = jnp.eye(4) * 0.5 + 0.1
+    shared = block(w, jnp.ones((2, 4)))  # every process: process 0 makes it
+    values = [jax.jit(lambda v: block(w, v))(jnp.ones((rows, 4))).tolist()
+              for rows in ((3, 5, 7) if pid == 1 else ())]  # signatures of process 1 only
+    info, stats = block.cache_info(), jaxaot.stats()
+    print(json.dumps({"pid": pid, "lowerings": info.lowerings, "values": values,
+                      "shared": shared.tolist(), "timeouts": stats["lease_wait_timeouts"]}))
+    sys.stdout.flush()
+    jax.distributed.shutdown()
+    """
+)
+
+
+def test_a_signature_process_0_never_makes_holds_up_no_process_one_wait_per_entry(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """A signature only one process calls (process-local shapes; likewise a body
+    that depends on the process, or one process 0 failed to trace) is never made
+    by process 0. Its other processes make it themselves once process 0 has not
+    started it within the start wait, and then, process 0 being behind them, every
+    entry process 0 has not started, without waiting: before, each such entry
+    cost one full ``JAXAOT_DISTRIBUTED_TIMEOUT``."""
+    env = {**subprocess_env, "JAXAOT_DISTRIBUTED_TIMEOUT": "3"}
+    leader, other = _job(tmp_path, env, n=2, worker=LOCAL_SIGNATURES)
+    assert leader["lowerings"] == 1 and other["lowerings"] == 3, (leader, other)
+    assert other["shared"] == leader["shared"]
+    want = [np.tanh(np.ones((rows, 4)) @ (np.eye(4) * 0.5 + 0.1)) for rows in (3, 5, 7)]
+    for got, expected in zip(other["values"], want, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+    assert other["timeouts"] == 0, other  # none ran out: given up on, once

@@ -19,6 +19,14 @@ for) and kept in each process's cache. If process 0 fails to make an entry
 ``JAXAOT_DISTRIBUTED_TIMEOUT`` seconds (default 600), the waiting process makes
 the entry itself: a job never hangs on a dead process and never uses
 unverified bytes.
+
+Process 0 says when it starts making an entry. An entry it has not started
+within :data:`START_WAIT` seconds (or the timeout, if shorter) may be one it
+never makes: a signature of another process only (process-local shapes, a
+body that depends on ``jax.process_index()``, edited code), or one whose trace
+failed in process 0. The waiting process then makes it itself, and, until
+process 0 is seen making entries again, makes every entry process 0 has not
+started without waiting: a job is never held up one full timeout per entry.
 """
 
 from __future__ import annotations
@@ -35,7 +43,15 @@ from .._caches import Cache, Held, Lease, Leasing
 from .._env import number
 from .._jax import distributed_client
 
-__all__ = ["TIMEOUT_ENV", "JobLeases", "agree", "leases", "next_decision", "publish_hit"]
+__all__ = [
+    "START_WAIT",
+    "TIMEOUT_ENV",
+    "JobLeases",
+    "agree",
+    "leases",
+    "next_decision",
+    "publish_hit",
+]
 
 logger = logging.getLogger("jaxaot")
 
@@ -48,8 +64,60 @@ def timeout_seconds() -> float:
     return number(TIMEOUT_ENV, 600.0, "a number of seconds")
 
 
+#: Seconds a process waits for process 0 to start making an entry it has not
+#: started (it may never make it); bounded by the timeout. Long enough for a
+#: process 0 a little behind the others (in an SPMD job they reach each miss
+#: at about the same time; what keeps them apart is work done by one process
+#: alone); a wrong guess costs one entry made twice, a stall one wait per entry.
+START_WAIT = 30.0
+
+
 def _blob_key(digest: str) -> str:
     return f"{_PREFIX}/entry/{digest}"
+
+
+def _started_key(digest: str) -> str:
+    return f"{_PREFIX}/started/{digest}"
+
+
+class _Unstarted:
+    """When this process first waited for each entry process 0 had not started,
+    and whether process 0 is behind: it let one such wait run out, and has not
+    been seen starting or publishing an entry since."""
+
+    def __init__(self) -> None:
+        self.since: dict[str, float] = {}
+        self.behind = False
+        self.lock = threading.Lock()
+
+    def seen(self, digest: str) -> None:
+        with self.lock:
+            self.since.pop(digest, None)
+            self.behind = False
+
+    def given_up(self, digest: str) -> bool:
+        """Whether to stop waiting for process 0 to start ``digest``."""
+        now = time.monotonic()
+        with self.lock:
+            if self.behind:
+                return True
+            first = self.since.setdefault(digest, now)
+            if now - first < min(START_WAIT, timeout_seconds()):
+                return False
+            self.since.pop(digest, None)
+            self.behind = True
+        _stats.warn_once(
+            "job-unstarted",
+            f"jaxaot: process 0 of the job did not start making entry {digest[:16]} "
+            f"within {min(START_WAIT, timeout_seconds()):g} s; this process makes it, and "
+            "the entries process 0 has not started, itself until process 0 catches up "
+            "(a signature only this process calls, a body that depends on the process, "
+            "or a process 0 behind the others)",
+        )
+        return True
+
+
+_UNSTARTED = _Unstarted()
 
 
 class _LeaderLease:
@@ -93,11 +161,27 @@ class JobLeases:
                     inner = self.cache.lease(key, ttl)
                 except Exception as e:  # made without the cache's lease, still published
                     logger.debug("jaxaot: lease on %s failed: %s", key[:16], e)
+            # Started: the others wait for it (as long as the timeout allows).
+            _publish(self.client, _started_key(key), b"1")
             if isinstance(inner, Held):
                 return inner  # another job's process is making it: wait for the cache
             return _LeaderLease(self, key, inner)
-        blob = self.published(key)
-        return Held(_PROCESS_0, done=blob is not None)
+        if self.published(key) is not None:
+            _UNSTARTED.seen(key)
+            return Held(_PROCESS_0, done=True)
+        if self._started(key):
+            _UNSTARTED.seen(key)
+            return Held(_PROCESS_0, done=False)
+        if _UNSTARTED.given_up(key):
+            return None  # made here, as without a job
+        return Held(_PROCESS_0, done=False)
+
+    def _started(self, digest: str) -> bool:
+        try:
+            self.client.key_value_try_get_bytes(_started_key(digest))
+        except Exception:  # not there (NOT_FOUND), or the service is gone
+            return False
+        return True
 
     def published(self, digest: str) -> bytes | None:
         """The bytes process 0 published for ``digest`` (empty: it made nothing), or
