@@ -487,6 +487,22 @@ def test_unreachable_server_never_raises(caplog: pytest.LogCaptureFixture) -> No
     assert jaxaot.stats()["cache_write_errors"] - lost == 1  # the put: its value is not stored
 
 
+def test_an_outage_is_said_once_for_every_cache_of_one_server(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One warning per cause for a store, not per cache object: a program that makes
+    several caches of one URL (a tiered cache per component, a script run twice in
+    a notebook) hears of its outage once; another server is another cause."""
+    caplog.set_level(logging.DEBUG, logger="jaxaot")
+    url, other = (f"redis://127.0.0.1:{_free_port()}/0" for _ in range(2))
+    key, _ = make_blob()
+    for _ in range(3):
+        assert RedisCache(url, timeout=0.5, backoff=0).get(key) is None
+    assert len(warnings_of(caplog)) == 1
+    assert RedisCache(other, timeout=0.5, backoff=0).get(key) is None
+    assert len(warnings_of(caplog)) == 2
+
+
 # -- trust -----------------------------------------------------------------------
 
 

@@ -196,7 +196,6 @@ class DirectoryCache(WarnOnce):
         self._lock_path = os.path.join(root, _LOCK_NAME)
         self._filelock = filelock.FileLock(self._lock_path, timeout=self.lock_timeout, mode=0o600)
         self._lock_busy_until = 0.0
-        self._warned: set[str] = set()
         self._state_lock = threading.Lock()
         self._counters = {
             "hits": 0,

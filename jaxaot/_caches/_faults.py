@@ -61,12 +61,13 @@ def lost_write() -> None:
 
 
 class WarnOnce:
-    """Mixin for every backend: counters, and one warning per cause of this
-    backend's (``_stats.warn_once``; later ones at DEBUG). Subclasses set ``_state_lock``,
-    ``_warned`` and ``_counters`` and name themselves in ``_log_prefix``."""
+    """Mixin for every backend: counters, and one warning per cause for each
+    store (``_stats.warn_once``, later ones at DEBUG): per path or URL, not per
+    cache object, so the caches a program makes of one store warn once between
+    them. Subclasses set ``_state_lock`` and ``_counters`` and name themselves in
+    ``_log_prefix``."""
 
     _state_lock: threading.Lock
-    _warned: set[str]
     _counters: dict[str, int]
 
     def _log_prefix(self) -> str:
@@ -77,7 +78,8 @@ class WarnOnce:
             self._counters[name] += n
 
     def _warn_once(self, cause: str, message: str) -> None:
-        warn_once(cause, f"jaxaot {self._log_prefix()}: {message}", self._warned)
+        prefix = self._log_prefix()
+        warn_once(f"{prefix}: {cause}", f"jaxaot {prefix}: {message}")
 
 
 class FaultTracking(WarnOnce):
@@ -93,7 +95,6 @@ class FaultTracking(WarnOnce):
 
     def _init_faults(self, counters: dict[str, int]) -> None:
         self._state_lock = threading.Lock()
-        self._warned: set[str] = set()
         self._down_until = 0.0
         self._counters = counters
 
@@ -125,15 +126,21 @@ class FaultTracking(WarnOnce):
     def _fault(self, what: str, e: BaseException) -> None:
         cause = self._cause(e)
         self._count("errors")
-        action = "skipped"
-        if self._is_outage(e) and self.backoff > 0:
+        outage = self._is_outage(e)
+        if outage and self.backoff > 0:
             with self._state_lock:
                 self._down_until = time.monotonic() + self.backoff
-            action = f"skipping the {self._peer} for a while"
         # One warning for an outage, however its calls fail (a timeout while the
         # server stalls, then refused connections once it is gone).
-        once = "outage" if self._is_outage(e) else cause
-        self._warn_once(once, f"{what} failed ({cause}: {self._describe(e)}); {action}")
+        if outage:
+            retry = f", tried again every {self.backoff:g} s" if self.backoff > 0 else ""
+            self._warn_once(
+                "outage",
+                f"the {self._peer} cannot be reached ({cause}: {self._describe(e)}); "
+                f"entries are made in this process and not shared while it is down{retry}",
+            )
+            return
+        self._warn_once(cause, f"{what} failed ({cause}: {self._describe(e)}); skipped")
 
     def _describe(self, e: BaseException) -> str:
         """What went wrong, for a user (backends override with their own words)."""

@@ -43,7 +43,6 @@ class MemoryCache(WarnOnce):
         self._lock = threading.Lock()
         self._counters = {"hits": 0, "misses": 0, "puts": 0, "evictions": 0}
         self._state_lock = threading.Lock()
-        self._warned: set[str] = set()
         self._index: OrderedDict[str, OrderedDict[str, bytes]] = OrderedDict()
 
     def __repr__(self) -> str:

@@ -91,7 +91,6 @@ class TieredCache(WarnOnce):
         self.check = check
         self.write_back = write_back
         self._state_lock = threading.Lock()
-        self._warned: set[str] = set()
         self._counters = {
             "hits": 0,
             "misses": 0,
