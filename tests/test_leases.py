@@ -311,6 +311,25 @@ def test_tiered_cache_leases_in_its_slowest_leasing_tier(tmp_path: Path) -> None
     assert not isinstance(jaxaot.MemoryCache(), Leasing)
 
 
+def test_tiered_cache_leases_in_its_directory_while_its_server_is_down(
+    tmp_path: Path,
+) -> None:
+    """With the shared server down (it lends no lease), the processes that share
+    the local directory still make each entry once: the directory's lease, held
+    by one of them, is Held for the others (before, none had a lease, and each
+    made every entry)."""
+    from test_redis import _free_port
+
+    def tiered() -> TieredCache:
+        down = RedisCache(f"redis://127.0.0.1:{_free_port()}/0", timeout=0.5)
+        return TieredCache(DirectoryCache(tmp_path / "local"), down)
+
+    first = tiered().lease(KEY, 30.0)
+    assert first is not None and not isinstance(first, Held)
+    assert isinstance(tiered().lease(KEY, 30.0), Held)
+    first.release()
+
+
 # -- the store's use of leases (make_once) ------------------------------------------
 
 

@@ -282,17 +282,21 @@ class TieredCache(WarnOnce):
     # -- extras --------------------------------------------------------------
 
     def lease(self, key: str, ttl: float) -> Lease | Held | None:
-        """The lease on ``key`` in the slowest tier that lends leases (the shared
-        one), or ``None`` if no tier does (or it fails)."""
+        """The lease on ``key`` in the slowest tier that lends one (the shared one);
+        while it lends none (a server down, backing off), the next faster tier's:
+        the processes that share a directory still make each entry once. ``None``
+        if no tier lends one."""
         check_key(key)
         for i in reversed(range(len(self.tiers))):
             tier = self.tiers[i]
             if isinstance(tier, Leasing):
                 try:
-                    return tier.lease(key, ttl)
+                    got = tier.lease(key, ttl)
                 except Exception as e:
                     self._tier_failed(i, "lease", e)
-                    return None
+                    continue
+                if got is not None:
+                    return got
         return None
 
     def note(self, tag: str, key: str, item: bytes) -> None:
