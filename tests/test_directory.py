@@ -1260,3 +1260,33 @@ def test_a_process_without_the_key_leaves_a_signed_cache_intact(tmp_path: Path) 
         assert run(reader) == expected  # computed locally: a miss for this process
         assert entries() == before  # nothing quarantined, deleted or rewritten
         assert not (root / "quarantine").exists() or not list((root / "quarantine").iterdir())
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EACCES])
+def test_an_entry_that_cannot_be_read_is_said_once_and_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """An entry file that is there but fails to read (a bad sector, a file this
+    user may not read) is a miss said once per cause, and is moved aside, so the
+    next put writes a good one: before, it was a silent miss in every process,
+    and puts kept the unreadable name."""
+    cache = DirectoryCache(tmp_path / "c")
+    cache.put(k(1), b"old")
+    cache.put(k(2), b"other")
+    read_all = _directory._safefs.read_all
+
+    def failing(fd: int, size: int) -> bytes:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(k(1)):
+            raise OSError(code, os.strerror(code))
+        return read_all(fd, size)
+
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    monkeypatch.setattr(_directory._safefs, "read_all", failing)
+    assert cache.get(k(1)) is None and cache.get(k(1)) is None
+    assert cache.get(k(2)) == b"other"
+    said = [r.getMessage() for r in warnings_of(caplog)]
+    assert len(said) == 1 and errno.errorcode[code] in said[0] and k(1)[:16] in said[0], said
+    assert cache.stats()["read_errors"] == 1  # then moved aside: a plain miss
+    cache.put(k(1), b"new")
+    monkeypatch.undo()
+    assert cache.get(k(1)) == b"new"

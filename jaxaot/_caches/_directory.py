@@ -205,6 +205,7 @@ class DirectoryCache(WarnOnce):
             "put_errors": 0,
             "lock_timeouts": 0,
             "refused": 0,
+            "read_errors": 0,
         }
         try:
             makedirs_private(root)
@@ -338,11 +339,26 @@ class DirectoryCache(WarnOnce):
             return None
         except OSError as e:
             if not isinstance(e, FileNotFoundError | NotADirectoryError):
-                logger.debug("jaxaot directory cache %s: cannot read %s: %s", self._root, key, e)
+                self._unreadable(key, e)
             self._count("misses")
             return None
         self._count("hits")
         return data
+
+    def _unreadable(self, key: str, e: OSError) -> None:
+        """An entry that is there but cannot be read: said once per cause; an entry
+        file that fails alone (EIO, no permission) is moved to the quarantine, so
+        that the next put writes a good one (a put keeps the name it finds)."""
+        self._count("read_errors")
+        cause = errno_cause(e)
+        bad_file = e.errno in (errno.EIO, errno.EACCES, errno.EPERM)
+        then = "moved to the quarantine; it is made again here" if bad_file else "made here"
+        self._warn_once(
+            f"read {cause}",
+            f"cannot read entry {key[:16]} ({cause}: {e.strerror or e}); {then}",
+        )
+        if bad_file:
+            self.quarantine(key, force=True)
 
     def peek(self, key: str) -> bytes | None:
         """The stored bytes of ``key`` without using it (no hit counted, no access time
