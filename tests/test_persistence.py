@@ -540,6 +540,9 @@ def test_default_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert jaxaot.default_cache_dir() == str(tmp_path / "home" / ".cache" / "jaxaot")
+    for relative in ("cache", "~/cache"):  # invalid, as the XDG spec says: ignored
+        monkeypatch.setenv("XDG_CACHE_HOME", relative)
+        assert jaxaot.default_cache_dir() == str(tmp_path / "home" / ".cache" / "jaxaot")
     monkeypatch.setenv("JAXAOT_CACHE_DIR", str(tmp_path / "explicit"))
     from jaxaot._store import _active
 

@@ -79,7 +79,9 @@ def default_cache_dir() -> str:
     if explicit:
         return os.path.abspath(os.path.expanduser(explicit))
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = xdg if xdg else os.path.join(os.path.expanduser("~"), ".cache")
+    # The XDG spec: a relative path is invalid and ignored (not one under the
+    # working directory, which changes between runs).
+    base = xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.abspath(os.path.join(base, "jaxaot"))
 
 
