@@ -89,7 +89,7 @@ def test_size_syntax(text: str, expected: int, monkeypatch: pytest.MonkeyPatch) 
     assert _active.default_max_bytes() == expected
 
 
-@pytest.mark.parametrize("text", ["", "lots", "-1", "2X", "1e9", "G"])
+@pytest.mark.parametrize("text", ["", "lots", "-1", "2X", "1e9", "G", "1.5", "10.0B"])
 def test_bad_sizes(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="invalid size"):
         _active.parse_size(text)

@@ -111,6 +111,8 @@ def parse_size(text: str) -> int:
             f"invalid size {text!r:.40}: use bytes or a number with K, M, G, T or P "
             "(powers of 1024), e.g. 500M or 2G"
         )
+    if not m.group(2) and "." in m.group(1):  # a fraction of a byte: a typo, not a size
+        raise ValueError(f"invalid size {text!r:.40}: a number of bytes is a whole number")
     return int(float(m.group(1)) * 1024 ** _SIZE_UNITS[m.group(2).lower()])
 
 
