@@ -207,7 +207,8 @@ def make_once(
         if waited >= 1.0:  # a wait the user feels: said once (a lock file frees at once)
             _stats.warn_once(
                 "lease-takeover",
-                text + " (a lease ends $JAXAOT_LEASE_TTL after its holder stops, or when the "
+                text + " (a lease ends with its holder's process: at once in a cache "
+                "directory, $JAXAOT_LEASE_TTL later on Redis and object stores, or when the "
                 "store evicts it: a Redis at its maxmemory)",
             )
         else:
