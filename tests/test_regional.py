@@ -1589,3 +1589,43 @@ def test_a_block_kept_in_its_process_is_said_to_be_a_block(
         close(jaxaot.jit(step)(ws, xs), jax.jit(step)(ws, xs))
     said = [m for m in caplog.messages if "is not written to the cache" in m]
     assert said and all(m.startswith("jaxaot: block 'jit(<lambda>)'") for m in said), said
+
+
+def test_a_step_that_updates_its_arguments_in_place_is_told_the_updates_are_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The Flax NNX tutorial's step (``optimizer.update(model, grads)`` in place,
+    returning the loss) trains nothing under jax.jit and jaxaot.jit alike: the
+    function gets copies of its arguments' containers. jaxaot.jit says so, once,
+    naming the arguments; a step that returns what it changed is not warned of."""
+    import optax
+    from flax import nnx
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.layers = nnx.List([nnx.Linear(4, 4, rngs=rngs) for _ in range(2)])
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for layer in self.layers:
+                x = nnx.relu(layer(x))
+            return x
+
+    def in_place(model: MLP, opt: nnx.Optimizer, x: jax.Array) -> jax.Array:
+        loss, grads = nnx.value_and_grad(lambda m: ((m(x) - 1) ** 2).mean())(model)
+        opt.update(model, grads)
+        return loss
+
+    def returned(model: MLP, opt: nnx.Optimizer, x: jax.Array) -> Any:
+        return in_place(model, opt, x), model, opt
+
+    x = jnp.ones((8, 4))
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        for step in (returned, in_place):
+            model = MLP(nnx.Rngs(0))
+            opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+            run = jaxaot.jit(step)
+            for _ in range(3):
+                run(model, opt, x)
+    said = [r.getMessage() for r in caplog.records if "in place" in r.getMessage()]
+    assert len(said) == 1 and "'in_place'" in said[0] and "args[0].layers[0]" in said[0], said

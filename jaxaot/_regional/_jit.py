@@ -154,7 +154,10 @@ class RegionalFunction:
         @functools.wraps(fun)
         def entered(*args: Any, **kwargs: Any) -> Any:
             program_entered()  # the trace that finds blocks starts here
-            return fun(*args, **kwargs)
+            before = jax.tree_util.tree_leaves((args, kwargs))
+            out = fun(*args, **kwargs)
+            _say_lost_updates(name, before, (args, kwargs), out)
+            return out
 
         def tracer() -> Any:  # a jax.jit to trace plans with (a trace cache of its own)
             wrapped = functools.wraps(fun)(lambda *args, **kwargs: entered(*args, **kwargs))
@@ -648,6 +651,35 @@ class RegionalFunction:
             f"jaxaot.jit {self.__name__}: runs under plain jax.jit, neither split nor cached "
             f"({type(error).__name__}: {first}); a limitation or a bug of jaxaot's, worth "
             "reporting",
+        )
+
+
+def _say_lost_updates(name: str, before: list[Any], arguments: Any, out: Any) -> None:
+    """Warns, once per function, where a traced program changed its arguments in
+    place without returning the new values: ``jax.jit`` and ``jaxaot.jit`` hand a
+    function copies of its arguments' containers, so such updates never reach
+    the caller (a Flax NNX step whose ``optimizer.update(model, grads)`` runs in
+    place trains nothing). A leaf replaced in an argument and not among the
+    results is such an update."""
+    now = jax.tree_util.tree_flatten_with_path(arguments)[0]
+    if len(now) == len(before) and all(a is b for a, (_, b) in zip(before, now, strict=True)):
+        return
+    returned = {id(leaf) for leaf in jax.tree_util.tree_leaves(out)}
+    ids = {id(leaf) for leaf in before}
+    lost = [
+        ("args" if path[0].idx == 0 else "kwargs") + jax.tree_util.keystr(path[1:])  # type: ignore[attr-defined]
+        for path, leaf in now
+        if id(leaf) not in ids and id(leaf) not in returned
+    ]
+    if lost:
+        more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+        _stats.warn_once(
+            f"lost-updates:{name}",
+            f"jaxaot.jit {name!r}: the function changes its arguments in place "
+            f"({', '.join(lost[:3])}{more}) without returning them; as under jax.jit, "
+            "those changes never reach the caller. Return the new values (Flax NNX: "
+            "nnx.split the model and optimizer and return their new state, or use "
+            "nnx.jit)",
         )
 
 
