@@ -695,3 +695,33 @@ def test_a_solve_holding_values_of_the_programs_trace_is_planned_and_cached(
         _close(regional(a), jax.jit(root)(a))
     assert not [r for r in caplog.records if "plain jax.jit" in r.getMessage()], caplog.text
     assert "not split" not in regional.explain(a), regional.explain(a)
+
+
+def test_the_documented_equinox_recipe_finds_its_layers() -> None:
+    """docs/regional.md's recipe for an Equinox model with functions in its fields:
+    ``eqx.partition`` it, pass the static half as a static argument. Its layers
+    are found as when the step closes over that half: the static half holds the
+    same layers, not more of them (before, the model class counted two instances,
+    its layers became its parts, and nothing was split)."""
+    import equinox as eqx
+
+    model = eqx.nn.MLP(16, 1, width_size=32, depth=4, key=jax.random.PRNGKey(0))
+    params, static = eqx.partition(model, eqx.is_array)
+    x = jnp.ones((4, 16))
+
+    def loss(m: Any, x: jax.Array) -> jax.Array:
+        return (jax.vmap(m)(x) ** 2).mean()
+
+    def as_static(params: Any, static: Any, x: jax.Array) -> Any:
+        return jax.value_and_grad(lambda p: loss(eqx.combine(p, static), x))(params)
+
+    def closing_over(params: Any, x: jax.Array) -> Any:
+        return as_static(params, static, x)
+
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        said = [
+            jaxaot.jit(as_static, static_argnums=1).explain(params, static, x),
+            jaxaot.jit(closing_over).explain(params, x),
+        ]
+    for text in said:
+        assert "block jit(Linear.__call__): 3 vmap/forward" in text, said

@@ -209,6 +209,11 @@ def repeated_modules(
             continue
     roots = (*args, *kwargs.values(), *closed)
     for root in roots:
+        if not _holds_arrays(root):
+            # (The static half of an Equinox model split by ``eqx.partition``,
+            # passed as a static argument: the same layers as the arrays' half,
+            # not more of them.)
+            continue
         enclosing: frozenset[type] = frozenset()
         with census.root():
             if _is_module(root):
@@ -251,6 +256,13 @@ def _graphdefs(values: Sequence[Any]) -> list[Any]:
             if isinstance(leaf, graph_type):
                 found[id(leaf)] = leaf
     return list(found.values())
+
+
+def _holds_arrays(value: Any) -> bool:
+    try:
+        return any(map(_is_array, jax.tree_util.tree_leaves(value)))
+    except Exception:  # no pytree
+        return False
 
 
 def _calls(cls: type) -> set[str]:
