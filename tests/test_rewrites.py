@@ -267,3 +267,54 @@ def test_forward_entries_return_no_copy_of_their_own_inputs(tmp_path: Any) -> No
     # and the residual computed from tanh, nothing of the size of w.
     assert cold.extra["forwarded"] == warm.extra["forwarded"] == [[0, 0], [1, 1]]
     assert [a.shape for a in cold.out_avals] == [(2, 4), (2, 4)]
+
+
+def test_pruned_residuals_come_in_the_same_order_in_every_trace() -> None:
+    """The residuals a forward entry writes are the inputs of a linear entry that
+    another process may derive again from its own trace: their order follows from
+    the program alone. (It followed the addresses of the program's variables: a
+    warm process on jax 0.12 derived a linear entry that did not fit the forward
+    entry it loaded, and jaxaot.jit fell back to jax.jit.)"""
+    from jaxaot._component._rewrites import prune_residuals
+    from jaxaot._jax import partial_eval_jaxpr
+
+    def layer(w: jax.Array, x: jax.Array) -> jax.Array:
+        y = x + jnp.tanh(x @ w)
+        return y / jnp.sqrt(jnp.mean(y * y, axis=-1, keepdims=True) + 1e-5)
+
+    w, x = jnp.eye(16) / 4, jnp.ones((16, 16))
+
+    def layout() -> list[str]:
+        closed = jax.make_jaxpr(lambda *a: jax.jvp(layer, a[:2], a[2:]))(w, x, w, x)
+        known, unknown, _, _ = partial_eval_jaxpr(closed, [False, False, True, True], [False, True])
+        pruned, _ = prune_residuals(known, unknown, 1)
+        assert pruned is not known  # (it prunes some)
+        producers = {v: e.primitive.name for e in pruned.jaxpr.eqns for v in e.outvars}
+        return [f"{producers.get(v, 'in')}:{v.aval.str_short()}" for v in pruned.jaxpr.outvars]
+
+    first = layout()
+    padding = []
+    for i in range(40):  # other addresses for the variables of each trace
+        padding.append([object() for _ in range(i * 7)])
+        assert layout() == first
+
+
+def test_a_linear_entry_is_not_derived_for_a_forward_entry_of_another_layout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A forward entry says how it saves its residuals; a linear entry derived in a
+    process that would read them in another layout is refused (an error, never
+    wrong gradients from residuals in each other's places)."""
+    from jaxaot._component import _call
+
+    layouts = iter(["made", "derived"])
+    monkeypatch.setattr(_call, "residual_layout", lambda known, n: next(layouts))
+
+    @jaxaot.component
+    def layer(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w).sum()
+
+    w, x = jnp.eye(4), jnp.ones((2, 4))
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        with pytest.raises(RuntimeError, match="another layout"):
+            jax.grad(layer)(w, x)

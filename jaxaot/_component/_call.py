@@ -22,7 +22,7 @@ from .._store._lookup import Store
 from ._cost import recomputes
 from ._parts import derived_key
 from ._plain import Devices
-from ._rewrites import forwarded_inputs, fuse_dot_transposes, prune_residuals
+from ._rewrites import forwarded_inputs, fuse_dot_transposes, prune_residuals, residual_layout
 from ._types import aval_of, is_differentiable, sds, traced_under, zeros
 
 __all__ = ["Call", "EntryMaker"]
@@ -254,7 +254,10 @@ class Call:
             def forward(*xs: Any) -> list[Any]:
                 return [o for r, o in enumerate(everything(*xs)) if r not in dropped]
 
-            return forward, {"forwarded": [[r - n_primal_out, q] for r, q in pairs]}
+            return forward, {
+                "forwarded": [[r - n_primal_out, q] for r, q in pairs],
+                "layout": residual_layout(known, n_primal_out),
+            }
 
         fwd = self._derive(
             ("linearize", mask, "forward", *how), args, make_fwd, self.entry.arg_names
@@ -265,7 +268,19 @@ class Call:
 
         def make_lin(residuals: Sequence[Any]) -> Call:
             def make() -> tuple[Callable[..., Sequence[Any]], dict[str, Any]]:
-                _, unknown = parent._linearized_jaxprs(mask, recompute)
+                known, unknown = parent._linearized_jaxprs(mask, recompute)
+                saved = fwd.entry.extra.get("layout")
+                if saved is not None and saved != residual_layout(
+                    known, len(parent.entry.out_avals)
+                ):
+                    # A forward entry made by another process that saves its residuals
+                    # otherwise than this one derives them: a linear entry derived here
+                    # would read them in the wrong places. Refused, never guessed.
+                    raise RuntimeError(
+                        f"jaxaot.component {parent.name!r}: its forward entry from the cache "
+                        "saves the residuals in another layout than this process derives; "
+                        "clear the cache (jaxaot cache clear) if this persists"
+                    )
                 return jaxpr_as_fun(unknown), {"linear_from": len(residuals)}
 
             live = [

@@ -28,7 +28,10 @@ __all__ = ["DERIVE_VERSION", "base_parts", "derived_key", "types_text"]
 #   6: forward entries do not return the residuals that are their own inputs
 #      (a layer's weights): ``extra["forwarded"]`` says where they go among the
 #      residuals, and the caller passes the inputs themselves on.
-DERIVE_VERSION = 6
+#   7: pruned residuals in an order that follows from the program alone (it
+#      followed addresses: a forward entry and a linear entry derived in
+#      another process could disagree).
+DERIVE_VERSION = 7
 
 
 def types_text(avals: Sequence[Any]) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ that wherever the transposed product has no other use.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,7 +26,7 @@ import jax
 from .._jax import ELEMENTWISE_ARITHMETIC, Literal, bind_equation, call_body, evaluate, jaxpr_as_fun
 from ._types import sds
 
-__all__ = ["forwarded_inputs", "fuse_dot_transposes", "prune_residuals"]
+__all__ = ["forwarded_inputs", "fuse_dot_transposes", "prune_residuals", "residual_layout"]
 
 logger = logging.getLogger("jaxaot")
 
@@ -138,6 +139,22 @@ def forwarded_inputs(known: Any, n_out: int) -> list[list[int]]:
     ]
 
 
+def residual_layout(known: Any, n_out: int) -> str:
+    """A digest of the residuals the forward jaxpr ``known`` returns after its
+    ``n_out`` primal outputs: for each, in order, the primitive that makes it (or
+    the input it is) and its type. A forward entry made in one process and a
+    linear entry derived in another fit together only where theirs agree."""
+    jaxpr = known.jaxpr
+    producer = {v: eqn.primitive.name for eqn in jaxpr.eqns for v in eqn.outvars}
+    position = {v: f"in{q}" for q, v in enumerate(jaxpr.invars)}
+    text = ";".join(
+        f"{'literal' if isinstance(v, Literal) else producer.get(v) or position.get(v, 'const')}"
+        f":{v.aval.str_short()}"
+        for v in jaxpr.outvars[n_out:]
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def prune_residuals(known: Any, unknown: Any, n_out: int) -> tuple[Any, Any]:
     """Writes fewer residuals: those that are elementwise arithmetic of other
     residuals are recomputed at the start of the linear part, and residuals that
@@ -162,17 +179,19 @@ def prune_residuals(known: Any, unknown: Any, n_out: int) -> tuple[Any, Any]:
             return None
         return eqn
 
-    def sources(v: Any, avail: set[Any], seen: set[Any]) -> set[Any]:
-        """The values outside ``avail`` that ``v`` is elementwise arithmetic of."""
+    def sources(v: Any, avail: set[Any], seen: set[Any]) -> dict[Any, None]:
+        """The values outside ``avail`` that ``v`` is elementwise arithmetic of, in
+        the order its equations read them (a dict: the same order in every process,
+        where a set of variables would iterate by address)."""
         if isinstance(v, Literal) or v in avail or v in seen:
-            return set()
+            return {}
         seen.add(v)
         eqn = arithmetic(v)
         if eqn is None:
-            return {v}
-        out: set[Any] = set()
+            return {v: None}
+        out: dict[Any, None] = {}
         for u in eqn.invars:
-            out |= sources(u, avail, seen)
+            out.update(sources(u, avail, seen))
         return out
 
     kept = set(real)
@@ -198,16 +217,26 @@ def prune_residuals(known: Any, unknown: Any, n_out: int) -> tuple[Any, Any]:
                 changed = True
     if kept == set(real):
         return known, unknown
-    # Kept residuals in their order, each new source where its first residual was.
+    # Kept residuals in their order, each new source where its first residual was;
+    # any other in the order the program defines it. The order is the forward
+    # entry's results and the linear entry's inputs, made in different processes
+    # (a forward entry loaded, its linear entry derived again): it must follow
+    # from the program alone, never from addresses (the iteration of a set).
     order: list[Any] = []
     for r in real:
         if r in kept:
             order.append(r)
         else:
             order.extend(s for s in sources(r, set(), set()) if s in kept)
-    order.extend(v for v in jaxpr.invars if v in kept)  # sources that are inputs
-    order.extend(v for v in kept if v not in order)
+    defined = [
+        *jaxpr.constvars,
+        *jaxpr.invars,
+        *(v for eqn in jaxpr.eqns for v in eqn.outvars),
+    ]
+    order.extend(v for v in defined if v in kept)
     kept_list = list(dict.fromkeys(order))
+    if len(kept_list) != len(kept):  # (a value from nowhere: leave them all as they are)
+        return known, unknown
     needed: set[Any] = set()
 
     def mark(v: Any) -> None:
