@@ -971,6 +971,27 @@ def test_checkify_reports_the_errors_inside_a_component_as_inside_jax_jit(where:
     )
 
 
+def test_jet_of_a_component_is_jet_of_its_body() -> None:
+    """``jax.experimental.jet`` (Taylor series) sees through a component, to the
+    third order, with several outputs, directly and inside jax.jit (it raised
+    KeyError: jaxaot_component)."""
+    from jax.experimental import jet
+
+    def f(x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jnp.sin(x) * y, jnp.exp(x * 0.5) + y**2
+
+    comp, _ = make(f, key="jet-f")
+    x, y = jnp.arange(3.0), jnp.linspace(0.5, 1.5, 3)
+    series = ([jnp.ones(3), jnp.full(3, 0.5), jnp.zeros(3)], [jnp.full(3, 0.25)] * 3)
+    want = jet.jet(f, (x, y), series)
+    for run in (comp, jax.jit(lambda a, b: comp(a, b))):
+        got = jet.jet(run, (x, y), series)
+        for g, w in zip(
+            jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True
+        ):
+            np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
 # -- every dtype JAX differentiates (issue 11) --------------------------------------------
 
 

@@ -39,6 +39,7 @@ from .._jax import (
     lowering_platforms,
     not_mapped,
     register_checkify,
+    register_jet,
     register_linearization,
     register_lowering,
 )
@@ -188,6 +189,8 @@ register_lowering(component_p, _lower)
 # inline, not from the cache, so that checks inside it (NaNs, indices,
 # ``checkify.check``) are reported as they are in a ``jax.jit``.
 register_checkify(component_p, lambda call, devices=None: call.jaxpr())
+# Under ``jax.experimental.jet`` likewise: the Taylor series of its body.
+register_jet(component_p, lambda call, devices=None: call.jaxpr())
 for _platform in KNOWN_PLATFORMS:
     try:
         register_lowering(component_p, functools.partial(_lower, platform=_platform), _platform)

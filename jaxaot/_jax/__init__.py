@@ -110,6 +110,7 @@ from ._primitive import (
     not_mapped,
     partial_eval_jaxpr,
     register_checkify,
+    register_jet,
     register_linearization,
     register_lowering,
 )
@@ -261,6 +262,7 @@ __all__ = [
     "one_auto_layout",
     "partial_eval_jaxpr",
     "register_checkify",
+    "register_jet",
     "register_linearization",
     "register_lowering",
     "serialize_executable",

@@ -27,6 +27,7 @@ __all__ = [
     "not_mapped",
     "partial_eval_jaxpr",
     "register_checkify",
+    "register_jet",
     "register_linearization",
     "register_lowering",
 ]
@@ -82,6 +83,27 @@ def register_checkify(prim: Any, body: Callable[..., Any]) -> None:
         return _checkify.checkify_jaxpr(jaxpr, enabled, error, *vals)
 
     _checkify.error_checks[prim] = rule
+
+
+def register_jet(prim: Any, body: Callable[..., Any]) -> None:
+    """Makes ``jax.experimental.jet`` (Taylor series) see through ``prim``'s
+    equations: ``body(**params)`` is the closed jaxpr an equation computes, whose
+    series are taken as ``jet`` takes any function's."""
+    from jax.experimental import jet
+
+    def rule(primals_in: Sequence[Any], series_in: Sequence[Any], **params: Any) -> Any:
+        fn = jaxpr_as_fun(body(**params))
+        # (Rules see Taylor coefficients, not the factorial-scaled derivatives
+        # ``jet`` takes by default.)
+        primals_out, series_out = jet.jet(
+            lambda *xs: tuple(fn(*xs)),
+            tuple(primals_in),
+            tuple(series_in),
+            factorial_scaled=False,
+        )
+        return list(primals_out), list(series_out)
+
+    jet.jet_rules[prim] = rule
 
 
 def lowering_platforms(ctx: Any) -> tuple[str, ...]:
