@@ -34,7 +34,6 @@ from .._jax import (
     ArrayImpl,
     PRNGKeyArray,
     Tracer,
-    active_target,
     api_boundary,
     cpp_dispatcher,
     fastpath_miss,
@@ -47,12 +46,10 @@ from .._jax import (
 )
 from .._store import _job
 from .._store._active import explain_misses
-from ._auto import program_entered
 from ._named import check_blocks
 from ._placement import (
     UNSET,
     MeshContext,
-    canonical_sharding,
     check_shardings,
     input_targets,
     place_inputs,
@@ -61,7 +58,8 @@ from ._placement import (
 from ._plan import WHOLE as WHOLE_MODE
 from ._plan import Plan, PlanFailed, refuse_unsplit
 from ._planner import PlanSpec, build_plan, describe
-from ._signatures import loading_ahead, say_new_signature, signature_types
+from ._signatures import loading_ahead, plan_signature, say_new_signature
+from ._tracing import check_options, entering
 
 __all__ = ["RegionalFunction", "jit"]
 
@@ -98,21 +96,7 @@ class RegionalFunction:
     ) -> None:
         self.__wrapped__ = fun
         name = getattr(fun, "__name__", "function")
-        for option, value in (("whole_program", whole_program), ("auto_regions", auto_regions)):
-            if not isinstance(value, bool):
-                raise TypeError(f"jaxaot.jit {name!r}: {option} must be a bool, got {value!r:.60}")
-        if keep_unused:
-            raise ValueError(
-                f"jaxaot.jit {name!r}: keep_unused=True is not supported (its programs "
-                "are compiled, and cached, with unused inputs pruned); use jax.jit for a "
-                "program that must keep them"
-            )
-        if compiler_options:
-            raise ValueError(
-                f"jaxaot.jit {name!r}: compiler_options are not supported (its "
-                "executables are cached under keys that hold XLA's flags, not options "
-                "of one function); set them in XLA_FLAGS, or use jax.jit for this function"
-            )
+        check_options(name, whole_program, auto_regions, keep_unused, compiler_options)
         # Static arguments completed from each other through the signature, as
         # jax.jit completes them (it does not when given both, as below).
         self._arguments = Arguments(
@@ -151,13 +135,7 @@ class RegionalFunction:
             raise type(e)(f"jaxaot.jit {name!r}: {e}") from None
         self._plans: dict[Any, Plan | None] = {}
 
-        @functools.wraps(fun)
-        def entered(*args: Any, **kwargs: Any) -> Any:
-            program_entered()  # the trace that finds blocks starts here
-            before = jax.tree_util.tree_leaves((args, kwargs))
-            out = fun(*args, **kwargs)
-            _say_lost_updates(name, before, (args, kwargs), out)
-            return out
+        entered = entering(name, fun)
 
         def tracer() -> Any:  # a jax.jit to trace plans with (a trace cache of its own)
             wrapped = functools.wraps(fun)(lambda *args, **kwargs: entered(*args, **kwargs))
@@ -402,7 +380,7 @@ class RegionalFunction:
         except PlanFailed as e:  # nothing donated yet: jax.jit gives the result
             failed = e
         if failed is not None:
-            sig = self._signature(leaves, treedef, statics, arrays)
+            sig = plan_signature(leaves, treedef, statics, arrays)
             # Out of the except: where jax.jit refuses too, its error alone is raised.
             self._give_up(sig, failed)
             result = self._jitted(*args, **kwargs)
@@ -443,7 +421,7 @@ class RegionalFunction:
                 and last[5] == context
             ):
                 return last[6]  # type: ignore[no-any-return]
-        sig = self._signature(leaves, treedef, statics, arrays)
+        sig = plan_signature(leaves, treedef, statics, arrays)
         plan = self._plans.get(sig, False)
         if plan is False:
             with self._lock:
@@ -466,24 +444,6 @@ class RegionalFunction:
         if arrays:
             self._last = (treedef, types, shardings, mesh, statics, context, plan)
         return plan  # type: ignore[return-value]
-
-    @staticmethod
-    def _signature(leaves: Sequence[Any], treedef: Any, statics: Any, arrays: bool) -> Any:
-        """What tells plans apart: the types, shardings, the mesh in context and
-        the configuration ``jax.jit`` traces again for (x64, matmul precision,
-        dtype promotion, ...); for plain arrays, a function of each leaf's
-        ``aval`` and ``sharding``."""
-        if arrays:
-            shardings: tuple[Any, ...] = tuple(map(_SHARDING, leaves))
-        else:
-            shardings = tuple(getattr(x, "sharding", None) for x in leaves)
-        # Equal shardings spelled differently (a step's outputs fed back) are one plan.
-        shardings = tuple(map(canonical_sharding, shardings))
-        mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
-        # The compile target: another platform's plans (in-process only).
-        target = active_target()
-        types = signature_types(leaves, arrays)
-        return (treedef, types, statics, shardings, mesh, trace_context(), target)
 
     def _agreed(self, plan: Plan | None) -> Plan | None:
         """In a multi-process job, the plan if every process could split the program
@@ -528,7 +488,7 @@ class RegionalFunction:
             if placed is None:
                 return None
             leaves = placed
-        sig = self._signature(leaves, treedef, statics, set(map(type, leaves)) <= _ARRAY_TYPES)
+        sig = plan_signature(leaves, treedef, statics, set(map(type, leaves)) <= _ARRAY_TYPES)
         return sig, (leaves, treedef, statics, donated)
 
     # JAX's stages of the whole program, as jax.jit makes them (a call's plan is cut from it).
@@ -651,35 +611,6 @@ class RegionalFunction:
             f"jaxaot.jit {self.__name__}: runs under plain jax.jit, neither split nor cached "
             f"({type(error).__name__}: {first}); a limitation or a bug of jaxaot's, worth "
             "reporting",
-        )
-
-
-def _say_lost_updates(name: str, before: list[Any], arguments: Any, out: Any) -> None:
-    """Warns, once per function, where a traced program changed its arguments in
-    place without returning the new values: ``jax.jit`` and ``jaxaot.jit`` hand a
-    function copies of its arguments' containers, so such updates never reach
-    the caller (a Flax NNX step whose ``optimizer.update(model, grads)`` runs in
-    place trains nothing). A leaf replaced in an argument and not among the
-    results is such an update."""
-    now = jax.tree_util.tree_flatten_with_path(arguments)[0]
-    if len(now) == len(before) and all(a is b for a, (_, b) in zip(before, now, strict=True)):
-        return
-    returned = {id(leaf) for leaf in jax.tree_util.tree_leaves(out)}
-    ids = {id(leaf) for leaf in before}
-    lost = [
-        ("args" if path[0].idx == 0 else "kwargs") + jax.tree_util.keystr(path[1:])  # type: ignore[attr-defined]
-        for path, leaf in now
-        if id(leaf) not in ids and id(leaf) not in returned
-    ]
-    if lost:
-        more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
-        _stats.warn_once(
-            f"lost-updates:{name}",
-            f"jaxaot.jit {name!r}: the function changes its arguments in place "
-            f"({', '.join(lost[:3])}{more}) without returning them; as under jax.jit, "
-            "those changes never reach the caller. Return the new values (Flax NNX: "
-            "nnx.split the model and optimizer and return their new state, or use "
-            "nnx.jit)",
         )
 
 

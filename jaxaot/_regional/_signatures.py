@@ -16,14 +16,17 @@ import jax
 
 from .._component._arguments import Arguments
 from .._component._types import type_of
+from .._jax import active_target, trace_context
 from .._keys._sharding import is_single_device
 from .._store._active import get_cache
 from .._store._executables import platform_text
 from .._store._prefetch import ahead
+from ._placement import canonical_sharding
 
-__all__ = ["loading_ahead", "say_new_signature", "signature_types"]
+__all__ = ["loading_ahead", "plan_signature", "say_new_signature", "signature_types"]
 
 logger = logging.getLogger("jaxaot")
+_SHARDING = operator.attrgetter("sharding")
 
 _AVAL = operator.attrgetter("aval")
 _SHARDING = operator.attrgetter("sharding")
@@ -153,3 +156,21 @@ def loading_ahead(
         return "\n".join((str(treedef), repr(statics), str(mesh), " ".join(types)))
 
     return ahead(get_cache(), f"jaxaot.jit {module}.{name}", text, platform_text)
+
+
+def plan_signature(leaves: Sequence[Any], treedef: Any, statics: Any, arrays: bool) -> Any:
+    """What tells plans apart: the types, shardings, the mesh in context and
+    the configuration ``jax.jit`` traces again for (x64, matmul precision,
+    dtype promotion, ...); for plain arrays, a function of each leaf's
+    ``aval`` and ``sharding``."""
+    if arrays:
+        shardings: tuple[Any, ...] = tuple(map(_SHARDING, leaves))
+    else:
+        shardings = tuple(getattr(x, "sharding", None) for x in leaves)
+    # Equal shardings spelled differently (a step's outputs fed back) are one plan.
+    shardings = tuple(map(canonical_sharding, shardings))
+    mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
+    # The compile target: another platform's plans (in-process only).
+    target = active_target()
+    types = signature_types(leaves, arrays)
+    return (treedef, types, statics, shardings, mesh, trace_context(), target)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,18 +16,19 @@ from typing import Any, NamedTuple
 
 import jax
 
+from .. import _stats
 from .._component._blocks import Block
 from .._component._cost import keeping_residuals
 from .._component._rules import PREFETCH
 from .._jax import jax_explanations_off
 from . import _whole
-from ._auto import BlockFinder, StaleTrace, finding
+from ._auto import BlockFinder, StaleTrace, finding, program_entered
 from ._named import from_a_framework, named_blocks, repeated_modules
 from ._placement import UNSET
 from ._scoped import Calls, counting, is_scoped, scoped_blocks
 from ._shallow import Seen, counting_calls, few_and_small, layer_calls
 
-__all__ = ["PlanSpec", "Prefetch", "Traced", "trace"]
+__all__ = ["PlanSpec", "Prefetch", "Traced", "check_options", "entering", "trace"]
 
 logger = logging.getLogger("jaxaot")
 
@@ -205,6 +207,82 @@ def trace(
         if token is not None:
             PREFETCH.reset(token)
     return Traced(traced, prefetch.early if prefetch is not None else {}, finder, kept_whole)
+
+
+def check_options(
+    name: str,
+    whole_program: Any,
+    auto_regions: Any,
+    keep_unused: bool,
+    compiler_options: dict[str, Any] | None,
+) -> None:
+    """Refuses, when a function is decorated, the options its plans cannot honour.
+
+    Raises:
+      TypeError: ``whole_program`` or ``auto_regions`` is not a bool.
+      ValueError: ``keep_unused=True`` (the cached programs prune unused inputs)
+        or ``compiler_options`` (keys hold XLA's flags, not one function's options).
+    """
+    for option, value in (("whole_program", whole_program), ("auto_regions", auto_regions)):
+        if not isinstance(value, bool):
+            raise TypeError(f"jaxaot.jit {name!r}: {option} must be a bool, got {value!r:.60}")
+    if keep_unused:
+        raise ValueError(
+            f"jaxaot.jit {name!r}: keep_unused=True is not supported (its programs "
+            "are compiled, and cached, with unused inputs pruned); use jax.jit for a "
+            "program that must keep them"
+        )
+    if compiler_options:
+        raise ValueError(
+            f"jaxaot.jit {name!r}: compiler_options are not supported (its "
+            "executables are cached under keys that hold XLA's flags, not options "
+            "of one function); set them in XLA_FLAGS, or use jax.jit for this function"
+        )
+
+
+def entering(name: str, fun: Callable[..., Any]) -> Callable[..., Any]:
+    """``fun`` as the traces that plan it run it: the trace that finds blocks
+    starts where it is entered, and what it changes in place in its arguments
+    without returning it is said (:func:`_say_lost_updates`)."""
+
+    @functools.wraps(fun)
+    def entered(*args: Any, **kwargs: Any) -> Any:
+        program_entered()
+        before = jax.tree_util.tree_leaves((args, kwargs))
+        out = fun(*args, **kwargs)
+        _say_lost_updates(name, before, (args, kwargs), out)
+        return out
+
+    return entered
+
+
+def _say_lost_updates(name: str, before: list[Any], arguments: Any, out: Any) -> None:
+    """Warns, once per function, where a traced program changed its arguments in
+    place without returning the new values: ``jax.jit`` and ``jaxaot.jit`` hand a
+    function copies of its arguments' containers, so such updates never reach
+    the caller (a Flax NNX step whose ``optimizer.update(model, grads)`` runs in
+    place trains nothing). A leaf replaced in an argument and not among the
+    results is such an update."""
+    now = jax.tree_util.tree_flatten_with_path(arguments)[0]
+    if len(now) == len(before) and all(a is b for a, (_, b) in zip(before, now, strict=True)):
+        return
+    returned = {id(leaf) for leaf in jax.tree_util.tree_leaves(out)}
+    ids = {id(leaf) for leaf in before}
+    lost = [
+        ("args" if path[0].idx == 0 else "kwargs") + jax.tree_util.keystr(path[1:])  # type: ignore[attr-defined]
+        for path, leaf in now
+        if id(leaf) not in ids and id(leaf) not in returned
+    ]
+    if lost:
+        more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+        _stats.warn_once(
+            f"lost-updates:{name}",
+            f"jaxaot.jit {name!r}: the function changes its arguments in place "
+            f"({', '.join(lost[:3])}{more}) without returning them; as under jax.jit, "
+            "those changes never reach the caller. Return the new values (Flax NNX: "
+            "nnx.split the model and optimizer and return their new state, or use "
+            "nnx.jit)",
+        )
 
 
 def _refuse_leaked_tracers(
