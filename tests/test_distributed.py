@@ -41,7 +41,8 @@ WORKER = textwrap.dedent(
     value, grad = jax.jit(jax.value_and_grad(loss))(w, x)
     info = block.cache_info()
     print(json.dumps({"pid": pid, "traces": len(traces), "compiles": info.compiles,
-                      "top": top.tolist(), "value": float(value), "grad": grad.tolist()}))
+                      "top": top.tolist(), "value": float(value), "grad": grad.tolist(),
+                      "report": jaxaot.report()}))
     jax.distributed.shutdown()
     """
 )
@@ -97,6 +98,8 @@ def test_each_signature_is_made_once_per_job(
 ) -> None:
     cold = _job(tmp_path, subprocess_env)
     assert sum(r["traces"] for r in cold) == 1, cold
+    # The others loaded what process 0 made, and say so (not "cold start: loaded 0").
+    assert all("partly warm" in r["report"] for r in cold[1:]), [r["report"] for r in cold]
     # Top-level executables are bound to each process's device: one compile each.
     assert [r["compiles"] for r in cold] == [1, 1, 1, 1], cold
     for r in cold[1:]:

@@ -103,10 +103,12 @@ def counted_loaded(digest: str) -> None:
 def decoder(key: ComponentKey) -> Callable[[bytes], Entry | None]:
     def decode(blob: bytes) -> Entry | None:
         try:
-            return _entry.decode(blob, expected=key)
+            entry = _entry.decode(blob, expected=key)
         except EntryError as e:
             logger.warning("jaxaot: entry %s from another process is bad (%s)", key.digest[:16], e)
             return None
+        counted_loaded(key.digest)  # (made by process 0 of the job, not here)
+        return entry
 
     return decode
 
