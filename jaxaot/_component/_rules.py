@@ -185,17 +185,22 @@ def _lower(
 
 
 register_lowering(component_p, _lower)
-# Under ``checkify`` a call is checked as its body: the equation is evaluated
-# inline, not from the cache, so that checks inside it (NaNs, indices,
-# ``checkify.check``) are reported as they are in a ``jax.jit``.
-register_checkify(component_p, lambda call, devices=None: call.jaxpr())
-# Under ``jax.experimental.jet`` likewise: the Taylor series of its body.
-register_jet(component_p, lambda call, devices=None: call.jaxpr())
 for _platform in KNOWN_PLATFORMS:
     try:
         register_lowering(component_p, functools.partial(_lower, platform=_platform), _platform)
     except NotImplementedError:  # a platform this jaxlib does not know
         pass
+
+
+def _body(call: Any, devices: Any = None) -> Any:
+    return call.jaxpr()
+
+
+# Under ``checkify`` and ``jax.experimental.jet`` a call is its body, evaluated
+# inline (not from the cache), so that checks inside it (NaNs, indices,
+# ``checkify.check``) are reported, and series taken, as in a ``jax.jit``.
+register_checkify(component_p, _body)
+register_jet(component_p, _body)
 
 
 def _batch(

@@ -36,6 +36,8 @@ between those versions are all handled here, keyed on the installed version
   ``ClosedJaxpr`` name: ``ClosedJaxpr`` here is whichever class closes a jaxpr.
 * 0.11.2 computes tanh's derivative with a ``one_minus_square`` primitive:
   ``ELEMENTWISE_ARITHMETIC`` lists it with the other cheap elementwise ops.
+* From 0.12 a ``checkify`` rule takes the checkify context first
+  (``register_checkify`` tells by ``checkify_jaxpr``'s signature).
 * 0.10 ignores a negative ``donate_argnums``; later versions count it from the
   last argument (``donates_negative_argnums``, asked of ``jax.jit``).
 * Newer JAX puts a layout on every type, ``AutoLayout`` by default (see

@@ -28,7 +28,6 @@ from ._target import target_platform
 logger = logging.getLogger("jaxaot")
 
 __all__ = [
-    "donates_negative_argnums",
     "EXCLUDED_FLAGS",
     "KNOWN_PLATFORMS",
     "canonical_platform",
@@ -45,6 +44,7 @@ __all__ = [
     "nan_found",
     "executable_devices",
     "distributed_client",
+    "donates_negative_argnums",
     "explicit_mesh_axes_in_scope",
     "fastpath_miss",
     "named_shardings",

@@ -26,7 +26,6 @@ from ._placement import canonical_sharding
 __all__ = ["loading_ahead", "plan_signature", "say_new_signature", "signature_types"]
 
 logger = logging.getLogger("jaxaot")
-_SHARDING = operator.attrgetter("sharding")
 
 _AVAL = operator.attrgetter("aval")
 _SHARDING = operator.attrgetter("sharding")
