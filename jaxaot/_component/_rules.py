@@ -99,10 +99,11 @@ _RENAMEABLE = (
 )
 
 
-def naming(error: Exception, name: str) -> Exception:
-    """``error`` with the component's name in its message: a new exception of the
-    same type for the common built-in types, else ``error`` with a note."""
-    prefix = f"jaxaot.component {name!r}"
+def naming(error: Exception, name: str, kind: str = "jaxaot.component") -> Exception:
+    """``error`` with the component's (or ``kind``'s: ``jaxaot.jit``) name in its
+    message: a new exception of the same type for the common built-in types,
+    else ``error`` with a note."""
+    prefix = f"{kind} {name!r}"
     if str(error).startswith(prefix):
         return error
     if type(error) in _RENAMEABLE or (

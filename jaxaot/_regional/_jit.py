@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import _stats
 from .._component._arguments import Arguments, unfit_value
+from .._component._rules import naming
 from .._component._types import ARRAY_SCALARS
 from .._env import SettingError
 from .._jax import (
@@ -132,7 +133,7 @@ class RegionalFunction:
         try:
             self._jitted = jax.jit(fun, **options)
         except (TypeError, ValueError) as e:  # jax.jit's, of static_argnames...
-            raise type(e)(f"jaxaot.jit {name!r}: {e}") from None
+            raise naming(e, name, "jaxaot.jit") from None
         self._plans: dict[Any, Plan | None] = {}
 
         entered = entering(name, fun)
