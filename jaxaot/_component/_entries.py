@@ -11,7 +11,7 @@ from .. import _stats
 from .._jax import has_host_callbacks, is_ordered_effect, module_to_bytecode, uses_primitive
 from .._keys._key import ComponentKey
 from .._store._entry import LOCAL, Entry
-from .._store._readwrite import CALLBACKS_ONLY, LINEAR_ONLY
+from .._store._readwrite import CALLBACKS_ONLY, LINEAR_ONLY, WITH_CALLER
 from ._cost import work_facts
 from ._plain import devices_of, devices_to_json, needs_context, needs_plain_jax
 from ._types import traced_under
@@ -114,6 +114,7 @@ def build_entry(
             **({"plain": plain} if plain else {}),
             **({LOCAL: _local_reason(callbacks, axis, linear, checks, plain)} if local else {}),
             **({LINEAR_ONLY: True} if linear_only else {}),
+            **({WITH_CALLER: True} if context and not callbacks and plain is None else {}),
             **({"devices": devices_to_json(devices)} if devices else {}),
             **work_facts(closed),
         },

@@ -36,6 +36,10 @@ CALLBACKS_ONLY = "host_callbacks_only"
 #: that derives it (cheaply, from the entry it linearizes), and its transposes,
 #: which programs call, are written.
 LINEAR_ONLY = "custom_vjp_linear"
+#: ``Entry.extra`` flag of an entry lowered only inside the program that calls it
+#: (a collective over an enclosing axis, checkify checks): a block of a
+#: ``jaxaot.jit`` program is then cached as part of that program.
+WITH_CALLER = "with_caller"
 
 logger = logging.getLogger("jaxaot")
 
@@ -161,7 +165,8 @@ def write(cache: Cache, entry: Entry, kind: str = "component") -> None:
         # are cached with them rebound (``callbacks_executable``).
         logger.debug("jaxaot: %s stays in this process (host callbacks)", entry.name)
         return
-    if entry.extra.get(LINEAR_ONLY):
+    if entry.extra.get(LINEAR_ONLY) or (kind == "block" and entry.extra.get(WITH_CALLER)):
+        # Nothing is lost: the program calling it is written, and holds it.
         logger.debug("jaxaot: %s stays in this process (%s)", entry.name, entry.extra.get(LOCAL))
         return
     try:
