@@ -976,3 +976,18 @@ def test_eval_shape_and_a_failing_key_function(fresh_cache: jaxaot.MemoryCache) 
     keyed = jaxaot.component(lambda x: x, key=lambda: "k")
     with pytest.raises(TypeError, match=r"^jaxaot.component '<lambda>': .*positional argument"):
         keyed(x)
+
+
+def test_pmap_of_a_component_gives_pmaps_values_and_says_pmap(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``jax.pmap`` of a component: pmap's values, and the one warning that its
+    entry stays in the process names pmap (the user never wrote a shard_map)."""
+    comp = jaxaot.component(lambda x: jnp.sin(x) * 2)
+    x = jnp.linspace(0.0, 1.0, 4).reshape(1, 4)
+    with caplog.at_level(logging.WARNING, logger="jaxaot"):
+        got = jax.pmap(comp)(x)
+        jax.pmap(comp)(x)
+    np.testing.assert_array_equal(got, jax.pmap(lambda x: jnp.sin(x) * 2)(x))
+    said = [r.getMessage() for r in caplog.records if "not written" in r.getMessage()]
+    assert len(said) == 1 and "pmap" in said[0], said

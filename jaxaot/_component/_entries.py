@@ -33,8 +33,8 @@ def _local_reason(
     if axis:
         return (
             "its program uses a mesh or vmap axis bound outside it (it is called inside "
-            "a shard_map, or takes a collective over an enclosing axis), so it is "
-            "lowered with its caller"
+            "a shard_map or pmap, or takes a collective over an enclosing axis), so it "
+            "is lowered with its caller"
         )
     if plain is not None:
         return f"its program {plain}"
