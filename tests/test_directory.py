@@ -1290,3 +1290,56 @@ def test_an_entry_that_cannot_be_read_is_said_once_and_replaced(
     cache.put(k(1), b"new")
     monkeypatch.undo()
     assert cache.get(k(1)) == b"new"
+
+
+_NO_ACCESS_RUN = """
+import json, logging, sys
+import jax.numpy as jnp, jaxaot
+logging.basicConfig(level=logging.WARNING, format="WARNING-LINE %(message)s")
+f = jaxaot.component(lambda x: jnp.sin(x) * 2)
+got = [f(jnp.ones(n)).tolist() for n in (2, 3, 2)]
+jaxaot.wait_for_writes()
+print(json.dumps({"got": got, **jaxaot.stats()}))
+"""
+
+
+def test_a_cache_directory_this_user_cannot_open_is_said_once_with_its_owner_and_a_fix(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """A cache directory the process cannot open (as after a run as root made the
+    user's ``~/.cache/jaxaot`` private to root): one warning that names its owner
+    and mode and says what to do. Before, two warnings claimed that its entries
+    were "still read" and that an entry was "moved to the quarantine", neither of
+    which a process that cannot open the directory does. The process here is
+    root without the capability to override permissions, on a directory of mode
+    0: the kernel refuses it as it refuses another user."""
+    _helpers.need_root()
+    root = tmp_path / "cache"
+    DirectoryCache(root).put(k(1), b"v")
+    root.chmod(0)
+    procs = [
+        subprocess.run(
+            ["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, *args],
+            capture_output=True,
+            text=True,
+            env={**subprocess_env, "JAXAOT_CACHE_DIR": str(root)},
+            timeout=300,
+        )
+        for args in (["-c", _NO_ACCESS_RUN], ["-m", "jaxaot", "cache", "ls"])
+    ]
+    root.chmod(0o700)
+    proc, listing = procs
+    assert listing.returncode == 0 and "cannot open it (EACCES)" in listing.stderr, listing
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    import jax
+    import jax.numpy as jnp
+
+    want = [jax.jit(lambda x: jnp.sin(x) * 2)(jnp.ones(n)).tolist() for n in (2, 3, 2)]
+    assert out["got"] == want, out
+    said = [line for line in proc.stderr.splitlines() if line.startswith("WARNING-LINE")]
+    assert len(said) == 1, said
+    assert "belongs to root (uid 0), mode 0, and this user" in said[0], said
+    assert "cannot open it (EACCES)" in said[0] and "chown" in said[0], said
+    assert "quarantine" not in said[0] and "still read" not in said[0], said
+    assert DirectoryCache(root).keys() == [k(1)]  # nothing written, moved or removed

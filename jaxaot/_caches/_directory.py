@@ -13,9 +13,9 @@ Guarantees:
 * Writers serialize on ``<root>/.lock``. Under the lock a writer evicts the
   least recently used entries until its value fits, then writes, so entries
   never total more than ``max_bytes`` (plus the one temp file in flight).
-* I/O faults (read-only or full disk, a vanished directory, permissions)
-  never raise from ``get``/``put``/``delete``/``keys``/``clear``/``stats``: a
-  read is a miss, a write is skipped with one warning per cause.
+* I/O faults (read-only or full disk, a vanished directory, a directory this
+  user cannot open) never raise from ``get``/``put``/``delete``/``keys``/
+  ``clear``/``stats``: a read is a miss, a write is skipped, one warning per cause.
 * Trust (see ``_trust``): without ``$JAXAOT_CACHE_HMAC_KEY``, the root must
   belong to this user and not be group- or world-writable, else
   :class:`UnsafeCacheDirError` is raised at construction: an entry becomes code
@@ -52,7 +52,7 @@ import filelock
 
 from . import _dirlayout, _filelease, _safefs
 from ._dirlayout import QUARANTINE_MAX_FILES, TEMP_MAX_AGE
-from ._faults import WarnOnce, errno_cause, lost_write, write_fault_text
+from ._faults import WarnOnce, errno_cause, lost_write, no_access_text, write_fault_text
 from ._protocol import (
     INDEX_ITEM_BYTES,
     INDEX_ITEMS,
@@ -222,22 +222,15 @@ class DirectoryCache(WarnOnce):
     def __repr__(self) -> str:
         return f"DirectoryCache({self._root!r}, max_bytes={self.max_bytes})"
 
-    # -- paths ---------------------------------------------------------------
-
     def path_for(self, key: str) -> Path:
-        """The file that holds (or would hold) the entry for ``key``.
-
-        Raises:
-          ValueError: ``key`` is not a valid cache key.
-        """
+        """The file that holds (or would hold) the entry for ``key`` (``ValueError``
+        for a key that is not a valid cache key)."""
         check_key(key)
         path = os.path.join(self._root, key[:2], key)
         # Keys are hex, so this cannot fail; it guards against a future key format.
         if os.path.dirname(os.path.dirname(os.path.normpath(path))) != self._root:
             raise ValueError(f"jaxaot cache key {key!r:.80} escapes the cache root {self._root}")
         return Path(path)
-
-    # -- logging -------------------------------------------------------------
 
     def _log_prefix(self) -> str:
         return f"directory cache {self._root}"
@@ -249,8 +242,8 @@ class DirectoryCache(WarnOnce):
 
     @contextlib.contextmanager
     def _root_dir(self, *, create: bool = False) -> Iterator[int]:
-        """A descriptor of the root, checked again on every use (it may have been
-        opened to others since the cache was made)."""
+        """A descriptor of the root, checked again on every use (it may have been opened
+        to others since)."""
         if create:
             makedirs_private(self._root)
         try:
@@ -261,6 +254,8 @@ class DirectoryCache(WarnOnce):
                     "root not a directory",
                     f"the cache root {self._root} is no longer a real directory; not using it",
                 ) from None
+            if isinstance(e, PermissionError):
+                raise _Refused("no access", no_access_text("the cache", self._root, e)) from None
             raise
         try:
             self._trusted(os.fstat(fd), f"root directory {self._root}")
@@ -280,6 +275,9 @@ class DirectoryCache(WarnOnce):
                     f"{os.path.join(self._root, shard)} is a symlink or not a directory; "
                     "not following it",
                 ) from None
+            if isinstance(e, PermissionError):
+                where = os.path.join(self._root, shard)
+                raise _Refused("no access", no_access_text(where, where, e)) from None
             raise
         try:
             self._trusted(os.fstat(fd), f"shard directory {os.path.join(self._root, shard)}")
@@ -687,8 +685,11 @@ class DirectoryCache(WarnOnce):
         try:
             with self._root_dir() as rfd:
                 return _dirlayout.scan(rfd, self._root, clean=clean)
-        except (_Refused, OSError):
-            return _dirlayout.Scan([], 0, 0)
+        except _Refused as r:
+            self._warn_once(r.cause, str(r))
+        except OSError:
+            pass
+        return _dirlayout.Scan([], 0, 0)
 
     def _write(self, shard_fd: int, key: str, value: bytes) -> None:
         """Writes ``value`` as the entry ``key`` atomically (temp file, fsync, rename),

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
+import pwd
+import stat
 import threading
 import time
 
@@ -26,6 +29,29 @@ def errno_cause(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno is not None:
         return errno.errorcode.get(exc.errno, f"errno {exc.errno}")
     return type(exc).__name__
+
+
+def no_access_text(what: str, path: str, exc: OSError) -> str:
+    """The warning for a cache directory (``what``: "the cache", or its path) this
+    user cannot open, such as one a run as root made: whose it is, and what to do."""
+    try:
+        st = os.stat(path)
+        whose = f"belongs to {_user(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}, and "
+    except OSError:
+        whose = ""
+    return (
+        f"{what} {whose}this user ({_user(os.geteuid())}) cannot open it "
+        f"({errno_cause(exc)}): nothing in it is read or written, and its entries are "
+        "made in this process; make it this user's (chown -R) or set $JAXAOT_CACHE_DIR "
+        "to a directory of this user's"
+    )
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def write_fault_text(cause: str, exc: OSError, what: str) -> str:
