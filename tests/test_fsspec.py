@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import sys
 import threading
 import uuid
@@ -348,6 +349,37 @@ def test_file_url_over_a_directory_another_user_owns_is_refused(
         warns = warnings_of(caplog)
         assert len(warns) == 1 and f"uid {_helpers.OTHER_UID}" in warns[0]
         assert cache.stats()["refused"] == 1
+
+
+def test_a_signed_store_in_a_group_directory_is_written_by_every_member(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A team's signed store in a setgid directory its group writes (mode 2770):
+    the shards and lease files one member makes are the group's to write, so
+    another member (a real second uid in that group) writes entries into them
+    and locks their leases. They were made 0755 and 0644, and the other member's
+    writes and leases failed ("the cache cannot be written")."""
+    _helpers.need_root()
+    monkeypatch.setenv("JAXAOT_CACHE_HMAC_KEY", "team-secret")
+    with _helpers.traversable_dir() as base:
+        team = base / "team"
+        team.mkdir()
+        os.chown(team, -1, _helpers.OTHER_UID)  # the group both members are in
+        team.chmod(0o2770)
+        cache = FsspecCache(f"file://{team}")
+        key, blob = make_blob("ours")
+        cache.put(key, blob)
+        lease = cache.lease(key, 10.0)
+        assert lease is not None and hasattr(lease, "release")
+        lease.release()
+        shard = team / key[:2]
+        assert stat.S_IMODE(shard.stat().st_mode) & 0o070 == 0o070
+        _helpers.as_other_user(
+            f"cd {shard} && echo theirs > .probe && mv .probe probe && "
+            f"exec 3<>{key}.lease && flock -n 3"
+        )
+        assert (shard / "probe").read_text() == "theirs\n"
+        assert cache.get(key) == blob
 
 
 def test_file_url_entry_written_by_another_user_is_refused(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ On network filesystems the locks are as reliable as the filesystem's own
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -157,6 +158,9 @@ def _open(shard_fd: int, name: str, mode: int) -> tuple[int, os.stat_result]:
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise NotRegularFileError(errno.EINVAL, "not a regular file", name)
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, mode)  # the umask narrowed it (a group's store needs it writable)
     return fd, st
 
 

@@ -33,11 +33,21 @@ TEMP_PREFIX = ".tmp-"
 WarnCause = Callable[[str, str], None]
 
 
+def _group_bits(root: os.stat_result) -> int:
+    """The permission bits a store's root gives its group, where the store is a
+    group's: entries signed, the root group-writable (a setgid team directory).
+    Its shards and lease files get them too, so that each member writes into the
+    shards, and locks the leases, that another member made."""
+    bits = stat.S_IMODE(root.st_mode) & (0o070 | stat.S_ISGID)
+    return bits if signing() and bits & 0o020 else 0
+
+
 class LocalRoot:
     """The cache's root directory ``root`` on this machine."""
 
     def __init__(self, root: str) -> None:
         self._root = root
+        self._group = 0  # (see _group_bits; known once the root is opened)
 
     def trusted(self, st: os.stat_result, what: str) -> None:
         check_trusted(st, what)
@@ -57,7 +67,9 @@ class LocalRoot:
                 raise Refused("root not a directory", f"{self._root} is not a directory") from e
             raise
         try:
-            self.trusted(os.fstat(rfd), f"root directory {self._root}")
+            root_st = os.fstat(rfd)
+            self.trusted(root_st, f"root directory {self._root}")
+            self._group = _group_bits(root_st)
             if shard is None:
                 return rfd
             try:
@@ -72,9 +84,10 @@ class LocalRoot:
             try:
                 if create:
                     try:
-                        os.fchmod(sfd, 0o755)  # shared stores: readable by the other users
+                        # Readable by the other users of a shared store.
+                        os.fchmod(sfd, 0o755 | self._group)
                     except OSError:
-                        pass
+                        pass  # (another user's shard)
                 self.trusted(os.fstat(sfd), f"shard directory {self._root}/{shard}")
             except BaseException:
                 os.close(sfd)
@@ -186,7 +199,8 @@ class LocalRoot:
         try:
             sfd = self.directory(key[:2], create=True)
             try:
-                return _filelease.take(sfd, key, self.trusted, where, mode=0o644)
+                mode = 0o644 | (self._group & 0o060)
+                return _filelease.take(sfd, key, self.trusted, where, mode=mode)
             finally:
                 os.close(sfd)
         except Refused as r:
