@@ -725,3 +725,69 @@ def test_the_documented_equinox_recipe_finds_its_layers() -> None:
         ]
     for text in said:
         assert "block jit(Linear.__call__): 3 vmap/forward" in text, said
+
+
+def test_equinox_batch_norm_layers_passing_the_state_on_are_one_block(
+    compiles: list[str],
+) -> None:
+    """Equinox layers with a ``BatchNorm`` (``eqx.nn.State``, a mean over the
+    vmap axis): each layer takes the whole state and returns it, its own part
+    changed, the others passed on. Each layer was then a program of its own
+    (which parts it passes on), nothing was shared, and a deeper model made
+    more. Parts passed on unchanged are now taken from the inputs: the layers
+    are one block, a deeper model compiles no more, and values and the state
+    are ``jax.jit``'s."""
+    import equinox as eqx
+
+    class Layer(eqx.Module):
+        lin: eqx.nn.Linear
+        bn: eqx.nn.BatchNorm
+
+        def __init__(self, key: jax.Array) -> None:
+            self.lin = eqx.nn.Linear(8, 8, key=key)
+            self.bn = eqx.nn.BatchNorm(8, axis_name="batch", mode="batch")
+
+        def __call__(self, x: jax.Array, state: Any) -> Any:
+            h, state = self.bn(self.lin(x), state)
+            return x + jax.nn.relu(h), state
+
+    class Net(eqx.Module):
+        layers: list[Layer]
+
+        def __init__(self, key: jax.Array, depth: int) -> None:
+            self.layers = [Layer(k) for k in jax.random.split(key, depth)]
+
+        def __call__(self, x: jax.Array, state: Any) -> Any:
+            for layer in self.layers:
+                x, state = layer(x, state)
+            return x, state
+
+    x = jax.random.normal(jax.random.key(1), (16, 8))
+    counts = []
+    for depth in (5, 8):  # (fewer small layers are kept in one program, unsplit)
+        model, state = eqx.nn.make_with_state(Net)(jax.random.key(0), depth)
+        params, static = eqx.partition(model, eqx.is_array)
+
+        def loss(params: Any, state: Any, x: jax.Array, static: Any = static) -> Any:
+            net = jax.vmap(
+                eqx.combine(params, static),
+                axis_name="batch",
+                in_axes=(0, None),
+                out_axes=(0, None),
+            )
+            y, state = net(x, state)
+            return (y**2).mean(), state
+
+        step = jax.value_and_grad(loss, has_aux=True)
+        with jaxaot.using_cache(jaxaot.MemoryCache()):
+            explained = jaxaot.jit(step).explain(params, state, x)
+            assert f"Layer.__call__): {depth} vmap/forward" in explained, explained
+            compiles.clear()
+            got = jaxaot.jit(step)(params, state, x)
+            counts.append(len(compiles))
+        want = jax.jit(step)(params, state, x)
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert a.dtype == b.dtype
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert counts[1] <= counts[0], counts

@@ -14,7 +14,7 @@ derived entries and executables included, across processes too.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -26,6 +26,7 @@ from .._jax import (
     bind_plainly,
     call_jaxpr,
     default_platform,
+    forwarded,
     hoisted,
     hoisted_draws,
     pruned,
@@ -114,18 +115,29 @@ def _memo_key(call: BoundCall, avals: tuple[Any, ...]) -> tuple[Any, ...] | None
     return key
 
 
-def block_call(call: BoundCall, name: str | None = None) -> tuple[Call, tuple[Any, ...]]:
+def block_call(
+    call: BoundCall, name: str | None = None
+) -> tuple[Call, tuple[Any, ...], Callable[[Sequence[Any]], list[Any]]]:
     """The component call standing for ``call`` (named ``name``, else after its
-    function), and the operands to bind it with (an inner ``jit``'s constants
-    first; inputs the body never uses left out)."""
-    # Keyed by what it uses: inputs its body never reads are dropped, so layers
-    # handed more than they read (``hk.remat``'s whole state) key alike; the
-    # numbers folded into its random keys are inputs, so linen layers drawing
-    # under ``nn.remat`` key alike.
-    call, _ = pruned(hoisted_draws(hoisted(call)))
+    function), the operands to bind it with (an inner ``jit``'s constants
+    first; inputs the body never uses left out), and what gives ``call``'s
+    outputs from that call's."""
+    # Keyed by what it computes: outputs that are inputs passed on unchanged are
+    # taken from the inputs, and inputs its body then never reads are dropped,
+    # so layers handed more than they read or change (``hk.remat``'s whole
+    # state, Equinox's ``eqx.nn.State``) key alike; the numbers folded into its
+    # random keys are inputs, so linen layers drawing under ``nn.remat`` key alike.
+    call, source = forwarded(hoisted_draws(hoisted(call)))
+    given = call.args
+    call, _ = pruned(call)
     avals = tuple(aval_of(a) for a in call.args)
     made = _memoized(_MADE, call, avals, lambda: _made(call, avals, name or block_name(call)))
-    return made, call.args
+
+    def outputs(computed: Sequence[Any]) -> list[Any]:
+        it = iter(computed)
+        return [next(it) if i is None else given[i] for i in source]
+
+    return made, call.args, outputs
 
 
 def _memoized(

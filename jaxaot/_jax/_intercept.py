@@ -35,6 +35,7 @@ __all__ = [
     "call_jaxpr",
     "current_trace",
     "differentiating",
+    "forwarded",
     "hoisted",
     "hoisted_draws",
     "intercepting",
@@ -189,6 +190,46 @@ def hoisted_draws(call: BoundCall) -> BoundCall:
     if info is not None and getattr(info, "arg_names", None) is not None:
         changes["debug_info"] = info._replace(arg_names=(*("draw",) * len(values), *info.arg_names))
     return _with_inputs(call, jaxpr.replace(**changes), values)
+
+
+def forwarded(call: BoundCall) -> tuple[BoundCall, tuple[int | None, ...]]:
+    """``call`` without the outputs that are its inputs returned unchanged, and, per
+    output of ``call``, the operand it is (``None``: one the new call computes).
+
+    A layer handed a whole state that it passes on, changing its own part
+    (Equinox's ``eqx.nn.State`` through each batch norm), returns every other
+    layer's part unchanged: each layer's program would differ by which parts
+    those are, and none would be shared. An output whose sharding the call sets
+    is kept (returning it may move it)."""
+    closed = call.params["jaxpr"]
+    jaxpr = getattr(closed, "jaxpr", closed)
+    if getattr(closed, "consts", ()):
+        return call, (None,) * len(jaxpr.outvars)
+    position = {v: i for i, v in enumerate(jaxpr.invars)}
+    shardings = call.params.get("out_shardings", (UNSPECIFIED,) * len(jaxpr.outvars))
+    source = tuple(
+        position.get(v) if not isinstance(v, _core.Literal) and s is UNSPECIFIED else None
+        for v, s in zip(jaxpr.outvars, shardings, strict=True)
+    )
+    if all(i is None for i in source):
+        return call, source
+    keep = [i is None for i in source]
+    changes: dict[str, Any] = {
+        "outvars": [v for v, k in zip(jaxpr.outvars, keep, strict=True) if k]
+    }
+    info = getattr(jaxpr, "debug_info", None)
+    paths = getattr(info, "result_paths", None)
+    if isinstance(paths, tuple) and len(paths) == len(keep):
+        changes["debug_info"] = info._replace(
+            result_paths=tuple(p for p, k in zip(paths, keep, strict=True) if k)
+        )
+    new = jaxpr.replace(**changes)
+    params = dict(call.params)
+    params["jaxpr"] = ClosedJaxpr(new, ()) if call.kind == "jit" else new
+    for name in ("out_shardings", "out_layouts"):
+        if name in params:
+            params[name] = tuple(p for p, k in zip(params[name], keep, strict=True) if k)
+    return BoundCall(call.kind, params, call.args), source
 
 
 def pruned(call: BoundCall) -> tuple[BoundCall, tuple[bool, ...]]:

@@ -247,12 +247,12 @@ class BlockFinder:
             return None
         try:
             with not_intercepting():  # jaxaot's own tracing below binds calls too
-                block, operands = block_call(call, self._name(call))
+                block, operands, outputs = block_call(call, self._name(call))
         except ClosureError:  # a value of the program's trace inside it: not a block
             self.note(call, CLOSES_OVER)
             return None
         with not_intercepting():
-            return bind(block, operands)
+            return outputs(bind(block, operands))
 
     def _lifts_layers(self, call: BoundCall) -> bool:
         """Whether ``call`` lifts a linen module (``nn.jit`` of the class, or of its
