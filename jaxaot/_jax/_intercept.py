@@ -219,7 +219,7 @@ def forwarded(call: BoundCall) -> tuple[BoundCall, tuple[int | None, ...]]:
     }
     info = getattr(jaxpr, "debug_info", None)
     paths = getattr(info, "result_paths", None)
-    if isinstance(paths, tuple) and len(paths) == len(keep):
+    if info is not None and isinstance(paths, tuple) and len(paths) == len(keep):
         changes["debug_info"] = info._replace(
             result_paths=tuple(p for p, k in zip(paths, keep, strict=True) if k)
         )
