@@ -100,22 +100,15 @@ class RegionalFunction:
         check_options(name, whole_program, auto_regions, keep_unused, compiler_options)
         # Static arguments completed from each other through the signature, as
         # jax.jit completes them (it does not when given both, as below).
-        self._arguments = Arguments(
-            getattr(fun, "__name__", "function"),
-            fun,
-            static_argnums,
-            static_argnames,
-            donate_argnums,
-            kind="jaxaot.jit",
+        self._arguments = arguments = Arguments(
+            name, fun, static_argnums, static_argnames, donate_argnums, kind="jaxaot.jit"
         )
-        self._static_argnums = self._arguments.static_argnums
-        self._static_argnames = self._arguments.static_argnames
         self._donate_argnums, self._donate_argnames = self._arguments.donated(donate_argnames)
         donates = bool(self._donate_argnums or self._donate_argnames)
         self._arguments_plain = self._arguments.simple and not donates
         options: dict[str, Any] = {
-            "static_argnums": self._static_argnums,
-            "static_argnames": self._static_argnames,
+            "static_argnums": arguments.static_argnums,
+            "static_argnames": arguments.static_argnames,
             "donate_argnums": self._donate_argnums,
         }
         if self._donate_argnames:
@@ -143,7 +136,7 @@ class RegionalFunction:
             return jax.jit(wrapped, **options)
 
         self._spec = PlanSpec(
-            name=getattr(fun, "__name__", "function"),
+            name=name,
             jitted=tracer(),
             retracer=tracer,
             whole_program=bool(whole_program),
@@ -169,7 +162,7 @@ class RegionalFunction:
         # The last call's signature, in parts, and its plan (see ``_lookup``).
         self._last: tuple[Any, ...] | None = None
         self._lock = threading.Lock()
-        self.__name__ = getattr(fun, "__name__", "function")
+        self.__name__ = name
         self.__doc__ = getattr(fun, "__doc__", None)
         self._reset_dispatch()
 
@@ -678,21 +671,6 @@ def jit(
             ...
     """
 
-    def wrap(f: Callable[..., Any]) -> RegionalFunction:
-        return RegionalFunction(
-            f,
-            static_argnums=static_argnums,
-            static_argnames=static_argnames,
-            donate_argnums=donate_argnums,
-            donate_argnames=donate_argnames,
-            whole_program=whole_program,
-            in_shardings=in_shardings,
-            out_shardings=out_shardings,
-            auto_regions=auto_regions,
-            blocks=blocks,
-            inline=inline,
-            keep_unused=keep_unused,
-            compiler_options=compiler_options,
-        )
-
+    options = {k: v for k, v in locals().items() if k != "fun"}  # (its parameters alone)
+    wrap = functools.partial(RegionalFunction, **options)
     return wrap if fun is None else wrap(fun)
