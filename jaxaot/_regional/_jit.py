@@ -137,7 +137,6 @@ class RegionalFunction:
 
         self._spec = PlanSpec(
             name=name,
-            jitted=tracer(),
             retracer=tracer,
             whole_program=bool(whole_program),
             out_shardings=out_shardings,

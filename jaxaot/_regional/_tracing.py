@@ -38,14 +38,14 @@ class PlanSpec:
     """What a ``jaxaot.jit`` function asks of its plans."""
 
     name: str
-    jitted: Any  # the function under jax.jit (with its static and donated arguments)
+    # A fresh jax.jit of the function (with its static and donated arguments), with
+    # a trace cache of its own: one for each trace of a program.
+    retracer: Callable[[], Any]
     whole_program: bool
     out_shardings: Any = UNSET
     auto_regions: bool = True  # find the blocks an unmodified program repeats
     blocks: tuple[Any, ...] = ()  # functions and classes the user names as blocks
     program: Any = None  # the user's function (where named functions are found)
-    # A fresh ``jitted`` (a trace cache of its own), to trace a program again.
-    retracer: Callable[[], Any] | None = None
     # What was said of this function's programs (each once, at INFO: see ``say``).
     said: set[str] = field(default_factory=set, compare=False, hash=False)
 
@@ -111,7 +111,6 @@ def trace(
         if (
             counted
             and spec.whole_program
-            and spec.retracer is not None  # (to trace again with them as blocks)
             and not sharded
             and all(found.fewest[cls] < _whole.MIN_LOOP for cls in counted)
         ):
@@ -130,13 +129,11 @@ def trace(
         # made again without it (each such rule once: they are finitely many).
         for _ in range(_STALE_RETRIES):
             try:
-                jitted = spec.retracer() if spec.retracer is not None else spec.jitted
-                return run(jitted, named, counted)
+                return run(spec.retracer(), named, counted)
             except StaleTrace as stale:
                 logger.debug("jaxaot.jit %s: traced again without trying %s", spec.name, stale)
                 seen.clear()
-        jitted = spec.retracer() if spec.retracer is not None else spec.jitted
-        return run(jitted, named, counted)
+        return run(spec.retracer(), named, counted)
 
     def run(
         jitted: Any, named: tuple[Any, ...], counted: tuple[type, ...]
@@ -185,12 +182,7 @@ def trace(
         if more and calls is not None and kept_whole is None and spec.whole_program and not sharded:
             linen = layer_calls(((cls, around) for cls, _, around in calls.calls), more)
             kept_whole = few_and_small(traced.jaxpr, linen)
-        if (
-            more
-            and kept_whole is None
-            and spec.retracer is not None
-            and not _repeats_blocks(traced.jaxpr)
-        ):
+        if more and kept_whole is None and not _repeats_blocks(traced.jaxpr):
             # Linen or Haiku layers repeat, and no boundary marked them: traced
             # again with them as blocks (by a jit of its own: JAX would return
             # the first trace from its cache).
@@ -293,7 +285,7 @@ def _refuse_leaked_tracers(
     of the program, which its call, with the arguments alone, would not fit."""
     if len(traced.jaxpr.in_avals) == len(jax.tree_util.tree_leaves(traced.args_info)):
         return
-    spec.jitted(*args, **kwargs)  # raises UnexpectedTracerError, naming where it leaked
+    spec.retracer()(*args, **kwargs)  # raises UnexpectedTracerError, naming where it leaked
     raise TypeError(
         f"jaxaot.jit {spec.name!r}: the function closes over a traced value of a "
         "transformation that has ended (a leaked tracer); pass it as an argument"
