@@ -141,12 +141,6 @@ def _unlike(counts: collections.Counter[Any]) -> str:
     )
 
 
-def _entry_for(call: Any, donate: tuple[int, ...], shardings: tuple[Any, ...] | None) -> Any:
-    if donate:
-        return region_executable(call, shardings, donate)
-    return region_executable(call, shardings)
-
-
 def _closed(invars: Any, outvars: Any, eqns: Any, effects: Any, debug_info: Any) -> Any:
     """A closed jaxpr of ``eqns`` without constants."""
     jaxpr = Jaxpr(
@@ -167,7 +161,8 @@ def _maker(region: Region, debug_info: Any, name: str) -> _Maker:
         # A call donating inputs runs an executable of its own (the same entry,
         # compiled with those inputs donated).
         job_key = (call.key, region.donate) if region.donate else call.key
-        return _Maker(functools.partial(_entry_for, call, region.donate), job_key, call.name)
+        make = functools.partial(region_executable, call, donate=region.donate)
+        return _Maker(make, job_key, call.name)
     effects = join_effects(*(e.effects for e in region.eqns))
     glue = _closed(region.invars, region.outvars, region.eqns, effects, debug_info)
     what = f"jaxaot.jit {name}'s glue program"
