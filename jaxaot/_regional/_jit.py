@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import operator
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,15 +58,13 @@ from ._placement import (
 from ._plan import WHOLE as WHOLE_MODE
 from ._plan import Plan, PlanFailed, refuse_unsplit
 from ._planner import PlanSpec, build_plan, describe
-from ._signatures import loading_ahead, plan_signature, say_new_signature
+from ._signatures import AVAL, SHARDING, loading_ahead, plan_signature, say_new_signature
 from ._tracing import check_options, entering
 
 __all__ = ["RegionalFunction", "jit"]
 
 logger = logging.getLogger("jaxaot")
 _IN_A_TRACE = "called inside another trace (jax.jit, grad, vmap): an inner jax.jit of its program"
-_AVAL = operator.attrgetter("aval")
-_SHARDING = operator.attrgetter("sharding")
 # Concrete arrays (typed PRNG keys included): no tracer, a type and sharding each.
 _ARRAY_TYPES = {ArrayImpl, PRNGKeyArray}
 _NOT_LOOKED_UP = object()
@@ -399,8 +396,8 @@ class RegionalFunction:
         objects of the last call, which compare at once), before the full signature is
         built and hashed."""
         if arrays:
-            shardings: tuple[Any, ...] = tuple(map(_SHARDING, leaves))
-            types = tuple(map(_AVAL, leaves))
+            shardings: tuple[Any, ...] = tuple(map(SHARDING, leaves))
+            types = tuple(map(AVAL, leaves))
             mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
             context = trace_context()
             last = self._last

@@ -14,7 +14,6 @@ same program takes the same form, and gives the same bits, in every process.
 from __future__ import annotations
 
 import concurrent.futures
-import logging
 import operator
 import threading
 from collections.abc import Callable, Sequence
@@ -25,8 +24,6 @@ import jax
 
 from .._jax import active_target, with_trees
 from .._keys._sharding import is_single_device
-
-logger = logging.getLogger("jaxaot")
 
 SPLIT = "split"
 WHOLE = "whole"

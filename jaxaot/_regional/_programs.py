@@ -6,7 +6,6 @@ compiled (and stored)."""
 from __future__ import annotations
 
 import concurrent.futures
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,8 +45,6 @@ from .._store._writer import in_background
 from ._placement import MeshContext
 
 __all__ = ["GLUE", "WHOLE", "ProgramCache", "program_key", "region_executable"]
-
-logger = logging.getLogger("jaxaot")
 
 
 def program_key(

@@ -27,8 +27,8 @@ __all__ = ["loading_ahead", "plan_signature", "say_new_signature", "signature_ty
 
 logger = logging.getLogger("jaxaot")
 
-_AVAL = operator.attrgetter("aval")
-_SHARDING = operator.attrgetter("sharding")
+AVAL = operator.attrgetter("aval")
+SHARDING = operator.attrgetter("sharding")
 
 
 def signature_types(leaves: Sequence[Any], arrays: bool) -> tuple[Any, ...]:
@@ -39,8 +39,8 @@ def signature_types(leaves: Sequence[Any], arrays: bool) -> tuple[Any, ...]:
     identity, and equal types made by two routes (an eager result's, an
     executable's) are two objects; a step's outputs fed back as its inputs must
     find the plan of those inputs."""
-    if arrays and jax.sharding.NamedSharding not in set(map(type, map(_SHARDING, leaves))):
-        avals: Any = map(_AVAL, leaves)  # what jax.typeof gives for these
+    if arrays and jax.sharding.NamedSharding not in set(map(type, map(SHARDING, leaves))):
+        avals: Any = map(AVAL, leaves)  # what jax.typeof gives for these
     else:
         avals = map(jax.typeof, leaves)
     return tuple(map(type_of, avals))
@@ -90,7 +90,7 @@ def _leaf_change(
     """The first argument whose type or sharding changed, as ``path: was → now``."""
     dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
     for i, (was, now, sharded, leaf) in enumerate(
-        zip(last[1], map(_aval, leaves), last[2], leaves, strict=True)
+        zip(last[1], map(AVAL, leaves), last[2], leaves, strict=True)
     ):
         placed = getattr(leaf, "sharding", None)
         if was == now and sharded == placed:
@@ -131,10 +131,6 @@ def _placed(sharding: Any) -> str:
     return f"placed {sharding}"
 
 
-def _aval(leaf: Any) -> Any:
-    return leaf.aval
-
-
 def loading_ahead(
     function: Callable[..., Any], leaves: Sequence[Any], treedef: Any, statics: tuple[Any, ...]
 ) -> AbstractContextManager[None]:
@@ -163,7 +159,7 @@ def plan_signature(leaves: Sequence[Any], treedef: Any, statics: Any, arrays: bo
     dtype promotion, ...); for plain arrays, a function of each leaf's
     ``aval`` and ``sharding``."""
     if arrays:
-        shardings: tuple[Any, ...] = tuple(map(_SHARDING, leaves))
+        shardings: tuple[Any, ...] = tuple(map(SHARDING, leaves))
     else:
         shardings = tuple(getattr(x, "sharding", None) for x in leaves)
     # Equal shardings spelled differently (a step's outputs fed back) are one plan.
