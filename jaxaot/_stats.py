@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import contextvars
 import logging
 import os
 import threading
-from collections.abc import Hashable
-from typing import NamedTuple
+from collections.abc import Hashable, Iterator
+from typing import Any, NamedTuple
 
 logger = logging.getLogger("jaxaot")
 
@@ -170,6 +172,16 @@ class making:
 
     def __exit__(self, *exc: object) -> None:
         _making.depth -= 1
+
+
+@contextlib.contextmanager
+def set_during(var: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
+    """``var`` set to ``value`` in this context while the block runs."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
 
 
 class eager:
