@@ -49,6 +49,7 @@ from .._jax import (
     within,
 )
 from .._keys._closure import ClosureError
+from .._stats import set_during
 
 __all__ = [
     "MIN_EQUATIONS",
@@ -308,12 +309,8 @@ def finding(finder: BlockFinder | None) -> Iterator[None]:
     if finder is None:
         yield
         return
-    token = _FINDER.set(finder)
-    try:
-        with intercepting(finder.hook):
-            yield
-    finally:
-        _FINDER.reset(token)
+    with set_during(_FINDER, finder), intercepting(finder.hook):
+        yield
 
 
 def note(name: str, why: str) -> None:

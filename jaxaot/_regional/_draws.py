@@ -34,6 +34,7 @@ from typing import Any
 import jax
 
 from .._jax import not_intercepting, used_inputs
+from .._stats import set_during
 from ._named import array_body, jitted_call
 
 __all__ = ["Refused", "drawn_call"]
@@ -127,11 +128,8 @@ def _applied(
             drawn[0] += 1
             return answer(keys, stream, path)
 
-        token = _ANSWER.set(checked)
-        try:
+        with set_during(_ANSWER, checked):
             return unbound.apply(variables, rngs=rngs, method=run)
-        finally:
-            _ANSWER.reset(token)
 
     return body
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from .._jax import Tracer
 from .._keys._closure import values_reached
+from .._stats import set_during
 
 __all__ = [
     "array_body",
@@ -165,15 +166,6 @@ SWAPPING = threading.RLock()
 
 #: Whether the trace is inside a named block's call (its body is being traced).
 _IN_BLOCK: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxaot_in_block", default=False)
-
-
-@contextlib.contextmanager
-def _in_block() -> Iterator[None]:
-    token = _IN_BLOCK.set(True)
-    try:
-        yield
-    finally:
-        _IN_BLOCK.reset(token)
 
 
 class Found(NamedTuple):
@@ -303,7 +295,7 @@ def jitted_call(fn: Callable[..., Any], part: bool = False) -> Callable[..., Any
         if part and _IN_BLOCK.get():
             return fn(*args, **kwargs)
         body, arrays = array_body(fn, args, kwargs)
-        with _in_block():
+        with set_during(_IN_BLOCK, True):
             return jax.jit(body)(*arrays)
 
     return call
@@ -327,7 +319,7 @@ def _class_call(cls: type, part: bool) -> Callable[..., Any]:
         def nnx_call(self: Any, *args: Any, **kwargs: Any) -> Any:
             if part and _IN_BLOCK.get():
                 return original(self, *args, **kwargs)
-            with _in_block():
+            with set_during(_IN_BLOCK, True):
                 return jitted(self, *args, **kwargs)
 
         return nnx_call

@@ -44,6 +44,7 @@ from typing import Any
 
 import jax
 
+from .._stats import set_during
 from ._auto import module_ended, note
 from ._draws import Refused, drawn_call
 from ._named import from_a_framework, jitted_call
@@ -161,8 +162,7 @@ def counting() -> Iterator[Calls]:
             # ``nn.jit`` gives back a trace it cached (another program's, or one
             # made before jaxaot.jit saw the model) without running the module
             # calls in it: they would go uncounted. Traced afresh.
-            token = _LINEN_MARK.set(-1 - next(_COUNTING_MARKS))
-            stack.callback(_LINEN_MARK.reset, token)
+            stack.enter_context(set_during(_LINEN_MARK, -1 - next(_COUNTING_MARKS)))
         for intercept in _intercepts():
             stack.enter_context(intercept(calls.see))
         yield calls
@@ -178,11 +178,8 @@ def _named(fn: Callable[..., Any], cls: type) -> Callable[..., Any]:
 def _inside(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        token = _INSIDE.set(True)
-        try:
+        with set_during(_INSIDE, True):
             return fn(*args, **kwargs)
-        finally:
-            _INSIDE.reset(token)
 
     return run
 
@@ -289,8 +286,7 @@ def scoped_blocks(classes: tuple[type, ...]) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         if any(_framework(c) == "linen" for c in classes) and _fresh_linen_jits():
             mark = hash(tuple(sorted(f"{c.__module__}.{c.__qualname__}" for c in classes)))
-            token = _LINEN_MARK.set(mark)
-            stack.callback(_LINEN_MARK.reset, token)
+            stack.enter_context(set_during(_LINEN_MARK, mark))
         for intercept in _intercepts():
             stack.enter_context(intercept(wrapper.call))
         yield

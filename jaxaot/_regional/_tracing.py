@@ -168,9 +168,11 @@ def trace(
         _refuse_leaked_tracers(spec, traced, args, kwargs)
         return traced, finder, calls
 
-    token = PREFETCH.set(prefetch) if prefetch is not None else None
     kept_whole = None
-    try:
+    # (Without a prefetch, one set around this trace stays in effect.)
+    with (
+        _stats.set_during(PREFETCH, prefetch) if prefetch is not None else contextlib.nullcontext()
+    ):
         traced, finder, calls = fresh(named, counted if deferred else ())
         if deferred:
             kept_whole = few_and_small(traced.jaxpr, layer_calls(seen_calls, counted))
@@ -195,9 +197,6 @@ def trace(
             # still called once, and starts no executable.)
             seen.clear()
             traced, finder, _ = fresh((*named, *more))
-    finally:
-        if token is not None:
-            PREFETCH.reset(token)
     return Traced(traced, prefetch.early if prefetch is not None else {}, finder, kept_whole)
 
 
