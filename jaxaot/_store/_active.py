@@ -43,7 +43,7 @@ from typing import Any, Literal, NamedTuple
 from .._caches import Cache, MemoryCache
 from .._caches._directory import DEFAULT_DIRECTORY_BYTES, DirectoryCache, UnsafeCacheDirError
 from .._env import SettingError, flag
-from .._stats import warn_once
+from .._stats import set_during, warn_once
 
 __all__ = [
     "CacheSetting",
@@ -271,11 +271,8 @@ def set_cache(cache: Cache | None) -> None:
 def using_cache(cache: Cache | None) -> Iterator[Cache | None]:
     """Uses ``cache`` (or no cache, for ``None``) in this thread/context only."""
     _check_cache(cache, "jaxaot.using_cache")
-    token = _override.set(cache)
-    try:
+    with set_during(_override, cache):
         yield cache
-    finally:
-        _override.reset(token)
 
 
 def get_cache() -> Cache | None:

@@ -149,11 +149,8 @@ def ahead(
         logger.debug("jaxaot: nothing loaded ahead for %s (%s: %s)", name, type(e).__name__, e)
         yield
         return
-    token = _current.set(_Signature(cache, t, set(found)))
-    try:
+    with _stats.set_during(_current, _Signature(cache, t, set(found))):
         yield
-    finally:
-        _current.reset(token)
 
 
 def noted(key: ComponentKey | Callable[[], ComponentKey]) -> None:
