@@ -134,10 +134,6 @@ def _why_not(call: BoundCall) -> str | None:
     return f"small: {count} equations, no matrix product or convolution"
 
 
-def _worth_a_block(call: BoundCall) -> bool:
-    return _why_not(call) is None
-
-
 def _repeats_inside(call: BoundCall) -> bool:
     """Whether ``call``'s body calls one inner function (jit or checkpoint, the
     same body on the same types) two or more times, at its top level: then it
@@ -148,7 +144,7 @@ def _repeats_inside(call: BoundCall) -> bool:
         if body is None:
             continue
         kind = "jit" if eqn.primitive.name in ("jit", "pjit") else "checkpoint"
-        if not _worth_a_block(BoundCall(kind, eqn.params, ())):
+        if _why_not(BoundCall(kind, eqn.params, ())) is not None:
             continue  # JAX's helpers and small functions are not layers
         text = (eqn.primitive.name, str(body[0]))
         if text in seen:

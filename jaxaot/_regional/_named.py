@@ -90,16 +90,12 @@ _IMMUTABLE_TYPE = 1 << 8
 def _module_bases() -> tuple[type, ...]:
     """The module base classes of the frameworks this process imported (none is
     imported here: a program that uses one has imported it)."""
-    bases = []
-    for module, name in _MODULE_BASES:
-        base = getattr(sys.modules.get(module), name, None)
-        if isinstance(base, type):
-            bases.append(base)
-    return tuple(bases)
+    bases = (getattr(sys.modules.get(module), name, None) for module, name in _MODULE_BASES)
+    return tuple(base for base in bases if isinstance(base, type))
 
 
-def _is_module(x: Any, bases: tuple[type, ...] | None = None) -> bool:
-    return isinstance(x, bases if bases is not None else _module_bases())
+def _is_module(x: Any) -> bool:
+    return isinstance(x, _module_bases())
 
 
 class _Census:
@@ -224,7 +220,11 @@ def repeated_modules(
         for graph in _graphdefs((*roots, *values_reached(target))):
             with census.root():
                 census.count_graph(graph)
-    repeated = [c for c, n in census.count.items() if n >= 2 and "__call__" in _calls(c)]
+    repeated = [
+        c
+        for c, n in census.count.items()
+        if n >= 2 and any("__call__" in k.__dict__ for k in c.__mro__)
+    ]
     outer = {c for c in named if isinstance(c, type)}
     classes = tuple(c for c in repeated if not (census.enclosed_by[c] & outer))
     found = set(classes)
@@ -255,10 +255,6 @@ def _holds_arrays(value: Any) -> bool:
         return any(map(_is_array, jax.tree_util.tree_leaves(value)))
     except Exception:  # no pytree
         return False
-
-
-def _calls(cls: type) -> set[str]:
-    return {name for c in cls.__mro__ for name in c.__dict__ if name == "__call__"}
 
 
 def _is_array(x: Any) -> bool:

@@ -76,14 +76,8 @@ def is_scoped(cls: type) -> bool:
 def _intercepts() -> list[Callable[[Any], Any]]:
     """The ``intercept_methods`` of the frameworks this process imported (none is
     imported here: a program that uses one has imported it)."""
-    found = []
-    linen = sys.modules.get("flax.linen")
-    if linen is not None and hasattr(linen, "intercept_methods"):
-        found.append(linen.intercept_methods)
-    haiku = sys.modules.get("haiku")
-    if haiku is not None and hasattr(haiku, "intercept_methods"):
-        found.append(haiku.intercept_methods)
-    return found
+    modules = [sys.modules.get(name) for name in ("flax.linen", "haiku")]
+    return [m.intercept_methods for m in modules if hasattr(m, "intercept_methods")]
 
 
 def _types(args: Any, kwargs: Any) -> tuple[Any, ...]:
@@ -122,13 +116,7 @@ class Calls:
     def repeated(self) -> tuple[type, ...]:
         """The classes called two or more times with the same argument types,
         with a call that no other such class's call encloses."""
-        counts = collections.Counter((cls, types) for cls, types, _ in self.calls)
-        repeats = {cls for (cls, _), n in counts.items() if n >= 2}
-        outer: list[type] = []
-        for cls, _, around in self.calls:
-            if cls in repeats and not (around & repeats) and cls not in outer:
-                outer.append(cls)
-        return tuple(outer)
+        return _outermost_repeats(self.calls)
 
     def wraps_layers(self, name: str) -> bool:
         """Whether the latest call of the module method ``name`` (``Block.__call__``)
@@ -140,9 +128,17 @@ class Calls:
         if not starts:
             return False
         inside = [c for c in self.calls[starts[-1] + 1 :] if not from_a_framework(c[0])]
-        counts = collections.Counter((cls, types) for cls, types, _ in inside)
-        repeats = {cls for (cls, _), n in counts.items() if n >= 2}
-        return any(cls in repeats and not (around & repeats) for cls, _, around in inside)
+        return bool(_outermost_repeats(inside))
+
+
+def _outermost_repeats(
+    calls: list[tuple[type, tuple[Any, ...], frozenset[type]]],
+) -> tuple[type, ...]:
+    counts = collections.Counter((cls, types) for cls, types, _ in calls)
+    repeats = {cls for (cls, _), n in counts.items() if n >= 2}
+    return tuple(
+        dict.fromkeys(c for c, _, around in calls if c in repeats and not around & repeats)
+    )
 
 
 def _method(cls: type) -> str:
