@@ -103,12 +103,12 @@ class Plan:
         n_inputs: int,
         fixed: Sequence[Any],
         n_consts: int,
-        n_slots: int,
-        steps: list[Step],
-        out_slots: Sequence[int],
         out_tree: Any,
-        delete_after: Sequence[int],
         donated: Sequence[int],
+        n_slots: int | None = None,  # (None: a plan of one program, which has no steps)
+        steps: Sequence[Step] = (),
+        out_slots: Sequence[int] = (),
+        delete_after: Sequence[int] = (),
         out_shardings: Sequence[Any] | None = None,
         in_flight: int | None = None,
         summary: str = "",
@@ -123,8 +123,8 @@ class Plan:
         self.fixed = list(fixed)
         self.n_consts = n_consts  # the first ``n_consts`` of ``fixed`` are the program's constants
         self.consts = tuple(self.fixed[:n_consts])
-        self.blank = [None] * (n_slots - n_inputs - len(self.fixed))
-        self.steps = steps
+        self.blank = [None] * (n_slots - n_inputs - len(self.fixed) if n_slots else 1)
+        self.steps = list(steps)
         self.out_slots = tuple(out_slots)
         self.out_tree = out_tree
         self.delete_after = list(delete_after)
@@ -139,7 +139,7 @@ class Plan:
         # released as soon as nothing needs it, as in one XLA program, not when
         # the call returns (an inference pass would otherwise hold every layer's
         # activations).
-        self._dead = _last_uses(steps, n_inputs + len(self.fixed), self.out_slots)
+        self._dead = _last_uses(self.steps, n_inputs + len(self.fixed), self.out_slots)
         self._fast: list[
             tuple[Any, Callable[[list[Any]], Sequence[Any]], tuple[int, ...], tuple[int, ...]]
         ] = []

@@ -405,9 +405,10 @@ def build_plan(
         )
     sharded = _sharded(cut)
     form = _whole_form(spec, cut, tuple(donated))
-    if form[0]:
+    if form[0] or sharded:  # (exclusive: the early executables are not needed)
         for f in early.values():
-            f.cancel()  # (its component executables are not needed)
+            f.cancel()
+    if form[0]:
         return _one_program(
             spec,
             cut,
@@ -420,8 +421,6 @@ def build_plan(
     step_ins = [tuple(slots(v) for v in region.invars) for region in regions]
     step_outs = [slots.outs(region) for region in regions]
     if sharded:
-        for f in early.values():
-            f.cancel()
         known = dict(enumerate(placements))
         for i, value in enumerate(slots.fixed):
             known[len(placements) + i] = region_placement(value)
@@ -562,11 +561,7 @@ def _one_program(
         n_inputs=len(cut.jaxpr.invars),
         fixed=cut.consts,
         n_consts=len(cut.consts),
-        n_slots=len(cut.jaxpr.invars) + len(cut.consts) + 1,
-        steps=[],
-        out_slots=[],
         out_tree=cut.traced.out_tree,
-        delete_after=[],
         donated=list(donated),
         out_shardings=_out_shardings(spec, cut),
         summary=summary,
