@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -37,7 +36,6 @@ __all__ = [
     "executable_key",
     "executable_parts",
     "load_executable",
-    "load_executable_entry",
     "platform_text",
     "store_executable",
     "target_process_keys",
@@ -120,24 +118,6 @@ BACKGROUND_AFTER_SECONDS = 0.25
 
 
 def load_executable(
-    cache: Cache,
-    key: ComponentKey,
-    in_tree: Any = None,
-    check: Callable[[Entry], object] | None = None,
-) -> tuple[Any, dict[str, float] | None] | None:
-    """The executable stored under ``key`` and its cost analysis, or ``None``;
-    ``check`` sees its entry first."""
-    loaded = load_executable_entry(cache, key, in_tree)
-    if loaded is None:
-        return None
-    exe, entry = loaded
-    if check is not None:
-        check(entry)
-    costs = entry.extra.get("cost_analysis")
-    return exe, dict(costs) if isinstance(costs, dict) else None
-
-
-def load_executable_entry(
     cache: Cache, key: ComponentKey, in_tree: Any = None
 ) -> tuple[Any, Entry] | None:
     """The executable stored under ``key`` and its entry, or ``None`` (a damaged or

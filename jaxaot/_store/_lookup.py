@@ -303,7 +303,11 @@ class Store:
         made: dict[str, Any] = {}
 
         def load(cache: Cache, exe_key: ComponentKey) -> tuple[Any, dict[str, float] | None] | None:
-            return load_executable(cache, exe_key, in_tree, self._checked)
+            loaded = load_executable(cache, exe_key, in_tree)
+            if loaded is None:
+                return None
+            costs = self._checked(loaded[1]).extra.get("cost_analysis")  # type: ignore[union-attr]
+            return loaded[0], dict(costs) if isinstance(costs, dict) else None
 
         def make() -> tuple[Any, dict[str, float] | None]:
             start = time.perf_counter()

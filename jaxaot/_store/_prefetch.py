@@ -17,7 +17,7 @@ unused (and are dropped). Nothing is ever taken on the tag's word.
 ``ahead`` wraps the first lookup of a signature; every executable
 looked up inside it (``_lookup.get_or_make``, on any thread the lookup hands
 work to) is noted under its tag; ``take`` is where a read of an executable
-entry (``_executables.load_executable_entry``) looks first.
+entry (``_executables.load_executable``) looks first.
 """
 
 from __future__ import annotations
