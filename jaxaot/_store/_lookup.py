@@ -102,7 +102,17 @@ def get_or_make(
             value = memo.get(memo_key)
             if value is None:
                 k = key()
-                value = memo[memo_key] = _lookup(k, codec, make, counters, explain)
+                cache = get_cache()
+                value = codec.load(cache, k) if cache is not None else None  # type: ignore[assignment]
+                if value is None:
+                    value = _miss(k, cache, codec, make, counters, explain)
+                else:
+                    counters.add("hits")
+                    logger.debug("jaxaot: %s hit %s", codec.what, k.digest[:16])
+                    if codec.to_bytes is not None:
+                        found, to_bytes = value, codec.to_bytes
+                        _job.publish_hit(k.digest, lambda: to_bytes(found))
+                memo[memo_key] = value
                 if codec.executable:
                     _prefetch.noted(k)
                 return value
@@ -110,26 +120,6 @@ def get_or_make(
         _prefetch.noted(key)
     if codec.memo_hits:
         counters.add("hits")
-    return value
-
-
-def _lookup(
-    k: ComponentKey,
-    codec: Codec[T],
-    make: Callable[[], T],
-    counters: _stats.Counters,
-    explain: Callable[[ComponentKey, Cache | None], None] | None,
-) -> T:
-    """The value under ``k``: read from the active cache, else missed (:func:`_miss`)."""
-    cache = get_cache()
-    value = codec.load(cache, k) if cache is not None else None
-    if value is None:
-        return _miss(k, cache, codec, make, counters, explain)
-    counters.add("hits")
-    logger.debug("jaxaot: %s hit %s", codec.what, k.digest[:16])
-    if codec.to_bytes is not None:
-        found, to_bytes = value, codec.to_bytes
-        _job.publish_hit(k.digest, lambda: to_bytes(found))
     return value
 
 
