@@ -92,12 +92,10 @@ def _write_bundle(path: str | os.PathLike[str], records: Iterable[tuple[str, byt
             f.seek(0)
             f.write(_HEADER.pack(BUNDLE_MAGIC, BUNDLE_FORMAT_VERSION, count))
             f.flush()
-        digest = hashlib.sha256()
         with open(tmp, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                digest.update(chunk)
+            digest = _sha256(f, os.fstat(f.fileno()).st_size)
         with open(tmp, "ab") as f:
-            f.write(digest.digest())
+            f.write(digest)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -217,46 +215,46 @@ def _check_bundle(f: IO[bytes], size: int) -> int:
             f"bundle format version {version}; this jaxaot reads version {BUNDLE_FORMAT_VERSION}"
         )
     f.seek(0)
-    digest = hashlib.sha256()
-    left = size - _CHECKSUM_BYTES
-    while left:
-        chunk = f.read(min(_CHUNK, left))
-        if not chunk:
-            raise BundleError("truncated bundle")
-        digest.update(chunk)
-        left -= len(chunk)
-    if f.read(_CHECKSUM_BYTES) != digest.digest():
+    if _sha256(f, size - _CHECKSUM_BYTES) != f.read(_CHECKSUM_BYTES):
         raise BundleError("bundle checksum mismatch (the file is damaged or truncated)")
     return int(count)
 
 
-def _check_layout(f: IO[bytes], count: int, end: int) -> None:
-    """Walks the record lengths (skipping the values): ``count`` records that end at ``end``."""
-    f.seek(_HEADER.size)
-    for _ in range(count):
-        (key_len,) = _KEY_LEN.unpack(_read_exact(f, _KEY_LEN.size, end))
-        f.seek(key_len, os.SEEK_CUR)
-        (value_len,) = _VALUE_LEN.unpack(_read_exact(f, _VALUE_LEN.size, end))
-        if f.tell() + value_len > end:
-            raise BundleError("truncated bundle (a record runs past the end)")
-        f.seek(value_len, os.SEEK_CUR)
-    if f.tell() != end:
-        raise BundleError("bundle has bytes after its last record")
+def _sha256(f: IO[bytes], n: int) -> bytes:
+    """The SHA-256 of the next ``n`` bytes of ``f``."""
+    digest = hashlib.sha256()
+    while n:
+        chunk = f.read(min(_CHUNK, n))
+        if not chunk:
+            raise BundleError("truncated bundle")
+        digest.update(chunk)
+        n -= len(chunk)
+    return digest.digest()
 
 
-def _records(f: IO[bytes], count: int, end: int) -> Iterator[tuple[str | None, str, bytes]]:
-    """Yields ``(key or None, printable key, value)``; the layout was checked."""
+def _records(
+    f: IO[bytes], count: int, end: int, values: bool = True
+) -> Iterator[tuple[str | None, str, bytes]]:
+    """Yields ``(key or None, printable key, value)``; without ``values``, only
+    checks that ``count`` records end at ``end`` (skipping the values), yielding nothing."""
     f.seek(_HEADER.size)
     for _ in range(count):
         (key_len,) = _KEY_LEN.unpack(_read_exact(f, _KEY_LEN.size, end))
         raw_key = _read_exact(f, key_len, end)
         (value_len,) = _VALUE_LEN.unpack(_read_exact(f, _VALUE_LEN.size, end))
+        if not values:
+            if f.tell() + value_len > end:
+                raise BundleError("truncated bundle (a record runs past the end)")
+            f.seek(value_len, os.SEEK_CUR)
+            continue
         value = _read_exact(f, value_len, end)
         text = raw_key.decode("ascii", "replace")
         try:
             yield check_key(text), text, value
         except ValueError:
             yield None, text, value
+    if not values and f.tell() != end:
+        raise BundleError("bundle has bytes after its last record")
 
 
 def import_bundle(path: str | os.PathLike[str], *, cache: Any = None) -> dict[str, Any]:
@@ -293,7 +291,8 @@ def import_bundle(path: str | os.PathLike[str], *, cache: Any = None) -> dict[st
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         count = _check_bundle(f, size)
-        _check_layout(f, count, size - _CHECKSUM_BYTES)
+        for _ in _records(f, count, size - _CHECKSUM_BYTES, values=False):
+            pass  # (the layout, checked before anything is added)
         present = set(cache.keys())
         for key, text, value in _records(f, count, size - _CHECKSUM_BYTES):
             if key is None:
