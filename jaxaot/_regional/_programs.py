@@ -40,7 +40,7 @@ from .._store._executables import (
     store_executable,
 )
 from .._store._lookup import Codec, get_or_make
-from .._store._readwrite import read
+from .._store._readwrite import read_blob
 from .._store._writer import in_background
 from ._placement import MeshContext
 
@@ -106,7 +106,7 @@ class ProgramCache:
         source = self._loaded.get(id(exe))
         if source is None:
             return None
-        entry = read(*source)
+        entry = read_blob(*source)[0]
         return None if entry is None else entry.executable
 
     def get(

@@ -30,7 +30,7 @@ from .._caches._protocol import INDEX_ITEM_BYTES, INDEX_ITEMS
 from .._keys._key import ComponentKey
 from ._active import explain_misses
 
-__all__ = ["candidates", "explain", "miss", "note", "tag"]
+__all__ = ["candidates", "miss", "note", "tag"]
 
 logger = logging.getLogger("jaxaot")
 
@@ -142,13 +142,6 @@ def candidates(
     return list(found.values())
 
 
-def explain(key: ComponentKey, known: list[ComponentKey]) -> tuple[ComponentKey, list[str]] | None:
-    """The closest of ``known`` (fewest differences; the most recent of equals) and
-    the differences, in words; ``None`` if ``known`` is empty."""
-    # (min keeps the first of equals: the most recent)
-    return min(((k, key.explain(k)) for k in known), key=lambda kl: len(kl[1]), default=None)
-
-
 def _root_digest(key: ComponentKey) -> str:
     if "executable" not in key.parts:
         return key.digest
@@ -189,7 +182,8 @@ def miss(
         return
     known = candidates(name, key, cache, held)
     note(name, key, cache)
-    found = explain(key, known)
+    # The closest (fewest differences; min keeps the first of equals: the most recent).
+    found = min(((k, key.explain(k)) for k in known), key=lambda kl: len(kl[1]), default=None)
     if found is None:
         logger.warning(
             "jaxaot: %s missed the cache (key %s); no other entry of its component "

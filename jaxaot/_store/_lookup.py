@@ -39,7 +39,7 @@ from ._executables import (
     store_executable,
 )
 from ._once import make_once
-from ._readwrite import callbacks_executable, decoder, read, write
+from ._readwrite import callbacks_executable, decoder, read_blob, write
 from ._writer import in_background
 
 __all__ = ["Codec", "Store", "get_or_make"]
@@ -239,7 +239,7 @@ class Store:
         return entry
 
     def _read_entry(self, cache: Cache, key: ComponentKey) -> Entry | None:
-        return self._checked(read(cache, key))
+        return self._checked(read_blob(cache, key)[0])
 
     def explain_miss(self, key: ComponentKey, cache: Cache | None) -> None:
         """Notes a miss of ``key``; with ``JAXAOT_EXPLAIN_MISSES=1`` logs (WARNING, once

@@ -23,7 +23,6 @@ __all__ = [
     "counted_loaded",
     "decoder",
     "dropped",
-    "read",
     "read_blob",
     "write",
 ]
@@ -51,10 +50,6 @@ _WRITTEN_HERE: set[str] = set()
 #: place (another HMAC key's, another entry format's): caches keep an existing
 #: entry, so this process's own is not stored there.
 _KEPT_UNUSABLE: set[str] = set()
-
-
-def read(cache: Cache, key: ComponentKey) -> Entry | None:
-    return read_blob(cache, key)[0]
 
 
 def read_blob(
