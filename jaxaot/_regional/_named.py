@@ -333,16 +333,13 @@ def named_blocks(
     part of the block (as a block, it would make the user's a wrapper of
     repeated calls, looked through), one in a plain loop a block."""
     classes = [block for block in blocks if isinstance(block, type)]
-    undo: list[Callable[[], None]] = []
-    with swapped_calls(classes, lambda cls: _class_call(cls, cls in parts)):
-        try:
-            for block in blocks:
-                if not isinstance(block, type):
-                    undo.extend(_rebind(block, jitted_call(block), program))
-            yield
-        finally:
-            for step in reversed(undo):
-                step()
+    calls = swapped_calls(classes, lambda cls: _class_call(cls, cls in parts))
+    with calls, contextlib.ExitStack() as undo:  # (undone in reverse, as a stack)
+        for block in blocks:
+            if not isinstance(block, type):
+                for step in _rebind(block, jitted_call(block), program):
+                    undo.callback(step)
+        yield
 
 
 @contextlib.contextmanager
@@ -355,17 +352,12 @@ def swapped_calls(
     if not classes:
         yield
         return
-    undo: list[Callable[[], None]] = []
-    with SWAPPING:
-        try:
-            for cls in classes:
-                previous = cls.__dict__.get("__call__")
-                setattr(cls, "__call__", call_for(cls))  # noqa: B010
-                undo.append(functools.partial(_restore_attr, cls, "__call__", previous))
-            yield
-        finally:
-            for step in reversed(undo):
-                step()
+    with SWAPPING, contextlib.ExitStack() as undo:
+        for cls in classes:
+            previous = cls.__dict__.get("__call__")
+            setattr(cls, "__call__", call_for(cls))  # noqa: B010
+            undo.callback(_restore_attr, cls, "__call__", previous)
+        yield
 
 
 def _restore_attr(obj: Any, name: str, previous: Any) -> None:
