@@ -73,10 +73,7 @@ class Step:
 
     def executable(self) -> Any:
         """The executable (taking and returning flat lists), waiting for it if need be."""
-        try:
-            return self.job.result()
-        except Exception as e:
-            raise PlanFailed(f"{self.label}: {type(e).__name__}: {e}") from e
+        return _result(self.job, self.label)
 
 
 class Plan:
@@ -251,10 +248,14 @@ class Plan:
         """The one program's executable, waiting for it if need be (raises
         ``PlanFailed`` if it could not be made)."""
         assert self.whole is not None
-        try:
-            return self.whole.result()
-        except Exception as e:
-            raise PlanFailed(f"the whole program: {type(e).__name__}: {e}") from e
+        return _result(self.whole, "the whole program")
+
+
+def _result(job: concurrent.futures.Future[Any], label: str) -> Any:
+    try:
+        return job.result()
+    except Exception as e:
+        raise PlanFailed(f"{label}: {type(e).__name__}: {e}") from e
 
 
 def _last_uses(steps: Sequence[Step], n_kept: int, keep: Sequence[int]) -> list[tuple[int, ...]]:
