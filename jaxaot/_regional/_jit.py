@@ -667,6 +667,21 @@ def jit(
             ...
     """
 
-    options = {k: v for k, v in locals().items() if k != "fun"}  # (its parameters alone)
-    wrap = functools.partial(RegionalFunction, **options)
+    def wrap(f: Callable[..., Any]) -> RegionalFunction:
+        return RegionalFunction(
+            f,
+            static_argnums=static_argnums,
+            static_argnames=static_argnames,
+            donate_argnums=donate_argnums,
+            donate_argnames=donate_argnames,
+            whole_program=whole_program,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
+            auto_regions=auto_regions,
+            blocks=blocks,
+            inline=inline,
+            keep_unused=keep_unused,
+            compiler_options=compiler_options,
+        )
+
     return wrap if fun is None else wrap(fun)

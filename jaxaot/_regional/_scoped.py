@@ -77,7 +77,9 @@ def _intercepts() -> list[Callable[[Any], Any]]:
     """The ``intercept_methods`` of the frameworks this process imported (none is
     imported here: a program that uses one has imported it)."""
     modules = [sys.modules.get(name) for name in ("flax.linen", "haiku")]
-    return [m.intercept_methods for m in modules if hasattr(m, "intercept_methods")]
+    return [
+        m.intercept_methods for m in modules if m is not None and hasattr(m, "intercept_methods")
+    ]
 
 
 def _types(args: Any, kwargs: Any) -> tuple[Any, ...]:
