@@ -727,8 +727,9 @@ def test_the_documented_equinox_recipe_finds_its_layers() -> None:
         assert "block jit(Linear.__call__): 3 vmap/forward" in text, said
 
 
+@pytest.mark.parametrize("filter_jit", [False, True])
 def test_equinox_batch_norm_layers_passing_the_state_on_are_one_block(
-    compiles: list[str],
+    compiles: list[str], filter_jit: bool
 ) -> None:
     """Equinox layers with a ``BatchNorm`` (``eqx.nn.State``, a mean over the
     vmap axis): each layer takes the whole state and returns it, its own part
@@ -736,7 +737,7 @@ def test_equinox_batch_norm_layers_passing_the_state_on_are_one_block(
     (which parts it passes on), nothing was shared, and a deeper model made
     more. Parts passed on unchanged are now taken from the inputs: the layers
     are one block, a deeper model compiles no more, and values and the state
-    are ``jax.jit``'s."""
+    are ``jax.jit``'s. Likewise where each layer's call is an ``eqx.filter_jit``."""
     import equinox as eqx
 
     class Layer(eqx.Module):
@@ -750,6 +751,9 @@ def test_equinox_batch_norm_layers_passing_the_state_on_are_one_block(
         def __call__(self, x: jax.Array, state: Any) -> Any:
             h, state = self.bn(self.lin(x), state)
             return x + jax.nn.relu(h), state
+
+        if filter_jit:  # (its jit inside the block: the state passes through both)
+            __call__ = eqx.filter_jit(__call__)
 
     class Net(eqx.Module):
         layers: list[Layer]
@@ -791,3 +795,30 @@ def test_equinox_batch_norm_layers_passing_the_state_on_are_one_block(
             assert a.dtype == b.dtype
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert counts[1] <= counts[0], counts
+
+
+def test_values_a_layer_passes_on_unchanged_are_jax_values_as_under_jax_jit() -> None:
+    """A layer that passes on, unchanged, a value that is not a JAX value (a NumPy
+    float64 array, a Python int): JAX makes it a float32 or int32 value when the
+    layer is called, and the code after the layer computes with that. Taken from
+    the layer's inputs as it was, the code computed in float64 and with unbounded
+    integers, and jaxaot.jit returned another value than jax.jit."""
+
+    @jax.jit
+    def layer(w: jax.Array, x: jax.Array, s: Any, t: Any) -> Any:
+        return jnp.tanh(x @ w), s, t
+
+    def model(ws: list[jax.Array], x: jax.Array) -> Any:
+        s, t = np.ones(8, np.float64), 3
+        for w in ws:
+            x, s, t = layer(w, x, s, t)
+        return x.sum(), (s + 1e-8) - s, (t * 2**30 * 2) // 2**30
+
+    ws, x = [jnp.full((8, 8), 0.01 * (i + 1)) for i in range(6)], jnp.ones((4, 8))
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        got = jaxaot.jit(model)(ws, x)
+        assert "block jit(layer)" in jaxaot.jit(model).explain(ws, x)
+    want = jax.jit(model)(ws, x)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)

@@ -1343,3 +1343,16 @@ def test_a_cache_directory_this_user_cannot_open_is_said_once_with_its_owner_and
     assert "cannot open it (EACCES)" in said[0] and "chown" in said[0], said
     assert "quarantine" not in said[0] and "still read" not in said[0], said
     assert DirectoryCache(root).keys() == [k(1)]  # nothing written, moved or removed
+
+
+def test_the_no_access_warning_needs_no_user_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where there is no ``pwd`` module (not POSIX), the warning names uids: the
+    caches import and work without it."""
+    from jaxaot._caches._faults import no_access_text
+
+    monkeypatch.setitem(sys.modules, "pwd", None)
+    said = no_access_text("the cache", str(tmp_path), PermissionError(errno.EACCES, "denied"))
+    assert f"belongs to uid {os.stat(tmp_path).st_uid}, mode " in said, said
+    assert "cannot open it (EACCES)" in said

@@ -163,6 +163,31 @@ def test_directory_lease_never_follows_a_symlink(
     assert len(warnings) == 1 and "not a regular file" in warnings[0], warnings
 
 
+def test_a_lease_name_hard_linked_to_another_file_is_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a group's signed store any member can make names in a shard: a lease
+    name made a hard link to a file of this user's would have had that file
+    overwritten with a lease record, and made group-writable. It is refused."""
+    monkeypatch.setenv("JAXAOT_CACHE_HMAC_KEY", "team-secret")
+    store = tmp_path / "team"
+    store.mkdir()
+    store.chmod(0o2770)
+    cache = jaxaot.FsspecCache(f"file://{store}")
+    key, blob = make_blob("ours")
+    cache.put(key, blob)
+    private = tmp_path / "private"
+    private.write_text("mine alone")
+    private.chmod(0o600)
+    os.link(private, store / key[:2] / (key + ".lease"))
+    caplog.set_level(logging.WARNING, logger="jaxaot")
+    assert cache.lease(key, 30.0) is None
+    assert private.read_text() == "mine alone" and private.stat().st_mode & 0o777 == 0o600
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "not a regular file" in warnings[0], warnings
+    assert cache.get(key) == blob
+
+
 def test_old_lease_files_are_cleaned_up_with_temp_files(tmp_path: Path) -> None:
     cache = DirectoryCache(tmp_path / "c")
     stale_key, fresh_key = "cd" * 16, "ce" * 16

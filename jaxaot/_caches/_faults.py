@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import pwd
 import stat
 import threading
 import time
@@ -39,8 +38,9 @@ def no_access_text(what: str, path: str, exc: OSError) -> str:
         whose = f"belongs to {_user(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}, and "
     except OSError:
         whose = ""
+    me = _user(os.geteuid()) if hasattr(os, "geteuid") else "?"
     return (
-        f"{what} {whose}this user ({_user(os.geteuid())}) cannot open it "
+        f"{what} {whose}this user ({me}) cannot open it "
         f"({errno_cause(exc)}): nothing in it is read or written, and its entries are "
         "made in this process; make it this user's (chown -R) or set $JAXAOT_CACHE_DIR "
         "to a directory of this user's"
@@ -49,8 +49,10 @@ def no_access_text(what: str, path: str, exc: OSError) -> str:
 
 def _user(uid: int) -> str:
     try:
+        import pwd  # (POSIX only)
+
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
+    except (ImportError, KeyError):
         return f"uid {uid}"
 
 

@@ -137,30 +137,34 @@ def _read(fd: int) -> Record | None:
 
 
 def _open(shard_fd: int, name: str, mode: int) -> tuple[int, os.stat_result]:
-    """Opens (creating it if missing) the regular file ``name`` in the shard.
+    """Opens (creating it with ``mode`` if missing) the regular file ``name`` in the shard.
 
     Raises:
-      NotRegularFileError: a symlink, FIFO, directory... at that name.
+      NotRegularFileError: a symlink, FIFO, directory... at that name, or a hard
+        link to another file (another member of a group's store could point it
+        at a file of this user's, which the lease would write).
       OSError: any other failure.
     """
+    flags = os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK
+    created = True
     try:
-        fd = os.open(
-            name,
-            os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK,
-            mode,
-            dir_fd=shard_fd,
-        )
+        try:
+            fd = os.open(name, flags | os.O_EXCL, mode, dir_fd=shard_fd)
+        except FileExistsError:
+            created = False
+            fd = os.open(name, flags, mode, dir_fd=shard_fd)
     except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.EEXIST):
             raise NotRegularFileError(e.errno, "not a regular file", name) from None
         raise
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
         os.close(fd)
-        raise NotRegularFileError(errno.EINVAL, "not a regular file", name)
-    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
+        raise NotRegularFileError(errno.EINVAL, "not a regular file of its own", name)
+    if created and stat.S_IMODE(st.st_mode) != mode:
         with contextlib.suppress(OSError):
             os.fchmod(fd, mode)  # the umask narrowed it (a group's store needs it writable)
+            st = os.fstat(fd)
     return fd, st
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from .. import _stats
 from .._jax import (
     BoundCall,
+    Tracer,
     bind_plainly,
     call_jaxpr,
     default_platform,
@@ -122,22 +123,36 @@ def block_call(
     function), the operands to bind it with (an inner ``jit``'s constants
     first; inputs the body never uses left out), and what gives ``call``'s
     outputs from that call's."""
-    # Keyed by what it computes: outputs that are inputs passed on unchanged are
-    # taken from the inputs, and inputs its body then never reads are dropped,
-    # so layers handed more than they read or change (``hk.remat``'s whole
-    # state, Equinox's ``eqx.nn.State``) key alike; the numbers folded into its
-    # random keys are inputs, so linen layers drawing under ``nn.remat`` key alike.
-    call, source = forwarded(hoisted_draws(hoisted(call)))
-    given = call.args
-    call, _ = pruned(call)
+    traced = tuple(isinstance(a, Tracer) for a in call.args)
     avals = tuple(aval_of(a) for a in call.args)
-    made = _memoized(_MADE, call, avals, lambda: _made(call, avals, name or block_name(call)))
+    # Made once per body (every layer of a model binds the same one): the block,
+    # the operands its transformations put first, which outputs are operands
+    # passed on, and which operands it reads.
+    made, first, source, keep = _memoized(
+        _MADE, call, (avals, traced), lambda: _transformed(call, name)
+    )
+    given = (*first, *call.args)
+    operands = tuple(a for a, k in zip(given, keep, strict=True) if k)
 
     def outputs(computed: Sequence[Any]) -> list[Any]:
         it = iter(computed)
         return [next(it) if i is None else given[i] for i in source]
 
-    return made, call.args, outputs
+    return made, operands, outputs
+
+
+def _transformed(call: BoundCall, name: str | None) -> tuple[Call, tuple[Any, ...], Any, Any]:
+    # Keyed by what it computes: outputs that are inputs passed on unchanged are
+    # taken from the inputs, and inputs its body then never reads are dropped,
+    # so layers handed more than they read or change (``hk.remat``'s whole
+    # state, Equinox's ``eqx.nn.State``) key alike; the numbers folded into its
+    # random keys are inputs, so linen layers drawing under ``nn.remat`` key alike.
+    full = hoisted_draws(hoisted(call))
+    first = full.args[: len(full.args) - len(call.args)]
+    lean, source = forwarded(full)
+    lean, keep = pruned(lean)
+    avals = tuple(aval_of(a) for a in lean.args)
+    return _made(lean, avals, name or block_name(call)), first, source, keep
 
 
 def _memoized(

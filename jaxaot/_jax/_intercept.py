@@ -193,33 +193,35 @@ def hoisted_draws(call: BoundCall) -> BoundCall:
 
 
 def forwarded(call: BoundCall) -> tuple[BoundCall, tuple[int | None, ...]]:
-    """``call`` without the outputs that are its inputs returned unchanged, and, per
-    output of ``call``, the operand it is (``None``: one the new call computes).
+    """``call`` without the outputs that are its traced inputs returned unchanged,
+    and, per output of ``call``, the operand it is (``None``: one the new call
+    computes).
 
     A layer handed a whole state that it passes on, changing its own part
     (Equinox's ``eqx.nn.State`` through each batch norm), returns every other
     layer's part unchanged: each layer's program would differ by which parts
-    those are, and none would be shared. An output whose sharding the call sets
-    is kept (returning it may move it)."""
+    those are, and none would be shared. Passed on as JAX passes on a call's
+    forwarded inputs: only traced values (a NumPy array or a Python number is
+    made a JAX value by the call), and only where the call sets no sharding or
+    layout for that output. A call that would compute nothing is kept whole."""
     closed = call.params["jaxpr"]
     jaxpr = getattr(closed, "jaxpr", closed)
+    n = len(jaxpr.outvars)
     if getattr(closed, "consts", ()):
-        return call, (None,) * len(jaxpr.outvars)
-    position = {v: i for i, v in enumerate(jaxpr.invars)}
-    shardings = call.params.get("out_shardings", (UNSPECIFIED,) * len(jaxpr.outvars))
+        return call, (None,) * n
     source = tuple(
-        position.get(v) if not isinstance(v, _core.Literal) and s is UNSPECIFIED else None
-        for v, s in zip(jaxpr.outvars, shardings, strict=True)
+        i if i is not None and isinstance(call.args[i], _core.Tracer) else None
+        for i in _passed_on(jaxpr, call.params)
     )
-    if all(i is None for i in source):
-        return call, source
+    if all(i is None for i in source) or all(i is not None for i in source):
+        return call, (None,) * n
     keep = [i is None for i in source]
     changes: dict[str, Any] = {
         "outvars": [v for v, k in zip(jaxpr.outvars, keep, strict=True) if k]
     }
     info = getattr(jaxpr, "debug_info", None)
     paths = getattr(info, "result_paths", None)
-    if info is not None and isinstance(paths, tuple) and len(paths) == len(keep):
+    if info is not None and isinstance(paths, tuple) and len(paths) == n:
         changes["debug_info"] = info._replace(
             result_paths=tuple(p for p, k in zip(paths, keep, strict=True) if k)
         )
@@ -230,6 +232,41 @@ def forwarded(call: BoundCall) -> tuple[BoundCall, tuple[int | None, ...]]:
         if name in params:
             params[name] = tuple(p for p, k in zip(params[name], keep, strict=True) if k)
     return BoundCall(call.kind, params, call.args), source
+
+
+def _passed_on(jaxpr: Any, params: dict[str, Any], depth: int = 0) -> list[int | None]:
+    """Per output of a call of ``jaxpr`` (with ``params``), the input it returns
+    unchanged, or ``None``: directly, or through the inner ``jit`` calls that
+    return it unchanged (a wrapper's ``jit`` around ``eqx.filter_jit``'s)."""
+    n = len(jaxpr.outvars)
+    shardings = params.get("out_shardings", (UNSPECIFIED,) * n)
+    layouts = params.get("out_layouts", (None,) * n)
+    position = {v: i for i, v in enumerate(jaxpr.invars)}
+    made = {o: (e, k) for e in jaxpr.eqns for k, o in enumerate(e.outvars)}
+    inner: dict[int, list[int | None]] = {}
+
+    def source(v: Any) -> int | None:
+        while not isinstance(v, _core.Literal):
+            if v in position:
+                return position[v]
+            eqn, k = made.get(v, (None, 0))
+            if eqn is None or eqn.primitive.name not in ("pjit", "jit") or depth >= 4:
+                return None
+            closed = eqn.params["jaxpr"]
+            if closed.consts:
+                return None
+            if id(eqn) not in inner:
+                inner[id(eqn)] = _passed_on(closed.jaxpr, eqn.params, depth + 1)
+            j = inner[id(eqn)][k]
+            if j is None:
+                return None
+            v = eqn.invars[j]
+        return None
+
+    return [
+        source(v) if s is UNSPECIFIED and layout is None else None
+        for v, s, layout in zip(jaxpr.outvars, shardings, layouts, strict=True)
+    ]
 
 
 def pruned(call: BoundCall) -> tuple[BoundCall, tuple[bool, ...]]:
