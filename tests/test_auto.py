@@ -822,3 +822,64 @@ def test_values_a_layer_passes_on_unchanged_are_jax_values_as_under_jax_jit() ->
     for a, b in zip(got, want, strict=True):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_equinox_model_trained_with_adam_is_split_into_its_layers() -> None:
+    """``optax.adam``'s state holds two copies of the model (its moments), so the
+    model's class had three instances and was taken for the repeated layer: a
+    ResNet-like model with batch norms was then served whole, nothing split (with
+    ``optax.sgd`` its layers were found). A class with one instance per root that
+    holds repeated layers is the model; its layers are the blocks."""
+    import equinox as eqx
+    import optax
+
+    class Block(eqx.Module):
+        lin: eqx.nn.Linear
+        bn: eqx.nn.BatchNorm
+
+        def __init__(self, key: jax.Array) -> None:
+            self.lin = eqx.nn.Linear(16, 16, key=key)
+            self.bn = eqx.nn.BatchNorm(16, "batch", mode="batch")
+
+        def __call__(self, x: jax.Array, state: Any) -> Any:
+            h, state = self.bn(self.lin(x), state)
+            return x + jax.nn.relu(h), state
+
+    class Net(eqx.Module):
+        blocks: list[Block]
+
+        def __init__(self, key: jax.Array) -> None:
+            self.blocks = [Block(k) for k in jax.random.split(key, 6)]
+
+        def __call__(self, x: jax.Array, state: Any) -> Any:
+            for block in self.blocks:
+                x, state = block(x, state)
+            return x.sum(), state
+
+    model, state = eqx.nn.make_with_state(Net)(jax.random.key(0))
+    params, static = eqx.partition(model, eqx.is_array)
+    opt = optax.adam(1e-2)
+    x = jax.random.normal(jax.random.key(1), (8, 16))
+
+    def step(params: Any, opt_state: Any, state: Any, x: jax.Array) -> Any:
+        def loss(p: Any, s: Any) -> Any:
+            net = jax.vmap(
+                eqx.combine(p, static), axis_name="batch", in_axes=(0, None), out_axes=(0, None)
+            )
+            y, s = net(x, s)
+            return y.mean(), s
+
+        (value, state), grads = jax.value_and_grad(loss, has_aux=True)(params, state)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return eqx.apply_updates(params, updates), opt_state, state, value
+
+    mine = theirs = (params, opt.init(params), state)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        explained = jaxaot.jit(step).explain(*mine, x)
+        assert "Block.__call__): 6 vmap/forward" in explained, explained
+        run = jaxaot.jit(step)
+        for _ in range(2):
+            *mine, got = run(*mine, x)
+            *theirs, want = jax.jit(step)(*theirs, x)
+            np.testing.assert_allclose(got, want, rtol=1e-5)
+    _close(mine, theirs)

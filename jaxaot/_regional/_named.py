@@ -225,6 +225,16 @@ def repeated_modules(
         for c, n in census.count.items()
         if n >= 2 and any("__call__" in k.__dict__ for k in c.__mro__)
     ]
+    # A class with one instance in each root that holds repeated layers is the
+    # model, repeated only by copies of it (an optimizer's moments: optax.adam's
+    # mu and nu), not a layer: its layers are the blocks.
+    models = {
+        c
+        for c in repeated
+        if census.fewest.get(c) == 1
+        and any(c in census.enclosed_by[d] and census.fewest.get(d, 0) >= 2 for d in repeated)
+    }
+    repeated = [c for c in repeated if c not in models]
     outer = {c for c in named if isinstance(c, type)}
     classes = tuple(c for c in repeated if not (census.enclosed_by[c] & outer))
     found = set(classes)
