@@ -883,3 +883,42 @@ def test_an_equinox_model_trained_with_adam_is_split_into_its_layers() -> None:
             *theirs, want = jax.jit(step)(*theirs, x)
             np.testing.assert_allclose(got, want, rtol=1e-5)
     _close(mine, theirs)
+
+
+def test_an_equinox_model_of_shape_dtype_structs_is_split_as_its_arrays_are() -> None:
+    """A manifest gives ``jaxaot precompile`` the model as ``jax.eval_shape`` makes
+    it (``jax.ShapeDtypeStruct`` leaves), as docs/precompile.md says. Its layers
+    were not counted (no arrays), so precompile cached the program whole while
+    the deployment, given arrays, split it and compiled its blocks. Both plan
+    the same split now."""
+    import equinox as eqx
+
+    class Block(eqx.Module):
+        lin: eqx.nn.Linear
+
+        def __init__(self, key: jax.Array) -> None:
+            self.lin = eqx.nn.Linear(16, 16, key=key)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return x + jax.nn.gelu(self.lin(x))
+
+    class Net(eqx.Module):
+        blocks: list[Block]
+
+        def __init__(self, key: jax.Array) -> None:
+            self.blocks = [Block(k) for k in jax.random.split(key, 6)]
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    def forward(model: Net, x: jax.Array) -> jax.Array:
+        return jax.vmap(model)(x)
+
+    model, x = Net(jax.random.key(0)), jnp.ones((4, 16))
+    shapes = (jax.eval_shape(lambda: model), jax.ShapeDtypeStruct(x.shape, x.dtype))
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        said = [jaxaot.jit(forward).explain(*args) for args in (shapes, (model, x))]
+    assert "Block.__call__): 6" in said[1], said
+    assert said[0] == said[1], said

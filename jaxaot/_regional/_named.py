@@ -261,8 +261,14 @@ def _graphdefs(values: Sequence[Any]) -> list[Any]:
 
 
 def _holds_arrays(value: Any) -> bool:
+    """Whether ``value`` holds arrays, or their types (a manifest's model of
+    ``jax.ShapeDtypeStruct``s from ``jax.eval_shape``, as ``jaxaot precompile``
+    is given it: its layers are the deployed model's)."""
     try:
-        return any(map(_is_array, jax.tree_util.tree_leaves(value)))
+        return any(
+            _is_array(leaf) or isinstance(leaf, jax.ShapeDtypeStruct)
+            for leaf in jax.tree_util.tree_leaves(value)
+        )
     except Exception:  # no pytree
         return False
 
