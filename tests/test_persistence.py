@@ -194,6 +194,64 @@ def test_entries_kept_in_each_process_leave_a_warm_start_warm(
     assert warm["seen"] == cold["seen"] > 0
 
 
+_CALLBACK_WHOLE_RUN = textwrap.dedent(
+    """
+    import json
+    import numpy as np
+    import jax, jax.numpy as jnp, jaxaot
+
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda e, d, **k: compiles.append(e)
+        if e == "/jax/core/compile/backend_compile_duration" else None
+    )
+    seen = []
+
+    def host(v):
+        seen.append(float(np.asarray(v).sum()))  # (NumPy: no eager JAX op, no compile)
+        return np.asarray(v, np.float32) * np.float32(2)
+
+    @jaxaot.component
+    def block(w, x):
+        return x + jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, jnp.float32), x @ w)
+
+    w, x = jax.block_until_ready((jnp.eye(4) * 0.5, jnp.linspace(0.0, 1.0, 8).reshape(2, 4)))
+    before = len(compiles)
+    got = jax.block_until_ready(jaxaot.jit(lambda w, x: block(w, x) * 2)(w, x))
+    made = len(compiles) - before
+    want = jax.jit(lambda w, x: block.__wrapped__(w, x) * 2)(w, x)
+    jaxaot.wait_for_writes()
+    print(json.dumps({"compiles": made, "equal": bool(jnp.array_equal(got, want)),
+                      "seen": len(seen)}))
+    """
+)
+
+
+def test_a_program_calling_a_component_with_a_host_callback_warm_starts(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """A ``jaxaot.jit`` program served whole, calling a component whose body calls
+    back into Python (``pure_callback``): the program's executable is written
+    with its callbacks named for rebinding, and a new process loads it and binds
+    its own. It was not written ("the program ... was not traced in this
+    process": the component's callbacks were not named), so ``jaxaot precompile``
+    made it and every server compiled it again."""
+    script = tmp_path / "callback_whole_run.py"
+    script.write_text(_CALLBACK_WHOLE_RUN)
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, env=subprocess_env
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "not written" not in proc.stderr, proc.stderr
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["equal"] and warm["equal"], runs
+    assert cold["compiles"] >= 1 and warm["compiles"] == 0, runs
+    assert warm["seen"] == cold["seen"] > 0, runs  # the loaded program calls this process's host
+
+
 # -- in-process helpers --------------------------------------------------------------
 
 

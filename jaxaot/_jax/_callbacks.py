@@ -47,6 +47,7 @@ __all__ = [
     "binds_callbacks",
     "callback_arguments",
     "callback_functions",
+    "callback_equations",
     "called_callbacks",
     "is_callback_equation",
     "rebind_unsupported",
@@ -406,4 +407,18 @@ def called_callbacks(call: Any) -> list[Any]:
                 inner = component_callback_jaxpr(eqn)
                 if inner is not None:
                     stack.append(inner)
+    return found
+
+
+def callback_equations(closed: Any) -> list[Any]:
+    """The callback equations a program lowers: its own, at any depth, then those
+    of the components it calls that are lowered inline with their callbacks (see
+    :func:`called_callbacks`), as a compiled program holds them."""
+    found = []
+    for j in walk_jaxprs(closed):
+        for eqn in j.eqns:
+            if is_callback_equation(eqn):
+                found.append(eqn)
+            elif eqn.primitive.name == "jaxaot_component":
+                found.extend(called_callbacks(eqn.params["call"]))
     return found

@@ -27,13 +27,12 @@ from .._jax import (
     DropVar,
     Jaxpr,
     Literal,
+    callback_equations,
     has_host_callbacks,
-    is_callback_equation,
     join_effects,
     named,
-    walk_jaxprs,
 )
-from .._keys._callbacks import callback_witness
+from .._keys._callbacks import callback_witness, register_callbacks
 from .._keys._program import arg_names, program_digest
 from . import _whole
 from ._auto import BlockFinder
@@ -517,11 +516,15 @@ def _whole_job(
     avals = tuple(v.aval for v in [*jaxpr.invars, *jaxpr.constvars])
     out_avals = tuple(v.aval for v in jaxpr.outvars)
 
-    eqns = [e for j in walk_jaxprs(jaxpr) for e in j.eqns if is_callback_equation(e)]
+    # Its callbacks, those of the components it calls inline included, named for
+    # rebinding in another process (under the digest its key names).
+    eqns = callback_equations(jaxpr)
+    digest = _whole.digest(jaxpr)
+    register_callbacks(WHOLE.kind, digest, eqns)
 
     def job() -> Any:
         return WHOLE.program(
-            _whole.digest(jaxpr),
+            digest,
             avals,
             out_avals,
             donated,

@@ -19,13 +19,12 @@ from .._component._parts import base_parts, types_text
 from .._component._rules import bind
 from .._jax import (
     CallbacksNotRebindable,
+    callback_equations,
     default_platform,
     has_host_callbacks,
-    is_callback_equation,
     jaxpr_program,
     named,
     serialize_with_callbacks,
-    walk_jaxprs,
 )
 from .._keys._callbacks import callback_witness, register_callbacks
 from .._keys._key import ComponentKey, Described
@@ -131,7 +130,7 @@ class ProgramCache:
         compiled with: a program whose callbacks see other objects (a closure over
         another array) is another executable here."""
         digest = program_digest(closed, what or self.kind) if content is None else content
-        eqns = [e for j in walk_jaxprs(closed.jaxpr) for e in j.eqns if is_callback_equation(e)]
+        eqns = callback_equations(closed.jaxpr)
         if eqns:
             register_callbacks(self.kind, digest, eqns)
         return self.program(
