@@ -234,6 +234,47 @@ def test_buckets_and_claims() -> None:
     assert m.digest(3, "run") == m.digest(3, "run") != m.digest(3, "other run")
 
 
+_SERVED = """
+import jax, jax.numpy as jnp, jaxaot
+
+@jaxaot.component
+def block(w, x):
+    return x + jnp.tanh(x @ w)
+
+@jaxaot.jit
+def forward(ws, x):
+    for w in ws:
+        x = block(w, x)
+    return x
+
+manifest = jaxaot.manifest("m").add(
+    forward, [jax.ShapeDtypeStruct((4, 4), jnp.float32)] * 3, jax.ShapeDtypeStruct((2, 4), jnp.float32)
+)
+"""
+
+
+def test_a_signature_claimed_again_after_an_edit_is_another_claim(tmp_path: Path) -> None:
+    """A precompile run again under the same ``--run`` name soon after the code
+    changed (a component the function calls, edited) found the first run's
+    claims marked done, made nothing and exited 0, and the servers compiled. A
+    claim names the code the function reaches."""
+    import importlib.util
+
+    def manifest_of(source: str, name: str) -> Any:
+        path = tmp_path / f"{name}.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.manifest
+
+    first, same = manifest_of(_SERVED, "served_a"), manifest_of(_SERVED, "served_b")
+    edited = manifest_of(_SERVED.replace("jnp.tanh", "jax.nn.relu"), "served_c")
+    assert first.digest(0, "prod") == same.digest(0, "prod")  # (in every process of a run)
+    assert edited.digest(0, "prod") != first.digest(0, "prod")
+
+
 def test_precompile_in_process_fills_the_cache(fresh_cache: jaxaot.MemoryCache) -> None:
     import _precompile_targets as targets
 

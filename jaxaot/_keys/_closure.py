@@ -258,11 +258,13 @@ def _is_pytree_node(value: Any) -> bool:
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))
 
 
-def code_digest(fun: Any, with_values: bool = False) -> str:
+def code_digest(fun: Any, with_values: bool = False, wrapped: bool = False) -> str:
     """A digest of the code of ``fun`` (through partials, methods and wrappers) and of
     the project functions it names: to tell that an explicit-key entry was made by
     other code. ``with_values``: the plain values (numbers, strings) of the
-    globals and closure cells that code reads, and of its defaults, as well."""
+    globals and closure cells that code reads, and of its defaults, as well.
+    ``wrapped``: and the functions of the wrappers it names (components,
+    ``jaxaot.jit`` and ``jax.jit`` functions)."""
     h = hashlib.sha256()
     seen: set[int] = set()
     stack: list[Any] = [fun]
@@ -301,7 +303,9 @@ def code_digest(fun: Any, with_values: bool = False) -> str:
                 if isinstance(value, _PLAIN):
                     h.update(f"default {name}={value!r}".encode())
         for name, value in _globals_read(f):
-            if isinstance(value, types.FunctionType):
+            if isinstance(value, types.FunctionType) or (
+                wrapped and isinstance(getattr(value, "__wrapped__", None), types.FunctionType)
+            ):
                 stack.append(value)
             elif with_values and isinstance(value, _PLAIN):
                 h.update(f"{name}={value!r}".encode())

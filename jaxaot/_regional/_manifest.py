@@ -44,6 +44,7 @@ import numpy as np
 from .. import _stats
 from .._caches import Held, Lease, Leasing, TieredCache
 from .._component import Component
+from .._keys._closure import code_digest
 from .._keys._sharding import concrete_mesh, mesh_axes, mesh_text
 from .._precompiled import ItemResult, PrecompileReport
 from .._store._active import get_cache, using_cache
@@ -327,9 +328,15 @@ class Manifest:
     def digest(self, index: int, run: str = "") -> str:
         """The name of signature ``index``'s claim in the precompile ``run``: the
         same in every process of that run that builds this manifest (its name, its
-        size, the signature's place, function and arguments), a valid cache key."""
+        size, the signature's place, function, code and arguments), a valid cache
+        key. (The code: a run again under the same name after an edit is another
+        claim, not one a process of the first run marked done.)"""
         item = self._items[index]
         leaves, tree = jax.tree_util.tree_flatten((item.args, item.kwargs))
+        try:
+            code = code_digest(item.function, with_values=True, wrapped=True)
+        except Exception:  # (a function whose code cannot be read: named alone)
+            code = ""
         text = "\n".join(
             [
                 "jaxaot precompile claim",
@@ -338,6 +345,7 @@ class Manifest:
                 str(len(self._items)),
                 str(index),
                 _function_name(item.function),
+                code,
                 mesh_text(item.mesh),
                 str(tree),
                 *map(_leaf_identity, leaves),
