@@ -867,3 +867,19 @@ def test_serving_example(tmp_path: Path, subprocess_env: dict[str, str]) -> None
     assert served.returncode == 0, served.stderr[-3000:]
     assert re.search(r"^served 6 buckets in [\d.]+ s, 0 compiles$", served.stdout, re.M)
     assert "same values as jax.jit: True" in served.stdout
+
+
+def test_a_bucket_function_that_raises_names_its_bucket() -> None:
+    """``make_args`` raising for one bucket: the error names that bucket, in Python
+    and in ``jaxaot precompile``'s one-line error."""
+    from jaxaot.cli.precompile import _raised
+
+    def make_args(b: int, s: int) -> Any:
+        if s > 8:
+            raise ValueError(f"seq {s} is not supported by the tokenizer")
+        return jax.ShapeDtypeStruct((b, s), jnp.int32)
+
+    with pytest.raises(ValueError, match="tokenizer") as info:
+        jaxaot.manifest("m").buckets(jaxaot.jit(lambda x: x), make_args, batch=(1, 2), seq=(8, 16))
+    assert any("batch 1, seq 16" in note for note in info.value.__notes__)
+    assert "make_args for the bucket batch 1, seq 16" in _raised(info.value)

@@ -304,6 +304,7 @@ class Manifest:
         Raises:
           TypeError: ``function`` is neither a component nor a ``jaxaot.jit``
             function, or ``batch``/``seq`` hold anything but positive integers.
+          Exception: what ``make_args`` raises, with a note naming the bucket.
         """
         _check_function(function, "buckets")
         for what, sizes in (("batch", batch), ("seq", seq)):
@@ -320,7 +321,14 @@ class Manifest:
                 )
         for b in batch:
             for s in seq:
-                args = make_args(b, s)
+                try:
+                    args = make_args(b, s)
+                except Exception as e:
+                    e.add_note(
+                        f"jaxaot.Manifest.buckets({_function_name(function)}): in make_args "
+                        f"for the bucket batch {b}, seq {s}"
+                    )
+                    raise
                 args = args if isinstance(args, tuple) else (args,)
                 self._add(function, args, dict(kwargs or {}), f"batch {b}, seq {s}")
         return self

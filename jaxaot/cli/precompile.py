@@ -109,7 +109,8 @@ def _split_target(target: str) -> tuple[str, str]:
 
 def _raised(error: Exception) -> str:
     """``error`` in one line, with where it was raised (the file and line)."""
-    text = " ".join(f"{type(error).__name__}: {error}".split())
+    notes = "".join(f"; {n}" for n in getattr(error, "__notes__", ()))
+    text = " ".join(f"{type(error).__name__}: {error}{notes}".split())
     if isinstance(error, SyntaxError) and error.filename:
         return f"{text} ({error.filename}:{error.lineno})"
     from .._regional._manifest import raised_at
