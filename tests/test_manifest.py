@@ -883,3 +883,24 @@ def test_a_bucket_function_that_raises_names_its_bucket() -> None:
         jaxaot.manifest("m").buckets(jaxaot.jit(lambda x: x), make_args, batch=(1, 2), seq=(8, 16))
     assert any("batch 1, seq 16" in note for note in info.value.__notes__)
     assert "make_args for the bucket batch 1, seq 16" in _raised(info.value)
+
+
+def test_waiting_for_claims_other_processes_hold_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signature another process claimed (here: a lease held elsewhere, as by a
+    worker that was killed) is waited for up to ``JAXAOT_LEASE_WAIT``: the wait
+    is said once (``jaxaot precompile`` prints it), then it is made here."""
+    monkeypatch.setenv("JAXAOT_LEASE_WAIT", "0.5")
+    cache = DirectoryCache(tmp_path / "c")
+    m = jaxaot.manifest("m").add(
+        jaxaot.jit(lambda x: x * 3), jax.ShapeDtypeStruct((2,), jnp.float32)
+    )
+    held = cache.lease(m.digest(0, "r"), 60.0)  # (another open file: held as by another process)
+    assert held is not None and hasattr(held, "release")
+    events: list[tuple[str, str]] = []
+    with jaxaot.using_cache(cache):
+        report = m.precompile(run="r", on_item=lambda e, r: events.append((e, r.note)))
+    held.release()
+    assert ("waiting", "1 up to 0.5 s") in events, events
+    assert [e for e, _ in events][-2:] == ["start", "done"] and report.items[0].made >= 1

@@ -389,7 +389,9 @@ class Manifest:
         (the code may have changed since).
         ``on_item(event, result)`` is called with ``"start"`` before a signature
         is precompiled here and ``"done"`` after (or ``"elsewhere"`` when another
-        process did it). Signatures whose index is in ``finished`` (which may grow
+        process did it), and once with ``"waiting"`` where signatures other
+        processes claimed are waited for (``result.note``: how many, and up to how
+        long for a process that stopped). Signatures whose index is in ``finished`` (which may grow
         meanwhile: ``jaxaot precompile`` adds what the other workers report) are
         skipped: a claim says "done" for a minute only, and this process would
         otherwise load what another finished before that.
@@ -497,6 +499,12 @@ class Manifest:
         pause = 0.0
         since = time.monotonic()
         bound = lease_wait()
+        if waiting:  # (said: a claim of a process that died holds this one up to ``bound``)
+            first = self._items[waiting[0]].label
+            notify(
+                "waiting",
+                ItemResult(waiting[0], first, "waiting", note=f"{len(waiting)} up to {bound:g} s"),
+            )
         while waiting:
             time.sleep(pause)
             pause = next(polls, _POLLS[-1])

@@ -436,6 +436,12 @@ class _Progress:
         else:
             self.out.line(text)
 
+    def say(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+        else:
+            self.out.line(text)
+
     def stop(self) -> None:
         if self._bar is not None:
             self._bar.stop()
@@ -555,6 +561,12 @@ def _run(args: argparse.Namespace, out: Output) -> int:
                 labels = dict(enumerate(event.get("labels", [])))
             elif kind == "start":
                 progress.start(w, str(event["label"]))
+            elif kind == "waiting":
+                count, _, bound = str(event.get("note", "")).partition(" up to ")
+                progress.say(
+                    f"worker {w}: waiting for {count} signature(s) other processes claimed "
+                    f"(a claim of one that stopped is taken over after {bound})"
+                )
             elif kind in ("done", "elsewhere"):
                 result = ItemResult.from_dict(event)
                 results.append(result)
