@@ -1,11 +1,13 @@
-"""Helpers shared by the cache backend tests."""
+"""Helpers shared by the tests."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +34,22 @@ def make_blob(name: str = "t", payload: bytes = b"payload", tag: Any = 0) -> tup
         stablehlo=payload,
     )
     return key.digest, _entry.encode(entry)
+
+
+def cold_and_warm(script: Path, source: str, env: dict[str, str], unsaid: str) -> list[Any]:
+    """Writes ``source`` to ``script`` and runs it in two fresh processes on one
+    cache (``env``'s), a cold one then a warm one: what each printed last, as
+    JSON. Neither may fail, nor say ``unsaid`` on its standard error."""
+    script.write_text(source)
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert unsaid not in proc.stderr, proc.stderr
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return runs
 
 
 # -- a second user, for the trust tests ---------------------------------------------------

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import cold_and_warm
 
 import jaxaot
 from jaxaot._store import _entry
@@ -124,17 +125,9 @@ def test_a_component_holding_a_custom_vjp_warm_starts_without_a_warning(
     values): the rule's linear part stays in each process, as it must (only its
     transpose can be lowered), and is no cause for a warning that blamed a mesh or
     vmap axis, nor for a warm process's report to say "partly warm"."""
-    script = tmp_path / "custom_vjp_run.py"
-    script.write_text(_CUSTOM_VJP_RUN)
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run(
-            [sys.executable, str(script)], capture_output=True, text=True, env=subprocess_env
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "WARNING-LINE" not in proc.stderr, proc.stderr
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    cold, warm = runs
+    cold, warm = cold_and_warm(
+        tmp_path / "custom_vjp_run.py", _CUSTOM_VJP_RUN, subprocess_env, "WARNING-LINE"
+    )
     assert cold["report"].startswith("jaxaot: cold start") and cold["made_in_process"] == 1
     assert warm["report"].startswith("jaxaot: warm start"), warm["report"]
     assert warm["lowerings"] == 0 and warm["compiles"] == 0 and warm["loaded"] > 0
@@ -236,20 +229,15 @@ def test_a_program_calling_a_component_with_a_host_callback_warm_starts(
     its own. It was not written ("the program ... was not traced in this
     process": the component's callbacks were not named), so ``jaxaot precompile``
     made it and every server compiled it again."""
-    script = tmp_path / "callback_whole_run.py"
-    script.write_text(_CALLBACK_WHOLE_RUN)
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run(
-            [sys.executable, str(script)], capture_output=True, text=True, env=subprocess_env
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "not written" not in proc.stderr, proc.stderr
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    cold, warm = runs
-    assert cold["equal"] and warm["equal"], runs
-    assert cold["compiles"] >= 1 and warm["compiles"] == 0, runs
-    assert warm["seen"] == cold["seen"] > 0, runs  # the loaded program calls this process's host
+    cold, warm = cold_and_warm(
+        tmp_path / "callback_whole_run.py", _CALLBACK_WHOLE_RUN, subprocess_env, "not written"
+    )
+    assert cold["equal"] and warm["equal"], (cold, warm)
+    assert cold["compiles"] >= 1 and warm["compiles"] == 0, (cold, warm)
+    assert warm["seen"] == cold["seen"] > 0, (
+        cold,
+        warm,
+    )  # the loaded program calls this process's host
 
 
 # -- in-process helpers --------------------------------------------------------------

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import cold_and_warm
 from _steps import BATCH, WIDTH, block, close, loss, setup, train_step_factory
 from jax import lax
 
@@ -1648,17 +1649,9 @@ def test_a_layer_taking_a_collective_over_an_outer_vmap_axis_warm_starts_unwarne
     lowered inside the program calling it. That program is cached, so a new
     process compiles nothing: the warning that the block "is not written to the
     cache, so a new process compiles it again" was wrong, in every process."""
-    script = tmp_path / "batch_norm_run.py"
-    script.write_text(_BATCH_NORM_RUN)
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run(
-            [sys.executable, str(script)], capture_output=True, text=True, env=subprocess_env
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "not written to the cache" not in proc.stderr, proc.stderr
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    cold, warm = runs
+    cold, warm = cold_and_warm(
+        tmp_path / "batch_norm_run.py", _BATCH_NORM_RUN, subprocess_env, "not written to the cache"
+    )
     for name in ("plain", "batch_norm"):
         assert cold[name]["equal"] and warm[name]["equal"], (name, cold, warm)
         assert cold[name]["compiles"] >= 1 and warm[name]["compiles"] == 0, (name, cold, warm)
