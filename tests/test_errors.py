@@ -90,6 +90,20 @@ def test_a_function_leaf_says_to_mark_the_field_static() -> None:
     assert "eqx.field(static=True)" in text
 
 
+def test_a_modules_non_array_field_says_how_to_pass_the_module() -> None:
+    """An Equinox model passed as it is, holding a batch norm (its ``axis_name`` is
+    a string): the message says to split it into its arrays and the rest, as for
+    a function field (it named only the path)."""
+    bn = eqx.nn.BatchNorm(3, "batch", mode="batch")
+
+    def forward(m: Any, x: jax.Array) -> jax.Array:
+        return x
+
+    text = _message(jaxaot.jit(forward), bn, jnp.ones(3))
+    assert "at path m.axis_name is a str 'batch', not an array" in text, text
+    assert "eqx.partition(model, eqx.is_array)" in text and "\n" not in text, text
+
+
 def test_a_linen_module_argument_says_to_pass_its_variables() -> None:
     """A Flax linen module passed as an argument holds no arrays: the message says
     to close over it or make it static and pass its variables (not Equinox's

@@ -79,6 +79,13 @@ def not_an_array(who: str, path: str, value: Any) -> TypeError:
             "pass the function as a static argument, or split the module into its arrays "
             "and the rest (eqx.partition(model, eqx.is_array), then eqx.combine inside)."
         )
+    elif "." in path and "equinox" in sys.modules:
+        hint = (
+            " A module's field that is no array (a name, a flag: eqx.nn.BatchNorm's "
+            "axis_name) is not an argument: split the module into its arrays and the rest "
+            "(eqx.partition(model, eqx.is_array), then eqx.combine inside), or mark the "
+            "field static (eqx.field(static=True))."
+        )
     if isinstance(value, jax.ShapeDtypeStruct):
         hint = (
             " A jax.ShapeDtypeStruct describes an argument: calls take arrays, and "
