@@ -27,7 +27,7 @@ from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.sharding_impls import UNSPECIFIED
 
-from ._jaxpr import ClosedJaxpr, named
+from ._jaxpr import ClosedJaxpr, call_body, named
 
 __all__ = [
     "BoundCall",
@@ -236,8 +236,8 @@ def forwarded(call: BoundCall) -> tuple[BoundCall, tuple[int | None, ...]]:
 
 def _passed_on(jaxpr: Any, params: dict[str, Any], depth: int = 0) -> list[int | None]:
     """Per output of a call of ``jaxpr`` (with ``params``), the input it returns
-    unchanged, or ``None``: directly, or through the inner ``jit`` calls that
-    return it unchanged (a wrapper's ``jit`` around ``eqx.filter_jit``'s)."""
+    unchanged, or ``None``: directly, or through the inner calls that return it
+    unchanged (a wrapper's ``jit`` around ``eqx.filter_jit``'s)."""
     n = len(jaxpr.outvars)
     shardings = params.get("out_shardings", (UNSPECIFIED,) * n)
     layouts = params.get("out_layouts", (None,) * n)
@@ -250,13 +250,11 @@ def _passed_on(jaxpr: Any, params: dict[str, Any], depth: int = 0) -> list[int |
             if v in position:
                 return position[v]
             eqn, k = made.get(v, (None, 0))
-            if eqn is None or eqn.primitive.name not in ("pjit", "jit") or depth >= 4:
-                return None
-            closed = eqn.params["jaxpr"]
-            if closed.consts:
+            body = call_body(eqn) if eqn is not None and depth < 4 else None
+            if body is None or body[1]:
                 return None
             if id(eqn) not in inner:
-                inner[id(eqn)] = _passed_on(closed.jaxpr, eqn.params, depth + 1)
+                inner[id(eqn)] = _passed_on(body[0], eqn.params, depth + 1)
             j = inner[id(eqn)][k]
             if j is None:
                 return None
