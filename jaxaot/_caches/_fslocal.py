@@ -47,7 +47,6 @@ class LocalRoot:
 
     def __init__(self, root: str) -> None:
         self._root = root
-        self._group = 0  # (see _group_bits; known once the root is opened)
 
     def trusted(self, st: os.stat_result, what: str) -> None:
         check_trusted(st, what)
@@ -69,7 +68,6 @@ class LocalRoot:
         try:
             root_st = os.fstat(rfd)
             self.trusted(root_st, f"root directory {self._root}")
-            self._group = _group_bits(root_st)
             if shard is None:
                 return rfd
             try:
@@ -85,7 +83,7 @@ class LocalRoot:
                 if create:
                     try:
                         # Readable by the other users of a shared store.
-                        os.fchmod(sfd, 0o755 | self._group)
+                        os.fchmod(sfd, 0o755 | _group_bits(root_st))
                     except OSError:
                         pass  # (another user's shard)
                 self.trusted(os.fstat(sfd), f"shard directory {self._root}/{shard}")
@@ -199,8 +197,9 @@ class LocalRoot:
         try:
             sfd = self.directory(key[:2], create=True)
             try:
-                mode = 0o644 | (self._group & 0o060)
-                return _filelease.take(sfd, key, self.trusted, where, mode=mode)
+                # A lease file is the group's to write where its shard is.
+                group = stat.S_IMODE(os.fstat(sfd).st_mode) & 0o020
+                return _filelease.take(sfd, key, self.trusted, where, mode=0o644 | group)
             finally:
                 os.close(sfd)
         except Refused as r:
