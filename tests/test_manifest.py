@@ -902,5 +902,6 @@ def test_waiting_for_claims_other_processes_hold_is_said(
     with jaxaot.using_cache(cache):
         report = m.precompile(run="r", on_item=lambda e, r: events.append((e, r.note)))
     held.release()
-    assert ("waiting", "1 up to 0.5 s") in events, events
+    said = "waiting for 1 signature(s) other processes claimed (a claim of one that stopped is taken over after 0.5 s)"
+    assert ("waiting", said) in events, events
     assert [e for e, _ in events][-2:] == ["start", "done"] and report.items[0].made >= 1

@@ -390,11 +390,11 @@ class Manifest:
         ``on_item(event, result)`` is called with ``"start"`` before a signature
         is precompiled here and ``"done"`` after (or ``"elsewhere"`` when another
         process did it), and once with ``"waiting"`` where signatures other
-        processes claimed are waited for (``result.note``: how many, and up to how
-        long for a process that stopped). Signatures whose index is in ``finished`` (which may grow
-        meanwhile: ``jaxaot precompile`` adds what the other workers report) are
-        skipped: a claim says "done" for a minute only, and this process would
-        otherwise load what another finished before that.
+        processes claimed are waited for (``result.note`` says how many, and how
+        long a process that stopped holds them up). Signatures whose index is in
+        ``finished`` (which may grow meanwhile: ``jaxaot precompile`` adds what the
+        other workers report) are skipped: a claim says "done" for a minute only,
+        and this process would otherwise load what another finished before that.
 
         A signature that cannot be precompiled (its arguments are wrong for its
         function) does not stop the others: it is recorded as ``"failed"``, with
@@ -500,10 +500,13 @@ class Manifest:
         since = time.monotonic()
         bound = lease_wait()
         if waiting:  # (said: a claim of a process that died holds this one up to ``bound``)
-            first = self._items[waiting[0]].label
+            said = (
+                f"waiting for {len(waiting)} signature(s) other processes claimed (a claim "
+                f"of one that stopped is taken over after {bound:g} s)"
+            )
             notify(
                 "waiting",
-                ItemResult(waiting[0], first, "waiting", note=f"{len(waiting)} up to {bound:g} s"),
+                ItemResult(waiting[0], self._items[waiting[0]].label, "waiting", note=said),
             )
         while waiting:
             time.sleep(pause)

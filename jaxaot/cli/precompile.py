@@ -430,11 +430,8 @@ class _Progress:
         text = (
             f"[{self.done}/{self.total or '?'}] {result['label']}: {what}{took} (worker {worker})"
         )
-        if self._bar is not None:
-            self._bar.console.print(text, markup=False, highlight=False)
-            self._refresh()
-        else:
-            self.out.line(text)
+        self.say(text)
+        self._refresh()
 
     def say(self, text: str) -> None:
         if self._bar is not None:
@@ -562,11 +559,7 @@ def _run(args: argparse.Namespace, out: Output) -> int:
             elif kind == "start":
                 progress.start(w, str(event["label"]))
             elif kind == "waiting":
-                count, _, bound = str(event.get("note", "")).partition(" up to ")
-                progress.say(
-                    f"worker {w}: waiting for {count} signature(s) other processes claimed "
-                    f"(a claim of one that stopped is taken over after {bound})"
-                )
+                progress.say(f"worker {w}: {event.get('note', '')}")
             elif kind in ("done", "elsewhere"):
                 result = ItemResult.from_dict(event)
                 results.append(result)
