@@ -103,14 +103,15 @@ def get_or_make(
             if value is None:
                 k = key()
                 cache = get_cache()
-                value = codec.load(cache, k) if cache is not None else None  # type: ignore[assignment]
-                if value is None:
+                found = codec.load(cache, k) if cache is not None else None
+                if found is None:
                     value = _miss(k, cache, codec, make, counters, explain)
                 else:
+                    value = found
                     counters.add("hits")
                     logger.debug("jaxaot: %s hit %s", codec.what, k.digest[:16])
                     if codec.to_bytes is not None:
-                        found, to_bytes = value, codec.to_bytes
+                        to_bytes = codec.to_bytes
                         _job.publish_hit(k.digest, lambda: to_bytes(found))
                 memo[memo_key] = value
                 if codec.executable:
@@ -296,8 +297,10 @@ class Store:
             loaded = load_executable(cache, exe_key, in_tree)
             if loaded is None:
                 return None
-            costs = self._checked(loaded[1]).extra.get("cost_analysis")  # type: ignore[union-attr]
-            return loaded[0], dict(costs) if isinstance(costs, dict) else None
+            exe, entry = loaded
+            self._checked(entry)
+            costs = entry.extra.get("cost_analysis")
+            return exe, dict(costs) if isinstance(costs, dict) else None
 
         def make() -> tuple[Any, dict[str, float] | None]:
             start = time.perf_counter()
