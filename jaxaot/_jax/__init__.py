@@ -1,4 +1,4 @@
-"""Every use of JAX internals (``jax._src``) in jaxaot, and nothing else of jaxaot.
+"""Every use of JAX internals in jaxaot (imported in ``_internals``), and nothing else of jaxaot.
 
 A JAX upgrade should only ever need changes in this package. It is a leaf:
 it imports no other module of jaxaot but ``_versions``. The names below are

@@ -55,10 +55,10 @@ __all__ = [
     "serialize_with_callbacks",
 ]
 
-from jax._src import callback as _callback  # noqa: E402
-from jax._src import debugging as _debugging  # noqa: E402
-from jax._src import dtypes as _dtypes  # noqa: E402
-from jax._src.lib import xla_client as _xc  # noqa: E402
+from ._internals import callback as _callback  # noqa: E402
+from ._internals import debugging as _debugging  # noqa: E402
+from ._internals import dtypes as _dtypes  # noqa: E402
+from ._internals import xla_client as _xc  # noqa: E402
 
 
 class CallbacksNotRebindable(Exception):
@@ -199,7 +199,7 @@ def _registered(component: str, program: str) -> tuple[Any, ...]:
 
 def _host_function(eqn: Any) -> Callable[..., Any]:
     """What the lowering of ``eqn`` hands to XLA as its host callback (the checks of
-    ``jax._src.callback.emit_python_callback`` included)."""
+    JAX's ``callback.emit_python_callback`` included)."""
     impl = _HOST_IMPLS.get(eqn.primitive.name)
     if impl is None:
         raise CallbacksNotRebindable(f"no host implementation of {eqn.primitive.name}")

@@ -20,13 +20,13 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
-from jax._src import ad_checkpoint as _ad_checkpoint
-from jax._src import core as _core
-from jax._src import pjit as _pjit
-from jax._src.interpreters import ad as _ad
-from jax._src.interpreters import partial_eval as _pe
-from jax._src.sharding_impls import UNSPECIFIED
 
+from ._internals import UNSPECIFIED
+from ._internals import ad as _ad
+from ._internals import ad_checkpoint as _ad_checkpoint
+from ._internals import core as _core
+from ._internals import partial_eval as _pe
+from ._internals import pjit as _pjit
 from ._jaxpr import ClosedJaxpr, call_body, named
 
 __all__ = [

@@ -5,20 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import jax
+from .._versions import SUPPORTED_JAX
+from . import _internals
+from ._internals import JAX_VERSION, Zero
+from ._internals import array as _array
+from ._internals import core as _core
+from ._internals import dispatch as _dispatch
+from ._internals import effects as _effects
+from ._internals import prng as _prng
 
-from .._versions import SUPPORTED_JAX, check_supported
-
-JAX_VERSION = check_supported(jax.__version__)
-
-from jax._src import array as _array  # noqa: E402
-from jax._src import core as _core  # noqa: E402
-from jax._src import dispatch as _dispatch  # noqa: E402
-from jax._src import effects as _effects  # noqa: E402
-from jax._src.ad_util import Zero  # noqa: E402
-from jax._src.callback import io_callback_p, pure_callback_p  # noqa: E402
-from jax._src.debugging import debug_callback_p  # noqa: E402
-from jax._src.random import prng as _prng  # noqa: E402
+io_callback_p = _internals.callback.io_callback_p
+pure_callback_p = _internals.callback.pure_callback_p
+debug_callback_p = _internals.debugging.debug_callback_p
 
 __all__ = [
     "CALL_PRIMITIVES",

@@ -8,12 +8,9 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jax._src import checkify as _checkify
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.interpreters import partial_eval as _pe
-from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import func as func_dialect
-
+from ._internals import ad, batching, func_dialect, ir, mlir
+from ._internals import checkify as _checkify
+from ._internals import partial_eval as _pe
 from ._jaxpr import JAX_VERSION, jaxpr_as_fun
 
 __all__ = [

@@ -19,10 +19,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-from jax._src import config as _config
-from jax._src import xla_bridge as _xb
 from jax.sharding import Sharding
 
+from ._internals import config as _config
+from ._internals import internal
+from ._internals import xla_bridge as _xb
 from ._target import target_platform
 
 logger = logging.getLogger("jaxaot")
@@ -177,7 +178,7 @@ def local_accelerator() -> str | None:
     """The platform of this machine's accelerator (``"cuda"``, ``"tpu"``), from its
     devices alone (JAX's own checks: nothing is started, no device is locked),
     or None."""
-    from jax._src import hardware_utils
+    hardware_utils = internal("hardware_utils")
 
     if hardware_utils.has_visible_nvidia_gpu():
         return "cuda"
@@ -212,7 +213,7 @@ def trace_context_items() -> tuple[tuple[str, Any], ...]:
 
 def explicit_mesh_axes_in_scope() -> frozenset[Any]:
     """The explicit mesh axes a ``vmap`` in scope maps over (empty outside one)."""
-    from jax._src import core as _core
+    from ._internals import core as _core
 
     env = _core.get_axis_env()
     return frozenset(getattr(env, "explicit_mesh_axis_names", ()) or ())
@@ -227,7 +228,7 @@ def named_shardings(closed: Any) -> list[Any]:
     a jaxpr): those of sharding constraints, nested ``jit`` calls, ``shard_map``
     over a concrete mesh and ``device_put`` to a memory kind, nested jaxprs
     included; in the order JAX finds them."""
-    from jax._src import dispatch
+    from ._internals import dispatch
 
     jaxpr = getattr(closed, "jaxpr", closed)
     return [s for s, _ in dispatch.get_intermediate_shardings(jaxpr) if isinstance(s, Sharding)]
@@ -239,7 +240,7 @@ def distributed_client() -> Any | None:
     try:
         if jax.process_count() <= 1:
             return None
-        from jax._src import distributed  # the runtime client is not public API
+        distributed = internal("distributed")  # the runtime client is not public API
 
         return distributed.global_state.client
     except Exception:  # not initialized, or an older runtime without a client
@@ -260,7 +261,7 @@ def one_auto_layout() -> None:
     process) would then have types unequal to the same types of any other
     array, and every signature built from them would miss."""
     try:
-        from jax._src import layout as _layout
+        _layout = internal("layout")
     except ImportError:  # pragma: no cover - a JAX without layouts
         return
     cls = getattr(_layout, "AutoLayoutSingleton", None)
@@ -310,8 +311,7 @@ def _lapack_kernels() -> tuple[bytes, ...]:
     limit), so it is done only for a program that names one."""
     names: list[str] = []
     try:
-        from jax._src.lib import lapack as _lapack_lib
-
+        _lapack_lib = internal("lib.lapack")
         names = [str(name) for name in _lapack_lib._lapack.registrations()]
     except Exception:  # pragma: no cover - a jaxlib that lists them otherwise
         names = ["tridiagonal_solve_perturbed_ffi"]
@@ -327,8 +327,7 @@ def _lapack_ready() -> None:
     if _LAPACK.is_set():
         return
     try:
-        from jax._src.lax import linalg as _linalg
-
+        _linalg = internal("lax.linalg")
         _linalg.initialize_lapack()
     except Exception:  # pragma: no cover - a JAX without LAPACK kernels to set up
         logger.debug("jaxaot: LAPACK kernels not set up", exc_info=True)
@@ -463,9 +462,9 @@ def cpp_dispatcher(
     (see ``fastpath_miss``; the executable takes the dynamic arguments alone).
     Under ``jax.disable_jit`` it calls ``function`` (the user's), as ``jax.jit``
     does."""
-    from jax._src import tree_util as _tree_util
-    from jax._src.interpreters import pxla as _pxla
-    from jax._src.lib import _jax
+    _tree_util = internal("tree_util")
+    _pxla = internal("interpreters.pxla")
+    _jax = internal("lib._jax")
 
     return _jax.pjit(  # type: ignore[no-any-return]
         name,
@@ -482,17 +481,15 @@ def cpp_dispatcher(
 def api_boundary(fun: Callable[..., Any]) -> Callable[..., Any]:
     """``fun`` as an entry point whose errors JAX reports as it reports ``jax.jit``'s:
     without JAX's frames, nor jaxaot's (see :func:`hide_internal_frames`)."""
-    from jax._src import traceback_util as _traceback_util
-
-    return _traceback_util.api_boundary(fun)
+    return internal("traceback_util").api_boundary(fun)
 
 
 def hide_internal_frames() -> None:
     """Leaves jaxaot's own frames out, as JAX leaves out its own: from the
     tracebacks of errors raised through an entry point, and from the user frame
     JAX names for an equation (a leaked tracer "created on line ...")."""
-    from jax._src import source_info_util as _source_info_util
-    from jax._src import traceback_util as _traceback_util
+    _source_info_util = internal("source_info_util")
+    _traceback_util = internal("traceback_util")
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     _traceback_util.register_exclusion(package + os.sep)
@@ -536,9 +533,7 @@ def nan_found(error: BaseException) -> bool:
     ``jax_debug_infs``) that an executable produced a NaN or an infinity: ``jax.jit``
     then runs the function again op by op to raise ``FloatingPointError`` where it
     happened, and so does jaxaot."""
-    from jax._src.api_util import InternalFloatingPointError
-
-    return isinstance(error, InternalFloatingPointError)
+    return isinstance(error, internal("api_util").InternalFloatingPointError)
 
 
 def fastpath_miss(
@@ -562,7 +557,7 @@ def fastpath_miss(
 # The flags JAX's persistent cache leaves out of its keys because they cannot
 # change the compiled code (dump and debug output, the simulated device count,
 # which the device count keys anyway): ``xla_flags_to_exclude_from_cache_key``
-# in ``jax/_src/cache_key.py``, read from the installed JAX so that jaxaot
+# in JAX's own ``cache_key`` module, read from the installed JAX so that jaxaot
 # leaves out exactly what that JAX leaves out. The fallback is that list as of
 # jax 0.10.2, for a JAX that moved it.
 _FALLBACK_EXCLUDED = (
@@ -591,7 +586,7 @@ _FALLBACK_EXCLUDED = (
 
 def _excluded_flags() -> frozenset[str]:
     try:
-        from jax._src import cache_key
+        cache_key = internal("cache_key")
 
         return frozenset(cache_key.xla_flags_to_exclude_from_cache_key)
     except (ImportError, AttributeError):
