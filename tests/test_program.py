@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot._keys._program import content_digest, program_digest, program_parts
+from jaxaot._keys._program import (
+    content_digest,
+    equation_digests,
+    program_digest,
+    program_parts,
+)
 from jaxaot._keys._text import strip_addresses
 
 
@@ -198,3 +203,29 @@ def test_rules_calling_rules_are_part_of_the_key() -> None:
     assert a == c
     assert len(a["rules"]) == 3  # f's, g's and h's
     assert len(_parts(_custom_jvp_with(1.0), jnp.float32(0.3))["rules"]) == 1
+
+
+def test_equation_digests_tell_apart_what_equations_compute() -> None:
+    """Equations that compute the same from inputs of the same types digest alike,
+    whatever their variables and their nested jaxprs' identities (each
+    ``jax.nn.relu`` call holds a jaxpr of its own); another literal, primitive or
+    input type differs; an equation that calls back into the host has none."""
+
+    def f(x: jax.Array, y: jax.Array) -> tuple[jax.Array, ...]:
+        return (
+            jax.nn.relu(x) * 2.0,
+            jax.nn.relu(y) * 2.0,
+            jax.nn.relu(y) * 3.0,
+            jax.nn.relu(x).astype(jnp.float16),
+            jax.pure_callback(np.sin, jax.ShapeDtypeStruct((3,), jnp.float32), x),
+        )
+
+    eqns = jax.make_jaxpr(f)(jnp.ones(3), jnp.ones(3)).jaxpr.eqns
+    digests = equation_digests(eqns, "f")
+    names = [e.primitive.name for e in eqns]
+    relus = [d for n, d in zip(names, digests, strict=True) if n == "custom_jvp_call"]
+    muls = [d for n, d in zip(names, digests, strict=True) if n == "mul"]
+    assert len(relus) == 4 and relus[0] == relus[1] == relus[2] == relus[3]
+    assert len(muls) == 3 and muls[0] == muls[1] != muls[2]
+    assert digests[names.index("convert_element_type")] not in muls
+    assert digests[names.index("pure_callback")] is None

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from _steps import block, close, loss, setup, train_step_factory
 
@@ -320,7 +321,8 @@ def test_a_donating_train_step_keeps_its_layers_as_loops() -> None:
 def test_a_run_goes_on_past_equations_that_read_nothing_it_makes() -> None:
     """A value built between two layers from the program's inputs alone (autodiff's
     zero cotangents between backward layers) does not end the run: it is made
-    before the loop. One that reads a layer's output does end it."""
+    before the loop. One that reads a layer's output does end it; the layer and
+    that glue, repeated, are then a loop of periods of two equations."""
     layer = jaxaot.component(lambda w, z, v: jnp.tanh(v @ w) + z)
     w = jnp.eye(3) * 0.5
 
@@ -340,8 +342,11 @@ def test_a_run_goes_on_past_equations_that_read_nothing_it_makes() -> None:
         items = _whole.runs(closed.jaxpr.eqns)
         lengths = [len(i.eqns) for i in items if isinstance(i, _whole._Run)]
         assert lengths == ([5] if looped else []), (f.__name__, lengths)
+        if not looped:
+            (run,) = _whole.periods(items, _whole.MIN_LOOP)
+            assert [len(group.eqns) for group in run.eqns] == [2] * 5
         fn, calls = _whole.program(closed.jaxpr)
-        assert calls == (1 if looped else 5)
+        assert calls == 1
         close(jax.jit(fn)(*args, *closed.consts)[0], f(*args))
 
 
@@ -440,3 +445,88 @@ def test_a_loops_layers_are_cut_from_their_stacks_by_one_program_for_all() -> No
     # (Fusion choices may differ a little with depth; a program per layer and
     # gradient would add several for each added layer.)
     assert 0 < kinds[1] < kinds[0] + _whole.MIN_LOOP + 1, kinds
+
+
+def test_a_layer_of_several_calls_and_glue_repeated_is_one_loop() -> None:
+    """Layers written as several component calls with glue between them (a linear
+    layer, a norm, an activation and a residual add), repeated in a chain, are one
+    loop of that period. Glue that differs between periods (another constant), a
+    period reading an older period's output, or a host callback in the glue keep
+    the calls one by one. Each gives the program's values."""
+    lin = jaxaot.component(lambda w, v: v @ w)
+    norm = jaxaot.component(lambda v: (v - v.mean(-1, keepdims=True)) * 0.5)
+    ws = [jax.random.normal(jax.random.key(i), (4, 4)) * 0.5 for i in range(_whole.MIN_LOOP + 1)]
+    v = jax.random.normal(jax.random.key(9), (3, 4))
+
+    def layers(ws: Any, v: jax.Array) -> jax.Array:
+        for w in ws:
+            v = v + jax.nn.relu(norm(lin(w, v)))
+        return v
+
+    def other_constants(ws: Any, v: jax.Array) -> jax.Array:
+        for i, w in enumerate(ws):
+            v = v + jax.nn.relu(norm(lin(w, v))) * (1.0 + i)
+        return v
+
+    def older(ws: Any, v: jax.Array) -> jax.Array:
+        prev = v
+        for w in ws:
+            v, prev = prev + jax.nn.relu(norm(lin(w, v))), v
+        return v
+
+    def called_back(ws: Any, v: jax.Array) -> jax.Array:
+        for w in ws:
+            h = norm(lin(w, v))
+            v = v + jax.pure_callback(np.tanh, jax.ShapeDtypeStruct(h.shape, h.dtype), h)
+        return v
+
+    n = len(ws)
+    for f, calls in ((layers, 2), (other_constants, 2 * n), (older, 2 * n), (called_back, 2 * n)):
+        closed = jax.make_jaxpr(f)(ws, v)
+        fn, bound = _whole.program(closed.jaxpr)
+        assert bound == calls, f.__name__
+        close(jax.jit(fn)(*ws, v, *closed.consts)[0], f(ws, v))
+    grads = _whole_jit(jax.grad(lambda ws, v: layers(ws, v).sum()), ws, v)
+    close(grads, jax.grad(lambda ws, v: layers(ws, v).sum())(ws, v))
+
+
+def test_haiku_linear_and_batch_norm_layers_in_a_plain_loop_run_as_one_program() -> None:
+    """A Haiku train step (adam) whose layers are a Linear, a BatchNorm and a
+    ReLU in a plain loop, no class of its own: its calls alternate between two
+    entries, and the forward and backward periods are loops, so the step runs as
+    one program (it ran split: two dozen calls, over ``MAX_WHOLE_CALLS``), with
+    jax.jit's values, state and updates."""
+    haiku = pytest.importorskip("haiku")
+    import optax
+
+    def forward(x: jax.Array) -> jax.Array:
+        x = haiku.Linear(16)(x)
+        for _ in range(_whole.MIN_LOOP + 1):
+            h = haiku.BatchNorm(True, True, 0.9)(haiku.Linear(16)(x), True)
+            x = x + jax.nn.relu(h)
+        return haiku.Linear(2)(x)
+
+    model = haiku.transform_with_state(forward)
+    x = jax.random.normal(jax.random.key(1), (8, 4))
+    params, state = model.init(jax.random.key(0), x)
+    opt = optax.adam(1e-2)
+
+    def step(params: Any, opt_state: Any, state: Any, x: jax.Array) -> Any:
+        def loss(p: Any, s: Any) -> Any:
+            out, s = model.apply(p, s, None, x)
+            return (out**2).mean(), s
+
+        (value, state), g = jax.value_and_grad(loss, has_aux=True)(params, state)
+        updates, opt_state = opt.update(g, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, state, value
+
+    args = (params, opt.init(params), state, x)
+    fast = jaxaot.jit(step)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        got = fast(*args)
+        (plan,) = fast._plans.values()
+        said = fast.explain(*args)
+        assert plan.mode == _plan.WHOLE, said
+        assert "its repeated layers as loops" in said, said
+        assert plan.whole.result().as_text().count(" while(") >= 2
+    close(got, jax.jit(step)(*args))

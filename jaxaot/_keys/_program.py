@@ -58,7 +58,7 @@ from ._key import ComponentKey, Described
 from ._sharding import sharded_type, sharding_text, value_text
 from ._text import jax_type_text, strip_addresses
 
-__all__ = ["arg_names", "content_digest", "program_digest", "program_parts"]
+__all__ = ["arg_names", "content_digest", "equation_digests", "program_digest", "program_parts"]
 
 _RULE_PRIMITIVES = ("custom_jvp_call", "custom_vjp_call", "custom_vmap_call")
 #: Where each rule primitive holds its rule (for its name and code).
@@ -218,7 +218,7 @@ class _Canonical:
 
         def var(v: Any) -> str:
             if isinstance(v, Literal):
-                return f"lit({self.value(v.val)}:{self.type_text(v.aval)})"
+                return self.literal(v)
             if isinstance(v, DropVar):
                 return "_"
             n = names.get(v)
@@ -245,6 +245,9 @@ class _Canonical:
             self._nesting -= 1
         self.emit("out", *[var(v) for v in jaxpr.outvars])
         self.emit("effects", *sorted(strip_addresses(str(e)) for e in jaxpr.effects))
+
+    def literal(self, v: Any) -> str:
+        return f"lit({self.value(v.val)}:{self.type_text(v.aval)})"
 
     def eqn(self, eqn: Any, var: Callable[[Any], str]) -> None:
         ins = [var(v) for v in eqn.invars]
@@ -402,6 +405,30 @@ def program_digest(program: Any, what: str) -> str:
     canon.param(program)
     canon.emit("consts", *canon.consts, "rules", *(f"{n}={d}" for n, d in canon.rules))
     return canon.hexdigest()
+
+
+def equation_digests(eqns: Sequence[Any], what: str) -> list[str | None]:
+    """For each of ``eqns`` (equations of one program), a digest of what it
+    computes from its inputs, keyed as :func:`program_digest` keys a program:
+    its primitive, its parameters and its input and output types. Two equations
+    of one digest compute the same outputs from the same inputs. A value of the
+    program's own trace that a nested jaxpr holds is named by the order it is
+    first met in ``eqns``: the same value, the same name. ``None`` for an equation
+    that calls back into the host, itself or in what it calls (its callbacks'
+    functions are not compared)."""
+    traced: dict[int, int] = {}
+    digests: list[str | None] = []
+    for eqn in eqns:
+        canon = _Canonical(what, rules=False)
+        canon.traced = traced
+
+        def var(v: Any, canon: _Canonical = canon) -> str:
+            return canon.literal(v) if isinstance(v, Literal) else canon.type_text(v.aval)
+
+        canon.eqn(eqn, var)
+        canon.emit("consts", *canon.consts, "rules", *(f"{n}={d}" for n, d in canon.rules))
+        digests.append(None if canon.callbacks else canon.hexdigest())
+    return digests
 
 
 def arg_names(closed: Any) -> list[str] | None:

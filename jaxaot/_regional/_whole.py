@@ -6,7 +6,9 @@ above all, its outputs) dominates the step. The whole-program form is one
 executable for the entire program, in which every run of consecutive calls of
 the same entry that hand a value from one to the next (the layers of a
 network, forward or backward), from :data:`MIN_LOOP` layers on, is a
-``lax.scan`` over that entry: XLA compiles
+``lax.scan`` over that entry; so is every sequence of equations repeated
+that often in a chain (a layer written as several calls and the glue between
+them, :func:`periods`), over one period. XLA compiles
 one layer, not an unrolled copy per layer, so its compile time does not grow
 with depth, and a step costs what a scan over stacked layers costs. A run whose
 layers each update a donated input of their own and hand it back (a decode
@@ -22,6 +24,7 @@ whose calls are big runs split, each component compiled once.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,10 +35,10 @@ import jax.numpy as jnp
 from .._component._cost import entry_work
 from .._component._rules import component_p
 from .._jax import DropVar, Literal, bind_equation
-from .._keys._program import program_digest
+from .._keys._program import equation_digests, program_digest
 
 # Part of the whole program's cache key: bump when the rewrite below changes.
-WHOLE_VERSION = 7
+WHOLE_VERSION = 8
 
 # A program whose component calls each do less work than this (``_cost.work``:
 # two per multiply-add, one per element written) runs as one program. Entering
@@ -128,6 +131,160 @@ def runs(eqns: Sequence[Any], min_length: int = 2) -> list[Any]:
             items.append(first)
             i += 1
     return items
+
+
+@dataclass(eq=False)
+class _Group:
+    """One period of a repeated sequence of equations (a layer written as several
+    calls and the glue between them: a linear layer, then a batch norm, then an
+    activation), taken as one call. Its inputs are the values it reads that it
+    does not make, in the order its equations read them; its outputs are all its
+    equations' outputs, in order. ``wiring`` says, for each input of each
+    equation, where it comes from: input ``k`` of the group (an ``int``), output
+    ``r`` of its equation ``j`` (``(j, r)``) or the equation's own literal
+    (``None``). Alike periods have the same wiring and equations of the same
+    digests (``equation_digests``), so one period's equations compute any of them."""
+
+    eqns: list[Any]
+    invars: list[Any]
+    outvars: list[Any]
+    wiring: tuple[tuple[int | tuple[int, int] | None, ...], ...]
+
+    @classmethod
+    def of(cls, eqns: Sequence[Any]) -> _Group:
+        made: dict[Any, tuple[int, int]] = {}
+        invars: list[Any] = []
+        wiring = []
+        for j, eqn in enumerate(eqns):
+            wires: list[int | tuple[int, int] | None] = []
+            for v in eqn.invars:
+                if isinstance(v, Literal):
+                    wires.append(None)
+                elif v in made:
+                    wires.append(made[v])
+                else:
+                    wires.append(len(invars))
+                    invars.append(v)
+            wiring.append(tuple(wires))
+            made.update(
+                (v, (j, r)) for r, v in enumerate(eqn.outvars) if not isinstance(v, DropVar)
+            )
+        outvars = [v for eqn in eqns for v in eqn.outvars]
+        return cls(list(eqns), invars, outvars, tuple(wiring))
+
+    @property
+    def calls(self) -> int:
+        return sum(eqn.primitive is component_p for eqn in self.eqns)
+
+    def bind(self, invals: Sequence[Any]) -> list[Any]:
+        outs: list[list[Any]] = []
+        for eqn, wires in zip(self.eqns, self.wiring, strict=True):
+            args = [
+                v.val if w is None else invals[w] if isinstance(w, int) else outs[w[0]][w[1]]
+                for v, w in zip(eqn.invars, wires, strict=True)
+            ]
+            outs.append(bind_equation(eqn, args))
+        return [x for out in outs for x in out]
+
+
+def _bind(item: Any, invals: Sequence[Any]) -> list[Any]:
+    return item.bind(invals) if isinstance(item, _Group) else bind_equation(item, invals)
+
+
+# The longest period (in equations) searched for a repeated sequence.
+_MAX_PERIOD = 256
+
+
+def periods(items: Sequence[Any], min_length: int) -> list[Any]:
+    """``items`` (equations and runs, as :func:`runs` leaves them) with each
+    sequence of equations repeated at least ``min_length`` times in a chain (a
+    layer of several calls and glue, each period reading what the one before it
+    made) replaced by a ``_Run`` of its periods (each a ``_Group``).
+
+    The same chain rules hold as for a run of one entry: each period reads the
+    same outputs of the one before it, and nothing made by an earlier one. A
+    period holds a component call, and no effect or host callback (a loop would
+    call one period's callbacks for all)."""
+    eqns = [item for item in items if not isinstance(item, _Run)]
+    digests = dict(zip(map(id, eqns), equation_digests(eqns, "a whole program"), strict=True))
+    tokens = [
+        None if isinstance(item, _Run) or item.effects else digests[id(item)] for item in items
+    ]
+    at: dict[str, list[int]] = {}
+    for i, t in enumerate(tokens):
+        if t is not None:
+            at.setdefault(t, []).append(i)
+    # How many component calls, and equations that cannot be in a period, come
+    # before each position: whether a window has either, at once.
+    calls, unfit = [0], [0]
+    for item, t in zip(items, tokens, strict=True):
+        calls.append(calls[-1] + (t is not None and item.primitive is component_p))
+        unfit.append(unfit[-1] + (t is None))
+    out: list[Any] = []
+    i = 0
+    while i < len(items):
+        token = tokens[i]
+        same = [] if token is None else at[token]
+        found = _period_at(items, tokens, same, calls, unfit, i, min_length)
+        if found is None:
+            out.append(items[i])
+            i += 1
+        else:
+            out.append(found)
+            i += sum(len(group.eqns) for group in found.eqns)
+    return out
+
+
+def _period_at(
+    items: Sequence[Any],
+    tokens: Sequence[str | None],
+    same: Sequence[int],
+    calls: Sequence[int],
+    unfit: Sequence[int],
+    i: int,
+    n: int,
+) -> _Run | None:
+    """The run of the shortest period (of two equations or more) that starts at
+    ``items[i]`` and repeats ``n`` times or more; ``None`` if there is none.
+    ``same``: the positions of the equations of ``items[i]``'s digest."""
+    for end in same:
+        p = end - i
+        if p < 2:
+            continue
+        if p > _MAX_PERIOD or i + n * p > len(items):
+            return None
+        if calls[end] == calls[i] or unfit[end] != unfit[i] or tokens[i + (n - 1) * p] != tokens[i]:
+            continue
+        window = tokens[i:end]
+        count = 1
+        while tokens[i + count * p : i + (count + 1) * p] == window:
+            count += 1
+        if count < n:
+            continue
+        run = _chain([_Group.of(items[i + k * p : i + (k + 1) * p]) for k in range(count)])
+        if run is not None and len(run.eqns) >= n:
+            return run
+    return None
+
+
+def _chain(groups: Sequence[_Group]) -> _Run | None:
+    """The longest prefix of ``groups`` (alike periods) that forms a chain, as a run."""
+    first = groups[0]
+    carry: tuple[tuple[int, int], ...] | None = None
+    earlier: set[Any] = set()
+    members = [first]
+    for group in groups[1:]:
+        if group.wiring != first.wiring:
+            break
+        pairs = _carry(members[-1], group)
+        if pairs is None or (carry is not None and pairs != carry):
+            break
+        if any(_made(v, earlier) for v in group.invars):
+            break
+        carry = pairs
+        earlier.update(members[-1].outvars)
+        members.append(group)
+    return None if carry is None else _Run(members, carry)
 
 
 def _made(v: Any, variables: set[Any]) -> bool:
@@ -306,7 +463,7 @@ def _scan(
             ins[q] = c
         for q, v in zip(stacked, x, strict=True):
             ins[q] = v
-        outs = bind_equation(first, ins)
+        outs = _bind(first, ins)
         return tuple(outs[carried[q]] for q in carry_q), tuple(outs[r] for r in ys_at)
 
     init = tuple(read(first.invars[q]) for q in carry_q)
@@ -399,11 +556,21 @@ def _loops(jaxpr: Any, donated: Sequence[int]) -> tuple[list[Any], bool]:
     """``jaxpr``'s equations with its runs as ``_Run``s, less those that update a
     donated input in place (their calls stay one by one); and whether there were
     such runs."""
+    return _found_loops(jaxpr, tuple(donated))
+
+
+# A plan asks for the form, then the program, of one jaxpr: it is searched once.
+@functools.lru_cache(maxsize=8)
+def _found_loops(jaxpr: Any, donated: tuple[int, ...]) -> tuple[list[Any], bool]:
+    return _find_loops(jaxpr, donated)
+
+
+def _find_loops(jaxpr: Any, donated: Sequence[int]) -> tuple[list[Any], bool]:
     pinned = frozenset(jaxpr.invars[i] for i in donated)
     results = frozenset(v for v in jaxpr.outvars if not isinstance(v, Literal))
     items: list[Any] = []
     unrolled = False
-    for item in runs(jaxpr.eqns, MIN_LOOP):
+    for item in periods(runs(jaxpr.eqns, MIN_LOOP), MIN_LOOP):
         if isinstance(item, _Run) and pinned and _updates_in_place(item, pinned, results):
             items.extend(item.eqns)
             unrolled = True
@@ -434,7 +601,15 @@ def program(jaxpr: Any, donated: Sequence[int] = ()) -> tuple[Callable[..., list
 
 def _calls(items: Sequence[Any]) -> int:
     """How many component calls ``items`` bind once traced (a loop binds one)."""
-    return sum(1 if isinstance(item, _Run) else item.primitive is component_p for item in items)
+    return sum(
+        _first_calls(item) if isinstance(item, _Run) else item.primitive is component_p
+        for item in items
+    )
+
+
+def _first_calls(run: _Run) -> int:
+    first = run.eqns[0]
+    return first.calls if isinstance(first, _Group) else 1
 
 
 def _program(jaxpr: Any, items: list[Any], outvars: list[Any]) -> Callable[..., list[Any]]:
