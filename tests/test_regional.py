@@ -1695,3 +1695,30 @@ def test_a_step_that_updates_its_arguments_in_place_is_told_the_updates_are_lost
                 run(model, opt, x)
     said = [r.getMessage() for r in caplog.records if "in place" in r.getMessage()]
     assert len(said) == 1 and "'in_place'" in said[0] and "args[0].layers[0]" in said[0], said
+
+
+@pytest.mark.parametrize("whole_program", [False, True])
+def test_a_step_fed_numpy_arrays_then_its_own_outputs_is_planned_once(
+    whole_program: bool,
+) -> None:
+    """A train state of NumPy arrays (Haiku's initial batch-norm state, a checkpoint
+    read from disk), then the step's own outputs, then NumPy arrays again: the
+    same types on the default device, one plan (it was traced again on the second
+    step), with jax.jit's values each time."""
+    layer = jaxaot.component(lambda w, x: jnp.tanh(x @ w))
+
+    def step(ws: Any, x: Any, count: Any) -> Any:
+        for w in ws:
+            x = layer(w, x)
+        return x, count + 1
+
+    ws = [np.eye(4, dtype=np.float32) * 0.5] * 6
+    state = (np.ones((2, 4), np.float32), np.zeros((), np.float32))
+    fast = jaxaot.jit(step, whole_program=whole_program)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        for feed in (lambda s: s, lambda s: s, lambda s: tuple(map(np.asarray, s))):
+            state = feed(state)
+            got = fast(ws, *state)
+            close(got, jax.jit(step)(ws, *state))
+            state = got
+    assert len(fast._plans) == 1
