@@ -1722,3 +1722,33 @@ def test_a_step_fed_numpy_arrays_then_its_own_outputs_is_planned_once(
             close(got, jax.jit(step)(ws, *state))
             state = got
     assert len(fast._plans) == 1
+
+
+def test_a_function_transformed_outside_any_jit_says_once_that_nothing_is_cached(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``jax.grad`` and ``jax.vmap`` of a ``jaxaot.jit`` function, called eagerly:
+    JAX compiles the transformed program in every process and jaxaot caches
+    none of it. One warning per function says so, and how to cache it; under an
+    outer jit (whose program holds it) nothing is said. Values are jax.jit's."""
+    ws = [jnp.eye(4) * 0.5] * 3
+    x = jnp.ones((2, 4))
+
+    def loss(ws: Any, x: jax.Array) -> jax.Array:
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x**2)
+
+    fast = jaxaot.jit(loss)
+    with caplog.at_level(logging.WARNING, logger="jaxaot"):
+        close(jax.jit(jax.grad(fast))(ws, x), jax.grad(jax.jit(loss))(ws, x))
+        assert not caplog.records
+        for _ in range(2):
+            close(jax.grad(fast)(ws, x), jax.grad(jax.jit(loss))(ws, x))
+            close(
+                jax.vmap(fast, (None, 0))(ws, x[:, None]), jax.vmap(loss, (None, 0))(ws, x[:, None])
+            )
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1, said
+    assert "jaxaot.jit loss: called under jax.grad" in said[0]
+    assert "jaxaot.jit(jax.grad(loss))" in said[0]

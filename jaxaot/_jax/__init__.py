@@ -100,6 +100,7 @@ from ._jaxpr import (
     named,
     named_axis_effect,
     trace_state_clean,
+    under_staging,
     uses_primitive,
     walk_jaxprs,
 )
@@ -277,6 +278,7 @@ __all__ = [
     "thread_options",
     "options_set",
     "trace_state_clean",
+    "under_staging",
     "uses_primitive",
     "walk_jaxprs",
     "within",

@@ -12,6 +12,7 @@ from ._internals import array as _array
 from ._internals import core as _core
 from ._internals import dispatch as _dispatch
 from ._internals import effects as _effects
+from ._internals import partial_eval as _partial_eval
 from ._internals import prng as _prng
 
 io_callback_p = _internals.callback.io_callback_p
@@ -44,6 +45,7 @@ __all__ = [
     "join_effects",
     "named_axis_effect",
     "trace_state_clean",
+    "under_staging",
     "uses_primitive",
     "walk_jaxprs",
 ]
@@ -67,6 +69,20 @@ jaxprs_in_params = _core.jaxprs_in_params
 jaxpr_as_fun = _core.jaxpr_as_fun
 trace_state_clean = _core.trace_state_clean
 apply_primitive = _dispatch.apply_primitive
+
+
+def under_staging() -> bool:
+    """Whether a trace that stages a program (``jax.jit``, ``jax.make_jaxpr``, a
+    ``scan`` body) is under the current one: then the program a call makes is
+    part of that staged program. Under eager transformations alone
+    (``jax.grad``, ``jax.vmap`` of a function called outside any jit), JAX
+    compiles what each call binds by itself."""
+    trace = _core.trace_ctx.trace
+    while trace is not None:
+        if isinstance(trace, _partial_eval.DynamicJaxprTrace):
+            return True
+        trace = getattr(trace, "parent_trace", None)
+    return False
 
 
 def named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:

@@ -43,6 +43,7 @@ from .._jax import (
     refuse_call,
     trace_context,
     trace_state_clean,
+    under_staging,
 )
 from .._store import _job
 from .._store._active import explain_misses
@@ -70,6 +71,16 @@ _ARRAY_TYPES = {ArrayImpl, PRNGKeyArray}
 _NOT_LOOKED_UP = object()
 # Inputs that are arrays without asking jax.typeof.
 _LEAF_TYPES = (jax.Array, np.ndarray, Tracer, *ARRAY_SCALARS)
+
+
+def _eager_text(name: str) -> str:
+    return (
+        f"jaxaot.jit {name}: called under jax.grad, jax.vmap or another transformation "
+        "outside any jit, it runs as jax.jit would: JAX compiles the transformed "
+        "program in every process, and jaxaot caches none of it. Put the "
+        f"transformation inside to cache it: jaxaot.jit(jax.grad({name})), "
+        f"jaxaot.jit(jax.vmap({name}))"
+    )
 
 
 class RegionalFunction:
@@ -335,7 +346,10 @@ class RegionalFunction:
             if not trace_state_clean() or (
                 not arrays and any(isinstance(x, Tracer) for x in leaves)
             ):
-                self._spec.say(_IN_A_TRACE)
+                if under_staging():
+                    self._spec.say(_IN_A_TRACE)  # cached with the program staging it
+                else:
+                    _stats.warn_once(f"eager-transform:{id(self)}", _eager_text(self.__name__))
                 return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
             refuse_call(f"jaxaot.jit {self.__name__}", "RegionalFunction.precompile")
             if self._in_shardings is not UNSET:
