@@ -160,7 +160,7 @@ def _host_sharding() -> Any:
     own outputs, has one plan. ``None`` under a mesh (placed by it)."""
     if not MeshContext().empty:
         return None
-    device = jax.config.jax_default_device
+    device = getattr(jax.config, "jax_default_device", None)
     if device is None:
         device = jax.devices()[0]
     if not isinstance(device, jax.Device):  # a platform's name: its first device
