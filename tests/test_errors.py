@@ -343,3 +343,26 @@ def test_inline_is_taken_as_jax_jit_takes_it() -> None:
         got = str(jax.make_jaxpr(lambda v: inner(v) + 1)(x))
     assert got == str(jax.make_jaxpr(lambda v: plain(v) + 1)(x))
     assert got != str(jax.make_jaxpr(lambda v: jax.jit(double)(v) + 1)(x)) or "jit[" in got
+
+
+def test_a_library_modules_function_field_leads_with_the_advice_that_works() -> None:
+    """An Equinox model passed whole, holding an ``eqx.nn.MaxPool2d`` (whose
+    ``operation`` is a function, in Equinox's own class): neither marking the
+    field static (not the user's class) nor making the model static (it holds
+    arrays) works, so the message leads with splitting the model, and that
+    advice, followed, gives eqx.filter_jit's value."""
+    model = eqx.nn.Sequential(
+        [eqx.nn.Conv2d(3, 4, 3, key=jax.random.key(0)), eqx.nn.MaxPool2d(2, 2)]
+    )
+    x = jnp.ones((3, 8, 8))
+
+    def f(m: Any, x: jax.Array) -> jax.Array:
+        return m(x).sum()  # type: ignore[no-any-return]
+
+    text = _message(jaxaot.jit(f), model, x)
+    assert "at path m.layers[1].operation is a function" in text, text
+    assert "not an array. It is a field of a module: split the module" in text, text
+    assert "Pass arrays, or mark the argument static" not in text, text
+    params, static = eqx.partition(model, eqx.is_array)
+    split = jaxaot.jit(lambda p, s, x: f(eqx.combine(p, s), x), static_argnums=1)
+    np.testing.assert_allclose(split(params, static, x), eqx.filter_jit(f)(model, x), rtol=1e-6)

@@ -64,6 +64,7 @@ def unhashable_static(who: str, name: str, value: Any, error: Exception) -> NonH
 
 def not_an_array(who: str, path: str, value: Any) -> TypeError:
     """The error for an argument leaf at ``path`` that is not an array."""
+    advice = " Pass arrays, or mark the argument static with static_argnums/static_argnames."
     hint = ""
     linen = getattr(sys.modules.get("flax.linen"), "Module", None)
     if isinstance(linen, type) and isinstance(value, linen):
@@ -72,19 +73,22 @@ def not_an_array(who: str, path: str, value: Any) -> TypeError:
             "module or pass it as a static argument (static_argnums/static_argnames), "
             "and pass its variables."
         )
+    elif "." in path and "equinox" in sys.modules:
+        # A field of a module holding arrays: the module is neither all arrays nor
+        # hashable (a static argument), whatever the field is (a name, a flag,
+        # eqx.nn.MaxPool2d's operation); splitting it works for every module.
+        advice = (
+            " It is a field of a module: split the module into its arrays and the rest, "
+            "params, static = eqx.partition(model, eqx.is_array), pass static as a static "
+            "argument (static_argnums/static_argnames) and call eqx.combine(params, static) "
+            "inside. (A field of a class of your own can instead be marked "
+            "eqx.field(static=True).)"
+        )
     elif callable(value):
         hint = (
             " A function inside an argument (a field of a module) is not an array: mark "
-            "the field static (eqx.field(static=True), flax.struct.field(pytree_node=False)), "
-            "pass the function as a static argument, or split the module into its arrays "
-            "and the rest (eqx.partition(model, eqx.is_array), then eqx.combine inside)."
-        )
-    elif "." in path and "equinox" in sys.modules:
-        hint = (
-            " A module's field that is no array (a name, a flag: eqx.nn.BatchNorm's "
-            "axis_name) is not an argument: split the module into its arrays and the rest "
-            "(eqx.partition(model, eqx.is_array), then eqx.combine inside), or mark the "
-            "field static (eqx.field(static=True))."
+            "the field static (flax.struct.field(pytree_node=False)), or pass the function "
+            "as a static argument."
         )
     if isinstance(value, jax.ShapeDtypeStruct):
         hint = (
@@ -92,8 +96,7 @@ def not_an_array(who: str, path: str, value: Any) -> TypeError:
             "ShapeDtypeStructs go to .precompile(...) (or jax.jit(f).trace)."
         )
     return TypeError(
-        f"{who}: the argument at path {path} is {_what(value)}, not an array. Pass "
-        f"arrays, or mark the argument static with static_argnums/static_argnames.{hint}"
+        f"{who}: the argument at path {path} is {_what(value)}, not an array.{advice}{hint}"
     )
 
 
