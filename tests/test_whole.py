@@ -346,7 +346,7 @@ def test_a_run_goes_on_past_equations_that_read_nothing_it_makes() -> None:
             (run,) = _whole.periods(items, _whole.MIN_LOOP)
             assert [len(group.eqns) for group in run.eqns] == [2] * 5
         fn, calls = _whole.program(closed.jaxpr)
-        assert calls == 1
+        assert calls == (1 if looped else 5)
         close(jax.jit(fn)(*args, *closed.consts)[0], f(*args))
 
 
@@ -447,12 +447,16 @@ def test_a_loops_layers_are_cut_from_their_stacks_by_one_program_for_all() -> No
     assert 0 < kinds[1] < kinds[0] + _whole.MIN_LOOP + 1, kinds
 
 
-def test_a_layer_of_several_calls_and_glue_repeated_is_one_loop() -> None:
+def test_a_layer_of_several_calls_and_glue_repeated_is_one_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Layers written as several component calls with glue between them (a linear
     layer, a norm, an activation and a residual add), repeated in a chain, are one
-    loop of that period. Glue that differs between periods (another constant), a
-    period reading an older period's output, or a host callback in the glue keep
-    the calls one by one. Each gives the program's values."""
+    loop of that period where the program would otherwise run split (over
+    ``MAX_WHOLE_CALLS`` calls; within it, they stay unrolled). Glue that differs
+    between periods (another constant), a period reading an older period's
+    output, or a host callback in the glue keep the calls one by one. Each gives
+    the program's values."""
     lin = jaxaot.component(lambda w, v: v @ w)
     norm = jaxaot.component(lambda v: (v - v.mean(-1, keepdims=True)) * 0.5)
     ws = [jax.random.normal(jax.random.key(i), (4, 4)) * 0.5 for i in range(_whole.MIN_LOOP + 1)]
@@ -481,6 +485,9 @@ def test_a_layer_of_several_calls_and_glue_repeated_is_one_loop() -> None:
         return v
 
     n = len(ws)
+    closed = jax.make_jaxpr(layers)(ws, v)
+    assert _whole.program(closed.jaxpr)[1] == 2 * n  # within the cap: unrolled
+    monkeypatch.setattr(_whole, "MAX_WHOLE_CALLS", 2)
     for f, calls in ((layers, 2), (other_constants, 2 * n), (older, 2 * n), (called_back, 2 * n)):
         closed = jax.make_jaxpr(f)(ws, v)
         fn, bound = _whole.program(closed.jaxpr)
@@ -530,3 +537,33 @@ def test_haiku_linear_and_batch_norm_layers_in_a_plain_loop_run_as_one_program()
         assert "its repeated layers as loops" in said, said
         assert plan.whole.result().as_text().count(" while(") >= 2
     close(got, jax.jit(step)(*args))
+
+
+def test_layers_of_several_calls_updating_donated_caches_stay_unrolled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A decode step whose layers are several calls and glue, each updating its
+    own donated cache: as for layers of one call, a loop would stack the caches
+    and cut them apart again, so the calls stay one by one, with the program's
+    values."""
+    lin = jaxaot.component(lambda w, v: v @ w)
+    norm = jaxaot.component(lambda v: v - v.mean(-1, keepdims=True))
+    ws = [jnp.eye(4) * (0.5 + 0.1 * i) for i in range(_whole.MIN_LOOP + 1)]
+
+    def decode(caches: Any, v: jax.Array) -> Any:
+        new = []
+        for w, cache in zip(ws, caches, strict=True):
+            v = v + jax.nn.relu(norm(lin(w, v)))
+            new.append(cache + v)
+        return new, v
+
+    caches = [jnp.zeros((3, 4)) for _ in ws]
+    v = jax.random.normal(jax.random.key(0), (3, 4))
+    closed = jax.make_jaxpr(decode)(caches, v)
+    monkeypatch.setattr(_whole, "MAX_WHOLE_CALLS", 2)
+    donated = tuple(range(len(caches)))
+    assert _whole.looped(closed.jaxpr) and not _whole.looped(closed.jaxpr, donated)
+    fn, calls = _whole.program(closed.jaxpr, donated)
+    assert calls == 2 * len(ws)
+    got = jax.jit(fn)(*caches, v, *closed.consts)
+    close(got, jax.tree_util.tree_leaves(decode(caches, v)))

@@ -8,7 +8,8 @@ the same entry that hand a value from one to the next (the layers of a
 network, forward or backward), from :data:`MIN_LOOP` layers on, is a
 ``lax.scan`` over that entry; so is every sequence of equations repeated
 that often in a chain (a layer written as several calls and the glue between
-them, :func:`periods`), over one period. XLA compiles
+them, :func:`periods`), over one period, where the program would otherwise
+bind over :data:`MAX_WHOLE_CALLS` calls. XLA compiles
 one layer, not an unrolled copy per layer, so its compile time does not grow
 with depth, and a step costs what a scan over stacked layers costs. A run whose
 layers each update a donated input of their own and hand it back (a decode
@@ -556,26 +557,42 @@ def _loops(jaxpr: Any, donated: Sequence[int]) -> tuple[list[Any], bool]:
     """``jaxpr``'s equations with its runs as ``_Run``s, less those that update a
     donated input in place (their calls stay one by one); and whether there were
     such runs."""
-    return _found_loops(jaxpr, tuple(donated))
+    return _found_loops(jaxpr, tuple(donated), MIN_LOOP, MAX_WHOLE_CALLS)
 
 
-# A plan asks for the form, then the program, of one jaxpr: it is searched once.
+# A plan asks for the form, then the program, of one jaxpr: it is searched once
+# (for the bounds in force).
 @functools.lru_cache(maxsize=8)
-def _found_loops(jaxpr: Any, donated: tuple[int, ...]) -> tuple[list[Any], bool]:
-    return _find_loops(jaxpr, donated)
+def _found_loops(
+    jaxpr: Any, donated: tuple[int, ...], min_loop: int, most: int
+) -> tuple[list[Any], bool]:
+    return _find_loops(jaxpr, donated, min_loop, most)
 
 
-def _find_loops(jaxpr: Any, donated: Sequence[int]) -> tuple[list[Any], bool]:
+def _find_loops(
+    jaxpr: Any, donated: Sequence[int], min_loop: int, most: int
+) -> tuple[list[Any], bool]:
     pinned = frozenset(jaxpr.invars[i] for i in donated)
     results = frozenset(v for v in jaxpr.outvars if not isinstance(v, Literal))
-    items: list[Any] = []
-    unrolled = False
-    for item in periods(runs(jaxpr.eqns, MIN_LOOP), MIN_LOOP):
-        if isinstance(item, _Run) and pinned and _updates_in_place(item, pinned, results):
-            items.extend(item.eqns)
-            unrolled = True
-        else:
-            items.append(item)
+
+    def kept(found: list[Any]) -> tuple[list[Any], bool]:
+        items: list[Any] = []
+        unrolled = False
+        for item in found:
+            if isinstance(item, _Run) and pinned and _updates_in_place(item, pinned, results):
+                for member in item.eqns:
+                    items.extend(member.eqns if isinstance(member, _Group) else [member])
+                unrolled = True
+            else:
+                items.append(item)
+        return items, unrolled
+
+    items, unrolled = kept(runs(jaxpr.eqns, min_loop))
+    if _calls(items) > most:
+        # Layers of several calls are looped only where the program would
+        # otherwise run split: one that runs whole with them unrolled stays so.
+        items, more = kept(periods(items, min_loop))
+        unrolled = unrolled or more
     return items, unrolled
 
 
