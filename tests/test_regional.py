@@ -1752,3 +1752,49 @@ def test_a_function_transformed_outside_any_jit_says_once_that_nothing_is_cached
     assert len(said) == 1, said
     assert "jaxaot.jit loss: called under jax.grad" in said[0]
     assert "jaxaot.jit(jax.grad(loss))" in said[0]
+
+
+PLACED_AND_HOST = """
+import os
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+import jax, jax.numpy as jnp, numpy as np
+import jaxaot
+
+jaxaot.set_cache(jaxaot.MemoryCache())
+d0, d1 = jax.devices()[:2]
+layer = jaxaot.component(lambda w, x: jnp.tanh(x @ w))
+
+def f(w, x):
+    for _ in range(3):
+        x = layer(w, x)
+    return x
+
+on_d1 = [jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(d1))] * 2
+w, x = np.eye(8, dtype=np.float32) / 3, np.ones((8, 8), np.float32)
+fast = jaxaot.jit(f)
+fast.precompile(*on_d1)
+got = fast(jax.device_put(w, d1), jax.device_put(x, d1))
+assert len(fast._plans) == 1, "the call on device 1 was not the precompiled plan"
+assert got.sharding == jax.sharding.SingleDeviceSharding(d1)
+host = fast(w, x)  # NumPy arrays: placed on the default device, as jax.jit places them
+want = jax.jit(f)(w, x)
+assert len(fast._plans) == 2 and host.sharding == want.sharding, (host.sharding, want.sharding)
+np.testing.assert_allclose(host, want, rtol=1e-6)
+np.testing.assert_allclose(got, want, rtol=1e-6)
+"""
+
+
+def test_host_values_share_the_default_devices_plan_not_a_precompiled_placement(
+    subprocess_env: dict[str, str],
+) -> None:
+    """A signature precompiled for arrays on device 1 serves calls with arrays
+    there; a call with NumPy arrays is placed on the default device, as jax.jit
+    places it, by a plan of its own (two CPU devices, in a subprocess)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PLACED_AND_HOST],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]

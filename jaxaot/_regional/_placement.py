@@ -44,6 +44,7 @@ __all__ = [
     "as_sharding",
     "canonical_sharding",
     "devices_disagree",
+    "host_sharding",
     "is_target",
     "output_shardings",
     "check_shardings",
@@ -63,6 +64,17 @@ def _default_device() -> Any:
         # regions compile unplaced inputs, ``on_target``).
         return target_devices()[0]
     return jax.local_devices()[0]
+
+
+def host_sharding() -> Any:
+    """Where a call places a host value (a NumPy array, a Python scalar; a Haiku
+    model's initial state holds them): on the default device, as an array made
+    there is. ``None`` under a mesh (placed by it) or a configured default
+    device."""
+    if not MeshContext().empty:
+        return None
+    device = _default_device()
+    return None if device is None else jax.sharding.SingleDeviceSharding(device)
 
 
 def _default_memory(device: Any) -> str | None:

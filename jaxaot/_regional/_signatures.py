@@ -21,7 +21,7 @@ from .._keys._sharding import is_single_device
 from .._store._active import get_cache
 from .._store._executables import platform_text
 from .._store._prefetch import ahead
-from ._placement import MeshContext, canonical_sharding
+from ._placement import canonical_sharding, host_sharding
 
 __all__ = ["loading_ahead", "plan_signature", "say_new_signature", "signature_types"]
 
@@ -153,21 +153,6 @@ def loading_ahead(
     return ahead(get_cache(), f"jaxaot.jit {module}.{name}", text, platform_text)
 
 
-def _host_sharding() -> Any:
-    """Where a call places a host value (a NumPy array, a Python scalar) without a
-    mesh in context: on the default device, as an array made there is. So a step
-    fed a model state of NumPy arrays (Haiku's initial batch-norm state), then its
-    own outputs, has one plan. ``None`` under a mesh (placed by it)."""
-    if not MeshContext().empty:
-        return None
-    device = getattr(jax.config, "jax_default_device", None)
-    if device is None:
-        device = jax.devices()[0]
-    if not isinstance(device, jax.Device):  # a platform's name: its first device
-        device = jax.devices(device)[0]
-    return jax.sharding.SingleDeviceSharding(device)
-
-
 def plan_signature(leaves: Sequence[Any], treedef: Any, statics: Any, arrays: bool) -> Any:
     """What tells plans apart: the types, shardings, the mesh in context and
     the configuration ``jax.jit`` traces again for (x64, matmul precision,
@@ -176,8 +161,10 @@ def plan_signature(leaves: Sequence[Any], treedef: Any, statics: Any, arrays: bo
     if arrays:
         shardings: tuple[Any, ...] = tuple(map(SHARDING, leaves))
     else:
-        host = _host_sharding()
-        shardings = tuple(x.sharding if isinstance(x, jax.Array) else host for x in leaves)
+        # A host value (a NumPy array, a Python scalar) has no sharding: it is
+        # placed as an array made on the default device is, and shares its plans.
+        host = host_sharding()
+        shardings = tuple(getattr(x, "sharding", host) for x in leaves)
     # Equal shardings spelled differently (a step's outputs fed back) are one plan.
     shardings = tuple(map(canonical_sharding, shardings))
     mesh = (jax.sharding.get_abstract_mesh(), jax.sharding.get_mesh())
