@@ -192,8 +192,10 @@ def _bind(item: Any, invals: Sequence[Any]) -> list[Any]:
     return item.bind(invals) if isinstance(item, _Group) else bind_equation(item, invals)
 
 
-# The longest period (in equations) searched for a repeated sequence.
+# The longest period searched for a repeated sequence: in equations, and in
+# component calls (a layer of a linear layer, a norm and an attention is a few).
 _MAX_PERIOD = 256
+_MAX_PERIOD_CALLS = 16
 
 
 def periods(items: Sequence[Any], min_length: int) -> list[Any]:
@@ -205,28 +207,34 @@ def periods(items: Sequence[Any], min_length: int) -> list[Any]:
     The same chain rules hold as for a run of one entry: each period reads the
     same outputs of the one before it, and nothing made by an earlier one. A
     period holds a component call, and no effect or host callback (a loop would
-    call one period's callbacks for all)."""
+    call one period's callbacks for all). A period's length is the distance
+    between two calls of the program, so few lengths are tried at each place."""
     eqns = [item for item in items if not isinstance(item, _Run)]
     digests = dict(zip(map(id, eqns), equation_digests(eqns, "a whole program"), strict=True))
+    # An equation's context (its compute type, PRNG mode, XLA metadata) is bound
+    # with it: the loop binds the first period's, so periods' must be alike too.
     tokens = [
-        None if isinstance(item, _Run) or item.effects else digests[id(item)] for item in items
+        None
+        if isinstance(item, _Run) or item.effects or digests[id(item)] is None
+        else f"{digests[id(item)]}|{item.ctx!r}"
+        for item in items
     ]
-    at: dict[str, list[int]] = {}
-    for i, t in enumerate(tokens):
-        if t is not None:
-            at.setdefault(t, []).append(i)
-    # How many component calls, and equations that cannot be in a period, come
-    # before each position: whether a window has either, at once.
-    calls, unfit = [0], [0]
-    for item, t in zip(items, tokens, strict=True):
-        calls.append(calls[-1] + (t is not None and item.primitive is component_p))
+    calls = [
+        k for k, item in enumerate(items) if tokens[k] is not None and item.primitive is component_p
+    ]
+    # How many equations that cannot be in a period come before each position.
+    unfit = [0]
+    for t in tokens:
         unfit.append(unfit[-1] + (t is None))
     out: list[Any] = []
-    i = 0
+    i = c = 0
     while i < len(items):
-        token = tokens[i]
-        same = [] if token is None else at[token]
-        found = _period_at(items, tokens, same, calls, unfit, i, min_length)
+        while c < len(calls) and calls[c] < i:
+            c += 1
+        ahead = calls[c : c + _MAX_PERIOD_CALLS + 1]
+        found = (
+            None if tokens[i] is None else _period_at(items, tokens, ahead, unfit, i, min_length)
+        )
         if found is None:
             out.append(items[i])
             i += 1
@@ -239,42 +247,47 @@ def periods(items: Sequence[Any], min_length: int) -> list[Any]:
 def _period_at(
     items: Sequence[Any],
     tokens: Sequence[str | None],
-    same: Sequence[int],
-    calls: Sequence[int],
+    ahead: Sequence[int],
     unfit: Sequence[int],
     i: int,
     n: int,
 ) -> _Run | None:
     """The run of the shortest period (of two equations or more) that starts at
     ``items[i]`` and repeats ``n`` times or more; ``None`` if there is none.
-    ``same``: the positions of the equations of ``items[i]``'s digest."""
-    for end in same:
-        p = end - i
-        if p < 2:
-            continue
+    ``ahead``: the positions of the next component calls (the first is the
+    period's first call; the next period starts as far from ``i`` as one of the
+    others is from it)."""
+    if not ahead:
+        return None
+    for later in ahead[1:]:
+        p = later - ahead[0]
+        if ahead[0] - i >= p or p < 2:
+            continue  # the window holds no call, or is one equation
         if p > _MAX_PERIOD or i + n * p > len(items):
             return None
-        if calls[end] == calls[i] or unfit[end] != unfit[i] or tokens[i + (n - 1) * p] != tokens[i]:
+        if unfit[i + p] != unfit[i] or tokens[i + (n - 1) * p] != tokens[i]:
             continue
-        window = tokens[i:end]
-        count = 1
-        while tokens[i + count * p : i + (count + 1) * p] == window:
-            count += 1
-        if count < n:
+        window = tokens[i : i + p]
+        if any(tokens[i + k * p : i + (k + 1) * p] != window for k in range(1, n)):
             continue
-        run = _chain([_Group.of(items[i + k * p : i + (k + 1) * p]) for k in range(count)])
+        run = _chain(items, tokens, i, p)
         if run is not None and len(run.eqns) >= n:
             return run
     return None
 
 
-def _chain(groups: Sequence[_Group]) -> _Run | None:
-    """The longest prefix of ``groups`` (alike periods) that forms a chain, as a run."""
-    first = groups[0]
+def _chain(items: Sequence[Any], tokens: Sequence[str | None], i: int, p: int) -> _Run | None:
+    """The longest chain of alike periods of ``p`` equations from ``items[i]``, as a
+    run (``None`` below two); each period is made only once the one before it
+    chains."""
+    window = tokens[i : i + p]
+    first = _Group.of(items[i : i + p])
     carry: tuple[tuple[int, int], ...] | None = None
     earlier: set[Any] = set()
     members = [first]
-    for group in groups[1:]:
+    start = i + p
+    while start + p <= len(items) and tokens[start : start + p] == window:
+        group = _Group.of(items[start : start + p])
         if group.wiring != first.wiring:
             break
         pairs = _carry(members[-1], group)
@@ -285,6 +298,7 @@ def _chain(groups: Sequence[_Group]) -> _Run | None:
         carry = pairs
         earlier.update(members[-1].outvars)
         members.append(group)
+        start += p
     return None if carry is None else _Run(members, carry)
 
 
