@@ -366,3 +366,22 @@ def test_a_library_modules_function_field_leads_with_the_advice_that_works() -> 
     params, static = eqx.partition(model, eqx.is_array)
     split = jaxaot.jit(lambda p, s, x: f(eqx.combine(p, s), x), static_argnums=1)
     np.testing.assert_allclose(split(params, static, x), eqx.filter_jit(f)(model, x), rtol=1e-6)
+
+
+def test_a_function_field_outside_equinox_gets_no_equinox_advice() -> None:
+    """A function in a ``flax.struct`` dataclass, with Equinox imported too: the
+    message says to mark the field static as Flax does, not to split an Equinox
+    module."""
+    import flax.struct
+
+    @flax.struct.dataclass
+    class Params:
+        w: jax.Array
+        act: Any
+
+    def f(p: Any, x: jax.Array) -> jax.Array:
+        return p.act(x * p.w)  # type: ignore[no-any-return]
+
+    text = _message(jaxaot.jit(f), Params(jnp.ones(3), jax.nn.gelu), jnp.ones(3))
+    assert "at path p.act is a function" in text, text
+    assert "flax.struct.field(pytree_node=False)" in text and "eqx.partition" not in text, text

@@ -62,8 +62,31 @@ def unhashable_static(who: str, name: str, value: Any, error: Exception) -> NonH
     )
 
 
-def not_an_array(who: str, path: str, value: Any) -> TypeError:
-    """The error for an argument leaf at ``path`` that is not an array."""
+def in_equinox_module(tree: Any, path: Sequence[Any]) -> bool:
+    """Whether the leaf at ``path`` (JAX's keys) in ``tree`` lies in an Equinox
+    module (is a field of one, or of something one holds)."""
+    eqx = sys.modules.get("equinox")
+    if eqx is None:
+        return False
+    node = tree
+    for key in path:
+        if isinstance(node, eqx.Module):
+            return True
+        if isinstance(key, jax.tree_util.GetAttrKey):
+            node = getattr(node, key.name, None)
+        elif isinstance(key, jax.tree_util.SequenceKey | jax.tree_util.DictKey):
+            try:
+                node = node[key.idx if isinstance(key, jax.tree_util.SequenceKey) else key.key]
+            except (KeyError, IndexError, TypeError):
+                return False
+        else:  # a node of another kind: no way down
+            return False
+    return False
+
+
+def not_an_array(who: str, path: str, value: Any, in_module: bool = False) -> TypeError:
+    """The error for an argument leaf at ``path`` that is not an array
+    (``in_module``: it lies in an Equinox module, see :func:`in_equinox_module`)."""
     advice = " Pass arrays, or mark the argument static with static_argnums/static_argnames."
     hint = ""
     linen = getattr(sys.modules.get("flax.linen"), "Module", None)
@@ -73,7 +96,7 @@ def not_an_array(who: str, path: str, value: Any) -> TypeError:
             "module or pass it as a static argument (static_argnums/static_argnames), "
             "and pass its variables."
         )
-    elif "." in path and "equinox" in sys.modules:
+    elif in_module:
         # A field of a module holding arrays: the module is neither all arrays nor
         # hashable (a static argument), whatever the field is (a name, a flag,
         # eqx.nn.MaxPool2d's operation); splitting it works for every module.
@@ -386,7 +409,9 @@ class Arguments:
                 allow_sds and isinstance(leaf, jax.ShapeDtypeStruct)
             )
             if not ok:
-                raise not_an_array(self.who, self.path_name(path, len(dyn_args)), leaf)
+                where = self.path_name(path, len(dyn_args))
+                in_module = in_equinox_module((dyn_args, dyn_kwargs), path)
+                raise not_an_array(self.who, where, leaf, in_module)
             if type(leaf) is int or type(leaf) is np.ndarray:
                 problem = unfit_value(self.who, self.path_name(path, len(dyn_args)), leaf)
                 if problem is not None:
@@ -404,7 +429,8 @@ class Arguments:
         problem = unfit_value(self.who, path, leaf)
         if problem is not None:
             return problem
-        return not_an_array(self.who, path, leaf)
+        keys = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0][index][0]
+        return not_an_array(self.who, path, leaf, in_equinox_module((dyn_args, dyn_kwargs), keys))
 
     def leaf_path(self, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any], index: int) -> str:
         """The name of the flat input ``index`` of these dynamic arguments, by its
