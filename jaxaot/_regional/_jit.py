@@ -349,7 +349,8 @@ class RegionalFunction:
                 if under_staging():
                     self._spec.say(_IN_A_TRACE)  # cached with the program staging it
                 else:
-                    _stats.warn_once(f"eager-transform:{id(self)}", _eager_text(self.__name__))
+                    # (Once per function: its own record of what it said.)
+                    _stats.warn_once("eager", _eager_text(self.__name__), self._spec.said)
                 return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
             refuse_call(f"jaxaot.jit {self.__name__}", "RegionalFunction.precompile")
             if self._in_shardings is not UNSET:
