@@ -74,7 +74,7 @@ def host_sharding() -> Any:
     if not MeshContext().empty:
         return None
     device = _default_device()
-    return None if device is None else jax.sharding.SingleDeviceSharding(device)
+    return None if device is None else jax.sharding.make_single_device_sharding(device)
 
 
 def _default_memory(device: Any) -> str | None:
