@@ -66,21 +66,17 @@ __all__ = ["RegionalFunction", "jit"]
 
 logger = logging.getLogger("jaxaot")
 _IN_A_TRACE = "called inside another trace (jax.jit, grad, vmap): an inner jax.jit of its program"
+_EAGER = (
+    "jaxaot.jit {0}: called under jax.grad, jax.vmap or another transformation outside "
+    "any jit, it runs as jax.jit would: JAX compiles the transformed program in every "
+    "process, and jaxaot caches none of it. Put the transformation inside to cache it: "
+    "jaxaot.jit(jax.grad({0})), jaxaot.jit(jax.vmap({0}))"
+)
 # Concrete arrays (typed PRNG keys included): no tracer, a type and sharding each.
 _ARRAY_TYPES = {ArrayImpl, PRNGKeyArray}
 _NOT_LOOKED_UP = object()
 # Inputs that are arrays without asking jax.typeof.
 _LEAF_TYPES = (jax.Array, np.ndarray, Tracer, *ARRAY_SCALARS)
-
-
-def _eager_text(name: str) -> str:
-    return (
-        f"jaxaot.jit {name}: called under jax.grad, jax.vmap or another transformation "
-        "outside any jit, it runs as jax.jit would: JAX compiles the transformed "
-        "program in every process, and jaxaot caches none of it. Put the "
-        f"transformation inside to cache it: jaxaot.jit(jax.grad({name})), "
-        f"jaxaot.jit(jax.vmap({name}))"
-    )
 
 
 class RegionalFunction:
@@ -350,7 +346,7 @@ class RegionalFunction:
                     self._spec.say(_IN_A_TRACE)  # cached with the program staging it
                 else:
                     # (Once per function: its own record of what it said.)
-                    _stats.warn_once("eager", _eager_text(self.__name__), self._spec.said)
+                    _stats.warn_once("eager", _EAGER.format(self.__name__), self._spec.said)
                 return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
             refuse_call(f"jaxaot.jit {self.__name__}", "RegionalFunction.precompile")
             if self._in_shardings is not UNSET:

@@ -36,7 +36,8 @@ import jax.numpy as jnp
 from .._component._cost import entry_work
 from .._component._rules import component_p
 from .._jax import DropVar, Literal, bind_equation
-from .._keys._program import equation_digests, program_digest
+from .._keys._program import program_digest
+from ._chains import Group, Run, bind, periods, runs
 
 # Part of the whole program's cache key: bump when the rewrite below changes.
 WHOLE_VERSION = 8
@@ -63,254 +64,11 @@ MIN_LOOP = 5
 MAX_WHOLE_CALLS = 16
 
 
-@dataclass
-class _Run:
-    """Consecutive calls of one entry; output ``r`` of each call is input ``q`` of
-    the next, for every ``(q, r)`` in ``carry``."""
-
-    eqns: list[Any]
-    carry: tuple[tuple[int, int], ...]
-
-
-def _carry(prev: Any, eqn: Any) -> tuple[tuple[int, int], ...] | None:
-    produced = {v: r for r, v in enumerate(prev.outvars) if not isinstance(v, DropVar)}
-    pairs = tuple(
-        (q, produced[v])
-        for q, v in enumerate(eqn.invars)
-        if not isinstance(v, Literal) and v in produced
-    )
-    return pairs or None
-
-
-def runs(eqns: Sequence[Any], min_length: int = 2) -> list[Any]:
-    """``eqns`` with each run of at least ``min_length`` chained calls of one entry
-    replaced by a ``_Run``.
-
-    Equations between two members that read nothing the run makes (the zero
-    cotangents autodiff builds for each backward layer, for outputs nothing
-    reads) do not end it: they are moved before the run, whose loop then stacks
-    their values like any other per-layer input."""
-    items: list[Any] = []
-    i = 0
-    while i < len(eqns):
-        first = eqns[i]
-        members, moved = [first], []
-        carry: tuple[tuple[int, int], ...] | None = None
-        j = i + 1
-        if first.primitive is component_p:
-            earlier: set[Any] = set()  # outputs of members before the previous one
-            made = set(first.outvars)  # outputs of the members
-            between: list[Any] = []  # equations since the last member
-            while j < len(eqns):
-                eqn = eqns[j]
-                if eqn.primitive is not component_p:
-                    if eqn.effects or any(_made(v, made) for v in eqn.invars):
-                        break
-                    between.append(eqn)
-                    j += 1
-                    continue
-                if eqn.params["call"] != first.params["call"]:
-                    break
-                pairs = _carry(members[-1], eqn)
-                if pairs is None or (carry is not None and pairs != carry):
-                    break
-                if any(_made(v, earlier) for v in eqn.invars):
-                    break
-                carry = pairs
-                earlier.update(members[-1].outvars)
-                made.update(eqn.outvars)
-                members.append(eqn)
-                moved += between
-                between = []
-                j += 1
-            j -= len(between)  # those after the last member stay after the run
-        if carry is not None and len(members) >= min_length:
-            items += moved
-            items.append(_Run(members, carry))
-            i = j
-        else:
-            items.append(first)
-            i += 1
-    return items
-
-
-@dataclass(eq=False)
-class _Group:
-    """One period of a repeated sequence of equations (a layer written as several
-    calls and the glue between them: a linear layer, then a batch norm, then an
-    activation), taken as one call. Its inputs are the values it reads that it
-    does not make, in the order its equations read them; its outputs are all its
-    equations' outputs, in order. ``wiring`` says, for each input of each
-    equation, where it comes from: input ``k`` of the group (an ``int``), output
-    ``r`` of its equation ``j`` (``(j, r)``) or the equation's own literal
-    (``None``). Alike periods have the same wiring and equations of the same
-    digests (``equation_digests``), so one period's equations compute any of them."""
-
-    eqns: list[Any]
-    invars: list[Any]
-    outvars: list[Any]
-    wiring: tuple[tuple[int | tuple[int, int] | None, ...], ...]
-
-    @classmethod
-    def of(cls, eqns: Sequence[Any]) -> _Group:
-        made: dict[Any, tuple[int, int]] = {}
-        invars: list[Any] = []
-        wiring = []
-        for j, eqn in enumerate(eqns):
-            wires: list[int | tuple[int, int] | None] = []
-            for v in eqn.invars:
-                if isinstance(v, Literal):
-                    wires.append(None)
-                elif v in made:
-                    wires.append(made[v])
-                else:
-                    wires.append(len(invars))
-                    invars.append(v)
-            wiring.append(tuple(wires))
-            made.update(
-                (v, (j, r)) for r, v in enumerate(eqn.outvars) if not isinstance(v, DropVar)
-            )
-        outvars = [v for eqn in eqns for v in eqn.outvars]
-        return cls(list(eqns), invars, outvars, tuple(wiring))
-
-    @property
-    def calls(self) -> int:
-        return sum(eqn.primitive is component_p for eqn in self.eqns)
-
-    def bind(self, invals: Sequence[Any]) -> list[Any]:
-        outs: list[list[Any]] = []
-        for eqn, wires in zip(self.eqns, self.wiring, strict=True):
-            args = [
-                v.val if w is None else invals[w] if isinstance(w, int) else outs[w[0]][w[1]]
-                for v, w in zip(eqn.invars, wires, strict=True)
-            ]
-            outs.append(bind_equation(eqn, args))
-        return [x for out in outs for x in out]
-
-
-def _bind(item: Any, invals: Sequence[Any]) -> list[Any]:
-    return item.bind(invals) if isinstance(item, _Group) else bind_equation(item, invals)
-
-
-# The longest period searched for a repeated sequence: in equations, and in
-# component calls (a layer of a linear layer, a norm and an attention is a few).
-_MAX_PERIOD = 256
-_MAX_PERIOD_CALLS = 16
-
-
-def periods(items: Sequence[Any], min_length: int) -> list[Any]:
-    """``items`` (equations and runs, as :func:`runs` leaves them) with each
-    sequence of equations repeated at least ``min_length`` times in a chain (a
-    layer of several calls and glue, each period reading what the one before it
-    made) replaced by a ``_Run`` of its periods (each a ``_Group``).
-
-    The same chain rules hold as for a run of one entry: each period reads the
-    same outputs of the one before it, and nothing made by an earlier one. A
-    period holds a component call, and no effect or host callback (a loop would
-    call one period's callbacks for all). A period's length is the distance
-    between two calls of the program, so few lengths are tried at each place."""
-    eqns = [item for item in items if not isinstance(item, _Run)]
-    digests = dict(zip(map(id, eqns), equation_digests(eqns, "a whole program"), strict=True))
-    # An equation's context (its compute type, PRNG mode, XLA metadata) is bound
-    # with it: the loop binds the first period's, so periods' must be alike too.
-    tokens = [
-        None
-        if isinstance(item, _Run) or item.effects or digests[id(item)] is None
-        else f"{digests[id(item)]}|{item.ctx!r}"
-        for item in items
-    ]
-    calls = [
-        k for k, item in enumerate(items) if tokens[k] is not None and item.primitive is component_p
-    ]
-    # How many equations that cannot be in a period come before each position.
-    unfit = [0]
-    for t in tokens:
-        unfit.append(unfit[-1] + (t is None))
-    out: list[Any] = []
-    i = c = 0
-    while i < len(items):
-        while c < len(calls) and calls[c] < i:
-            c += 1
-        ahead = calls[c : c + _MAX_PERIOD_CALLS + 1]
-        found = (
-            None if tokens[i] is None else _period_at(items, tokens, ahead, unfit, i, min_length)
-        )
-        if found is None:
-            out.append(items[i])
-            i += 1
-        else:
-            out.append(found)
-            i += sum(len(group.eqns) for group in found.eqns)
-    return out
-
-
-def _period_at(
-    items: Sequence[Any],
-    tokens: Sequence[str | None],
-    ahead: Sequence[int],
-    unfit: Sequence[int],
-    i: int,
-    n: int,
-) -> _Run | None:
-    """The run of the shortest period (of two equations or more) that starts at
-    ``items[i]`` and repeats ``n`` times or more; ``None`` if there is none.
-    ``ahead``: the positions of the next component calls (the first is the
-    period's first call; the next period starts as far from ``i`` as one of the
-    others is from it)."""
-    if not ahead:
-        return None
-    for later in ahead[1:]:
-        p = later - ahead[0]
-        if ahead[0] - i >= p or p < 2:
-            continue  # the window holds no call, or is one equation
-        if p > _MAX_PERIOD or i + n * p > len(items):
-            return None
-        if unfit[i + p] != unfit[i] or tokens[i + (n - 1) * p] != tokens[i]:
-            continue
-        window = tokens[i : i + p]
-        if any(tokens[i + k * p : i + (k + 1) * p] != window for k in range(1, n)):
-            continue
-        run = _chain(items, tokens, i, p)
-        if run is not None and len(run.eqns) >= n:
-            return run
-    return None
-
-
-def _chain(items: Sequence[Any], tokens: Sequence[str | None], i: int, p: int) -> _Run | None:
-    """The longest chain of alike periods of ``p`` equations from ``items[i]``, as a
-    run (``None`` below two); each period is made only once the one before it
-    chains."""
-    window = tokens[i : i + p]
-    first = _Group.of(items[i : i + p])
-    carry: tuple[tuple[int, int], ...] | None = None
-    earlier: set[Any] = set()
-    members = [first]
-    start = i + p
-    while start + p <= len(items) and tokens[start : start + p] == window:
-        group = _Group.of(items[start : start + p])
-        if group.wiring != first.wiring:
-            break
-        pairs = _carry(members[-1], group)
-        if pairs is None or (carry is not None and pairs != carry):
-            break
-        if any(_made(v, earlier) for v in group.invars):
-            break
-        carry = pairs
-        earlier.update(members[-1].outvars)
-        members.append(group)
-        start += p
-    return None if carry is None else _Run(members, carry)
-
-
-def _made(v: Any, variables: set[Any]) -> bool:
-    return not isinstance(v, Literal) and v in variables
-
-
 def _used_outside(items: Sequence[Any], outvars: Sequence[Any]) -> set[Any]:
     """Variables read by something other than the next member of their own run."""
     used = {v for v in outvars if not isinstance(v, Literal)}
     for item in items:
-        if isinstance(item, _Run):
+        if isinstance(item, Run):
             carried_in = {q for q, _ in item.carry}
             for k, eqn in enumerate(item.eqns):
                 for q, v in enumerate(eqn.invars):
@@ -402,7 +160,7 @@ def _layout(items: Sequence[Any], outvars: Sequence[Any]) -> tuple[dict[int, _Lo
     single: set[Any] = {v for v in outvars if not isinstance(v, Literal)}
     loops: dict[int, _Loop] = {}
     for i, item in enumerate(items):
-        if not isinstance(item, _Run):
+        if not isinstance(item, Run):
             single.update(v for v in item.invars if not isinstance(v, Literal))
             continue
         first = item.eqns[0]
@@ -443,7 +201,7 @@ def _layout(items: Sequence[Any], outvars: Sequence[Any]) -> tuple[dict[int, _Lo
 
 
 def _scan(
-    run: _Run,
+    run: Run,
     loop: _Loop,
     read: Callable[[Any], Any],
     write: Callable[[Any, Any], None],
@@ -478,7 +236,7 @@ def _scan(
             ins[q] = c
         for q, v in zip(stacked, x, strict=True):
             ins[q] = v
-        outs = _bind(first, ins)
+        outs = bind(first, ins)
         return tuple(outs[carried[q]] for q in carry_q), tuple(outs[r] for r in ys_at)
 
     init = tuple(read(first.invars[q]) for q in carry_q)
@@ -544,7 +302,7 @@ _PROBES = frozenset(
 )
 
 
-def _updates_in_place(run: _Run, donated: frozenset[Any], results: frozenset[Any]) -> bool:
+def _updates_in_place(run: Run, donated: frozenset[Any], results: frozenset[Any]) -> bool:
     """Whether some layer of ``run`` takes a donated input of its own (not one every
     layer shares, not the carry) and hands back a new value of its type as a
     result of the program (one that JAX's aliasing writes over the input)."""
@@ -568,7 +326,7 @@ def _updates_in_place(run: _Run, donated: frozenset[Any], results: frozenset[Any
 
 
 def _loops(jaxpr: Any, donated: Sequence[int]) -> tuple[list[Any], bool]:
-    """``jaxpr``'s equations with its runs as ``_Run``s, less those that update a
+    """``jaxpr``'s equations with its runs as ``Run``s, less those that update a
     donated input in place (their calls stay one by one); and whether there were
     such runs."""
     return _found_loops(jaxpr, tuple(donated), MIN_LOOP, MAX_WHOLE_CALLS)
@@ -593,9 +351,9 @@ def _find_loops(
         items: list[Any] = []
         unrolled = False
         for item in found:
-            if isinstance(item, _Run) and pinned and _updates_in_place(item, pinned, results):
+            if isinstance(item, Run) and pinned and _updates_in_place(item, pinned, results):
                 for member in item.eqns:
-                    items.extend(member.eqns if isinstance(member, _Group) else [member])
+                    items.extend(member.eqns if isinstance(member, Group) else [member])
                 unrolled = True
             else:
                 items.append(item)
@@ -613,7 +371,7 @@ def _find_loops(
 def looped(jaxpr: Any, donated: Sequence[int] = ()) -> bool:
     """Whether the whole program of ``jaxpr`` has a loop (a run of at least
     :data:`MIN_LOOP` layers), or has its layers unrolled."""
-    return any(isinstance(item, _Run) for item in _loops(jaxpr, donated)[0])
+    return any(isinstance(item, Run) for item in _loops(jaxpr, donated)[0])
 
 
 def program(jaxpr: Any, donated: Sequence[int] = ()) -> tuple[Callable[..., list[Any]], int]:
@@ -633,14 +391,14 @@ def program(jaxpr: Any, donated: Sequence[int] = ()) -> tuple[Callable[..., list
 def _calls(items: Sequence[Any]) -> int:
     """How many component calls ``items`` bind once traced (a loop binds one)."""
     return sum(
-        _first_calls(item) if isinstance(item, _Run) else item.primitive is component_p
+        _first_calls(item) if isinstance(item, Run) else item.primitive is component_p
         for item in items
     )
 
 
-def _first_calls(run: _Run) -> int:
+def _first_calls(run: Run) -> int:
     first = run.eqns[0]
-    return first.calls if isinstance(first, _Group) else 1
+    return first.calls if isinstance(first, Group) else 1
 
 
 def _program(jaxpr: Any, items: list[Any], outvars: list[Any]) -> Callable[..., list[Any]]:
@@ -658,7 +416,7 @@ def _program(jaxpr: Any, items: list[Any], outvars: list[Any]) -> Callable[..., 
 
         env.update(zip([*jaxpr.invars, *jaxpr.constvars], args, strict=True))
         for i, item in enumerate(items):
-            if isinstance(item, _Run):
+            if isinstance(item, Run):
                 _scan(item, loops[i], read, write, stacks, single)
             else:
                 outs = bind_equation(item, [read(v) for v in item.invars])
