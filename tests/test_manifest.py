@@ -749,6 +749,8 @@ def test_cli_a_cache_it_cannot_fill_fails_at_once(
     assert proc.returncode == 1, proc.stdout + proc.stderr
     said = proc.stdout + proc.stderr
     assert "writes to the cache failed or were skipped" in said and "missing from it" in said
+    # The last word is the failure, not the counts of what was made.
+    assert proc.stderr.strip().splitlines()[-1].startswith("jaxaot: error: precompile failed: ")
     for where, error in [("a_file", "not a directory"), ("open", "world-writable")]:
         path = tmp_path / where
         if where == "a_file":

@@ -613,8 +613,10 @@ def _run(args: argparse.Namespace, out: Output) -> int:
             "its traceback)",
             1,
         )
-    if any(w.error for w in failed):
-        return 1
+    errors = [w.error for w in failed if w.error]
+    if errors:
+        # Last, after the counts: they say what was made, not that it reached the cache.
+        raise CLIError(f"precompile failed: {errors[0]}", 1)
     return 0
 
 
