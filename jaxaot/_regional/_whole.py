@@ -333,8 +333,8 @@ def _loops(jaxpr: Any, donated: Sequence[int]) -> tuple[list[Any], bool]:
 
 
 # A plan asks for the form, then the program, of one jaxpr: it is searched once
-# (for the bounds in force).
-@functools.lru_cache(maxsize=8)
+# (for the bounds in force). Few are kept: each holds its program's calls.
+@functools.lru_cache(maxsize=4)
 def _found_loops(
     jaxpr: Any, donated: tuple[int, ...], min_loop: int, most: int
 ) -> tuple[list[Any], bool]:
