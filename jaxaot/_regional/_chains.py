@@ -13,7 +13,7 @@ from .._component._rules import component_p
 from .._jax import DropVar, Literal, bind_equation
 from .._keys._program import equation_digests
 
-__all__ = ["Group", "Run", "bind", "carry_pairs", "made_by", "periods", "runs"]
+__all__ = ["Group", "Run", "bind", "periods", "runs"]
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Run:
     carry: tuple[tuple[int, int], ...]
 
 
-def carry_pairs(prev: Any, eqn: Any) -> tuple[tuple[int, int], ...] | None:
+def _carry_pairs(prev: Any, eqn: Any) -> tuple[tuple[int, int], ...] | None:
     produced = {v: r for r, v in enumerate(prev.outvars) if not isinstance(v, DropVar)}
     pairs = tuple(
         (q, produced[v])
@@ -57,19 +57,17 @@ def runs(eqns: Sequence[Any], min_length: int = 2) -> list[Any]:
             while j < len(eqns):
                 eqn = eqns[j]
                 if eqn.primitive is not component_p:
-                    if eqn.effects or any(made_by(v, made) for v in eqn.invars):
+                    if eqn.effects or any(_made_by(v, made) for v in eqn.invars):
                         break
                     between.append(eqn)
                     j += 1
                     continue
                 if eqn.params["call"] != first.params["call"]:
                     break
-                pairs = carry_pairs(members[-1], eqn)
-                if pairs is None or (carry is not None and pairs != carry):
+                link = _link(members, carry, earlier, eqn)
+                if link is None:
                     break
-                if any(made_by(v, earlier) for v in eqn.invars):
-                    break
-                carry = pairs
+                carry = link
                 earlier.update(members[-1].outvars)
                 made.update(eqn.outvars)
                 members.append(eqn)
@@ -243,17 +241,31 @@ def _chain(items: Sequence[Any], tokens: Sequence[str | None], i: int, p: int) -
         group = Group.of(items[start : start + p])
         if group.wiring != first.wiring:
             break
-        pairs = carry_pairs(members[-1], group)
-        if pairs is None or (carry is not None and pairs != carry):
+        link = _link(members, carry, earlier, group)
+        if link is None:
             break
-        if any(made_by(v, earlier) for v in group.invars):
-            break
-        carry = pairs
+        carry = link
         earlier.update(members[-1].outvars)
         members.append(group)
         start += p
     return None if carry is None else Run(members, carry)
 
 
-def made_by(v: Any, variables: set[Any]) -> bool:
+def _link(
+    members: Sequence[Any],
+    carry: tuple[tuple[int, int], ...] | None,
+    earlier: set[Any],
+    nxt: Any,
+) -> tuple[tuple[int, int], ...] | None:
+    """The carry if ``nxt`` goes on the chain ``members`` (carrying ``carry`` so
+    far; ``earlier``: the outputs of all members but the last): it reads outputs
+    of the last member, the same ones as every member before it, and nothing of
+    the earlier ones. ``None`` where it does not."""
+    pairs = _carry_pairs(members[-1], nxt)
+    if pairs is None or (carry is not None and pairs != carry):
+        return None
+    return None if any(_made_by(v, earlier) for v in nxt.invars) else pairs
+
+
+def _made_by(v: Any, variables: set[Any]) -> bool:
     return not isinstance(v, Literal) and v in variables

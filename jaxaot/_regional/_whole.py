@@ -329,20 +329,14 @@ def _loops(jaxpr: Any, donated: Sequence[int]) -> tuple[list[Any], bool]:
     """``jaxpr``'s equations with its runs as ``Run``s, less those that update a
     donated input in place (their calls stay one by one); and whether there were
     such runs."""
-    return _found_loops(jaxpr, tuple(donated), MIN_LOOP, MAX_WHOLE_CALLS)
+    return _find_loops(jaxpr, tuple(donated), MIN_LOOP, MAX_WHOLE_CALLS)
 
 
 # A plan asks for the form, then the program, of one jaxpr: it is searched once
 # (for the bounds in force). Few are kept: each holds its program's calls.
 @functools.lru_cache(maxsize=4)
-def _found_loops(
-    jaxpr: Any, donated: tuple[int, ...], min_loop: int, most: int
-) -> tuple[list[Any], bool]:
-    return _find_loops(jaxpr, donated, min_loop, most)
-
-
 def _find_loops(
-    jaxpr: Any, donated: Sequence[int], min_loop: int, most: int
+    jaxpr: Any, donated: tuple[int, ...], min_loop: int, most: int
 ) -> tuple[list[Any], bool]:
     pinned = frozenset(jaxpr.invars[i] for i in donated)
     results = frozenset(v for v in jaxpr.outvars if not isinstance(v, Literal))
