@@ -424,12 +424,11 @@ class Arguments:
     ) -> Exception:
         """The error for the flat input ``index`` of these dynamic arguments, which
         JAX cannot take (by its path)."""
-        leaf = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))[index]
-        path = self.leaf_path(dyn_args, dyn_kwargs, index)
+        keys, leaf = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0][index]
+        path = self.path_name(keys, len(dyn_args))
         problem = unfit_value(self.who, path, leaf)
         if problem is not None:
             return problem
-        keys = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0][index][0]
         return not_an_array(self.who, path, leaf, in_equinox_module((dyn_args, dyn_kwargs), keys))
 
     def leaf_path(self, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any], index: int) -> str:
