@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot._regional._scoped import Calls, counting
+from jaxaot._regional._scoped import Calls, counting, scoped_blocks
 
 WIDTH = 16
 
@@ -429,6 +429,64 @@ def test_haiku_layers_holding_a_custom_vjp_are_blocks_made_once() -> None:
     assert "block jit(_ClippedBlock.__call__) forward: 6 calls" in said, said
     assert "block jit(_ClippedBlock.__call__) backward: 6 calls" in said, said
     assert made <= 4, made  # the two blocks, and their glue
+
+
+def _block_inputs(layers: int, apply: Any) -> list[int]:
+    """The inputs of each ``_ClippedBlock`` jit in the trace of ``apply`` (given
+    the transform, its parameters and input) of a model of ``layers`` layers."""
+
+    def net(x: jax.Array) -> jax.Array:
+        for _ in range(layers):
+            x = _ClippedBlock()(x)
+        return (x**2).sum()
+
+    model = hk.without_apply_rng(hk.transform(net))
+    x = jnp.ones((2, WIDTH))
+    params = model.init(jax.random.key(0), x)
+    with scoped_blocks((_ClippedBlock,)):
+        traced = jax.make_jaxpr(lambda p, x: apply(model, p, x))(params, x)
+    return [
+        len(eqn.invars)
+        for eqn in traced.jaxpr.eqns
+        if "_ClippedBlock" in str(eqn.params.get("name", ""))
+    ]
+
+
+@pytest.mark.parametrize(
+    "apply",
+    [
+        lambda model, p, x: model.apply(p, x),
+        lambda model, p, x: jax.grad(model.apply)(p, x),
+    ],
+    ids=["forward", "grad"],
+)
+def test_a_haiku_block_takes_the_parameters_it_reads_not_the_models(apply: Any) -> None:
+    """Each layer's jit takes its own weight and bias and its input (its backward
+    pass, residuals), at any depth:
+    handed the whole model's parameters, a deep model's trace grew with the
+    square of its depth."""
+    shallow, deep = _block_inputs(2, apply), _block_inputs(8, apply)
+    assert len(shallow) >= 2 and len(deep) == 4 * len(shallow), (shallow, deep)
+    assert max(deep) == max(shallow) <= 4, (shallow, deep)
+
+
+def test_haiku_layers_over_parameters_the_function_closes_over_are_blocks_made_once() -> None:
+    """Parameters fixed by the function (constants of its program, not arguments)
+    read by each layer: the layers are still one block, values as jax.jit's."""
+
+    def net(x: jax.Array) -> jax.Array:
+        for _ in range(6):
+            x = _ClippedBlock()(x)
+        return (x**2).sum()
+
+    model = hk.without_apply_rng(hk.transform(net))
+    x = jnp.ones((2, WIDTH))
+    params = model.init(jax.random.key(0), x)
+    apply = functools.partial(model.apply, params)
+    regional = jaxaot.jit(jax.grad(apply), whole_program=False)
+    _same(regional(x), jax.jit(jax.grad(apply))(x))
+    said = regional.explain(x)
+    assert "block jit(_ClippedBlock.__call__) forward: 6 calls" in said, said
 
 
 def test_only_the_outermost_repeated_class_counts() -> None:

@@ -20,9 +20,11 @@ them. Both frameworks let a caller see every module method call
     with mutable collections in the scope (such a call is left inline, with a
     DEBUG reason). A scope's random streams are made where the layer is called
     and passed in (``_draws``), so its draws are those it makes inline.
-  - Haiku: the call with the transform's state (parameters, state, random
-    sequence) threaded in and out, as ``hk.remat`` threads it; the inputs a
-    block does not use are pruned before it is keyed (``_component._blocks``).
+  - Haiku: the call with the transform's state and random sequence threaded in
+    and out, as ``hk.remat`` threads it; the parameters it reads are values of
+    the program around it (the whole state is threaded while initializing);
+    the inputs a block does not use are pruned before it is keyed
+    (``_component._blocks``).
 
 The counting trace is a trace of its own: a program is traced a second time
 only when its first trace found no repeated block and a linen or Haiku class
@@ -215,17 +217,39 @@ def _linen_call(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: A
 
 def _haiku_call(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
     cls = type(context.module)
-    try:
-        from haiku._src import stateful  # Haiku's own state threading, as hk.remat uses it
+    try:  # Haiku's own state threading, as hk.remat uses it
+        from haiku._src import base, stateful
     except ImportError:  # pragma: no cover - a Haiku without it
         note(f"{cls.__qualname__}.__call__", "left inline: this Haiku cannot thread its state")
         return next_fun(*args, **kwargs)
 
-    def body(*args: Any, **kwargs: Any) -> Any:
-        return next_fun(*args, **kwargs)
+    if not base.current_frame().params_frozen:
+        # Initializing (the call makes parameters): the whole state in and out,
+        # as hk.remat threads it.
+        def whole(*args: Any, **kwargs: Any) -> Any:
+            return next_fun(*args, **kwargs)
 
-    threaded = stateful.thread_hk_state_in_kwargs(jitted_call)
-    return threaded(_inside(_named(body, cls)))(*args, **kwargs)
+        threaded = stateful.thread_hk_state_in_kwargs(jitted_call)
+        return threaded(_inside(_named(whole, cls)))(*args, **kwargs)
+
+    # Applying: the block reads its parameters from the frame, as values of the
+    # program around it, so its jit takes the ones it reads. Handing every layer the whole
+    # model's parameters made a deep model's trace quadratic in its depth. State
+    # and random sequence are threaded in and out.
+    def body(hk_state: Any, *args: Any, **kwargs: Any) -> Any:
+        with (
+            stateful.temporary_internal_state(hk_state, share_python_state=True),
+            base.push_jax_trace_level(),
+        ):
+            out = next_fun(*args, **kwargs)
+            after = stateful.internal_state(params=False)
+            changed = stateful.difference(hk_state._replace(params={}), after._replace(params={}))
+        return out, changed
+
+    state_in = stateful.internal_state(params=False)
+    out, changed = jitted_call(_inside(_named(body, cls)))(state_in, *args, **kwargs)
+    stateful.update_internal_state(changed)
+    return out
 
 
 class _Wrapper:
