@@ -1311,3 +1311,135 @@ def test_inputs_that_are_residuals_are_passed_on_not_returned(dtype: Any) -> Non
             np.testing.assert_allclose(
                 np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=tol, atol=tol
             )
+
+
+def _symbolic_jvp(scale: float) -> Callable[..., Any]:
+    """``x * y``, whose JVP takes another branch when ``y`` is not differentiated
+    (its tangent a symbolic zero): ``scale`` stands for an edit of that branch."""
+
+    @jax.custom_jvp
+    def f(x: jax.Array, y: jax.Array) -> jax.Array:
+        return x * y
+
+    def f_jvp(primals: Any, tangents: Any) -> Any:
+        (x, y), (tx, ty) = primals, tangents
+        if type(ty) is jax.custom_derivatives.SymbolicZero:
+            return x * y, tx * y * scale
+        return x * y, tx * y + x * ty
+
+    f.defjvp(f_jvp, symbolic_zeros=True)
+    return f
+
+
+def _symbolic_vjp(scale: float) -> Callable[..., Any]:
+    """``(x * y, x + y)``, whose backward pass takes other branches when ``y`` is not
+    differentiated and when the second output's cotangent is a symbolic zero."""
+
+    @jax.custom_vjp
+    def f(x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return x * y, x + y
+
+    def fwd(x: Any, y: Any) -> Any:
+        return (x.value * y.value, x.value + y.value), (x.value, y.value, y.perturbed)
+
+    def bwd(res: Any, cts: Any) -> Any:
+        x, y, y_perturbed = res
+        ct_prod, ct_sum = cts
+        ct_sum = 10.0 * scale if type(ct_sum) is jax.custom_derivatives.SymbolicZero else ct_sum
+        ct_x = ct_prod * y * (1.0 if y_perturbed else scale) + ct_sum
+        return ct_x, ct_prod * x + ct_sum
+
+    f.defvjp(fwd, bwd, symbolic_zeros=True)
+    return f
+
+
+def _symbolic_vmap(scale: float) -> Callable[..., Any]:
+    """``w * x``, whose batching rule takes another branch when only ``x`` is batched."""
+    from jax.custom_batching import custom_vmap
+
+    @custom_vmap
+    def f(w: jax.Array, x: jax.Array) -> jax.Array:
+        return w * x
+
+    @f.def_vmap
+    def rule(axis_size: int, in_batched: list[bool], w: jax.Array, x: jax.Array) -> Any:
+        if in_batched == [False, True]:
+            return w * x * scale, True
+        w = w if in_batched[0] else jnp.broadcast_to(w, (axis_size, *w.shape))
+        x = x if in_batched[1] else jnp.broadcast_to(x, (axis_size, *x.shape))
+        return w * x, True
+
+    return f
+
+
+def _transformed(kind: str, scale: float) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """A transformation of a component calling a rule that sees which inputs are
+    differentiated or batched, and of the plain function."""
+    x, y = jnp.arange(1.0, 5.0), jnp.arange(2.0, 6.0)
+    if kind == "jvp":
+        f = _symbolic_jvp(scale)
+
+        def jvp_loss(x: jax.Array, y: jax.Array) -> jax.Array:
+            return f(x, y).sum()
+
+        def make(fn: Any) -> Any:
+            return lambda: (jax.grad(fn)(x, y), jax.jvp(lambda x: fn(x, y), (x,), (x,))[1])
+
+        return make(jaxaot.component(jvp_loss)), make(jvp_loss)
+    if kind == "vjp":
+        g = _symbolic_vjp(scale)
+
+        def vjp_loss(x: jax.Array, y: jax.Array) -> jax.Array:
+            return g(x, y)[0].sum()
+
+        def both(x: jax.Array, y: jax.Array) -> jax.Array:
+            prod, total = g(x, y)
+            return (prod + total).sum()
+
+        def grads(loss: Any, both: Any) -> Any:
+            return lambda: (jax.grad(loss)(x, y), jax.grad(both, argnums=(0, 1))(x, y))
+
+        # (The component returns both outputs; the loss uses the first only.)
+        outputs = jaxaot.component(lambda x, y: g(x, y))
+        return (
+            grads(lambda x, y: outputs(x, y)[0].sum(), jaxaot.component(both)),
+            grads(vjp_loss, both),
+        )
+    h = _symbolic_vmap(scale)
+
+    def layer(w: jax.Array, x: jax.Array) -> jax.Array:
+        return h(w, x)
+
+    xs = jnp.ones((3, 4)) * x
+
+    def batch(fn: Any) -> Any:
+        return lambda: (jax.vmap(fn, in_axes=(None, 0))(y, xs), jax.vmap(fn)(xs, xs))
+
+    return batch(jaxaot.component(layer)), batch(layer)
+
+
+@pytest.mark.parametrize("kind", ["jvp", "vjp", "vmap"])
+def test_a_rule_that_sees_which_inputs_are_transformed_sees_what_jax_shows_it(kind: str) -> None:
+    """A ``custom_jvp`` or ``custom_vjp`` rule with ``symbolic_zeros`` is told which
+    tangents are zero, which inputs are perturbed and which cotangents are zero; a
+    ``custom_vmap`` rule, which inputs are batched. Inside a component it is told
+    what it is told under ``jax.jit``: values as the plain function's."""
+    got, want = _transformed(kind, 3.0)
+    for g, w in zip(jax.tree.leaves(got()), jax.tree.leaves(want()), strict=True):
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("kind", ["jvp", "vjp", "vmap"])
+def test_transformations_of_a_rule_that_sees_masks_are_keyed_by_what_they_compute(
+    kind: str, cache: Any
+) -> None:
+    """The rule is traced for the component's key with every input differentiated
+    (or batched): a rule edited only where some input is not (``scale``) leaves the
+    key as it was. Each transformation of such a program is keyed by what it
+    computes: the edited rule's values, not the entries of the one before."""
+    before, _ = _transformed(kind, 1.0)
+    before()
+    assert cache.keys()  # the entries of the rule before the edit
+    got, want = _transformed(kind, 3.0)
+    for g, w in zip(jax.tree.leaves(got()), jax.tree.leaves(want()), strict=True):
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)

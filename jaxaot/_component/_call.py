@@ -17,13 +17,14 @@ import jax
 from .._jax import batch_jaxpr, jaxpr_as_fun, named, partial_eval_jaxpr
 from .._keys._context import axis_data_parts
 from .._keys._key import ComponentKey
+from .._keys._program import program_digest, sees_masks
 from .._store._entry import Entry
 from .._store._lookup import Store
 from ._cost import recomputes
 from ._parts import derived_key
 from ._plain import Devices
 from ._rewrites import forwarded_inputs, fuse_dot_transposes, prune_residuals, residual_layout
-from ._types import aval_of, is_differentiable, sds, traced_under, zeros
+from ._types import aval_of, is_differentiable, sds, traced_under
 
 __all__ = ["Call", "EntryMaker"]
 
@@ -121,7 +122,6 @@ class Call:
         """A call of a transformation of this computation. ``make_fn`` returns the
         transformed flat function and facts to keep in the entry's ``extra``."""
         in_avals = [aval_of(a) for a in args]
-        key = derived_key(self.key, transform, tuple(in_avals))
         name = self.entry.name
         component = self.component
         extra: dict[str, Any] = {}
@@ -133,6 +133,18 @@ class Call:
                 # Named as the component: ``jit(layer)`` in logs, profiles and HLO names.
                 fn = named(fn, name)
                 return jax.jit(fn, keep_unused=True).trace(*[sds(a) for a in in_avals])
+
+        if sees_masks(self.key):
+            # A rule of the program sees which inputs this transformation
+            # differentiates or batches, and its key traced it for another choice:
+            # this transformation is keyed by the program it computes, traced here.
+            traced = trace()
+            transform = (*transform, ("program", program_digest(traced.jaxpr, name)))
+
+            def trace() -> Any:
+                return traced
+
+        key = derived_key(self.key, transform, tuple(in_avals))
 
         def build() -> Entry:
             entry = component.make_entry(key, trace, name)
@@ -167,12 +179,7 @@ class Call:
             pf = parent.fn()
 
             def tangent_fn(*xs: Any) -> tuple[Any, ...]:
-                primals, live = xs[:n], iter(xs[n:])
-                tangents = [
-                    next(live) if m else zeros(a.to_tangent_aval())
-                    for m, a in zip(mask, in_avals, strict=True)
-                ]
-                _, out_t = jax.jvp(lambda *p: tuple(pf(*p)), tuple(primals), tuple(tangents))
+                _, out_t = _jvp(pf, mask, xs[:n], xs[n:])
                 return tuple(
                     t for t, a in zip(out_t, out_avals, strict=True) if is_differentiable(a.dtype)
                 )
@@ -201,12 +208,7 @@ class Call:
         diff = [is_differentiable(a.dtype) for a in out_avals]
 
         def jvp_fn(*xs: Any) -> tuple[Any, ...]:
-            primals, live = xs[:n], iter(xs[n:])
-            tangents = [
-                next(live) if m else zeros(a.to_tangent_aval())
-                for m, a in zip(mask, in_avals, strict=True)
-            ]
-            outs, out_t = jax.jvp(lambda *p: tuple(pf(*p)), tuple(primals), tuple(tangents))
+            outs, out_t = _jvp(pf, mask, xs[:n], xs[n:])
             return (*outs, *[t for t, d in zip(out_t, diff, strict=True) if d])
 
         live_avals = [a.to_tangent_aval() for a, m in zip(in_avals, mask, strict=True) if m]
@@ -294,9 +296,17 @@ class Call:
 
         return fwd, make_lin
 
-    def transpose(self, undefined: tuple[bool, ...], args: Sequence[Any]) -> Call:
-        """Cotangents of the linear (undefined) inputs, given the others and output cotangents."""
+    def transpose(
+        self,
+        undefined: tuple[bool, ...],
+        args: Sequence[Any],
+        live: tuple[bool, ...] | None = None,
+    ) -> Call:
+        """Cotangents of the linear (undefined) inputs, given the others and output
+        cotangents: of every output, or of those ``live`` marks (the others zero)."""
         parent = self
+        outputs = range(len(self.entry.out_avals))
+        kept = [i for i in outputs if live is None or live[i]]
         in_avals = self.entry.in_avals
         lin_avals = [a for a, u in zip(in_avals, undefined, strict=True) if u]
         n_defined = len(in_avals) - len(lin_avals)
@@ -311,7 +321,8 @@ class Call:
                 def linear(*lin: Any) -> tuple[Any, ...]:
                     it_d, it_l = iter(defined), iter(lin)
                     merged = [next(it_l) if u else next(it_d) for u in undefined]
-                    return tuple(pf(*merged))
+                    out = pf(*merged)
+                    return tuple(out[i] for i in kept)
 
                 t = jax.linear_transpose(linear, *[sds(a) for a in lin_avals])
                 return tuple(t(tuple(cts)))
@@ -319,9 +330,30 @@ class Call:
             return fuse_dot_transposes(transposed, arg_avals), {}
 
         names = [nm for nm, u in zip(self._names(), undefined, strict=True) if not u]
-        names += [f"cotangent of {p}" for p in self.entry.result_paths]
-        return self._derive(("transpose", undefined), args, make_fn, names)
+        paths = self.entry.result_paths
+        names += [f"cotangent of {paths[i]}" for i in kept if i < len(paths)]
+        transform = ("transpose", undefined) if live is None else ("transpose", undefined, live)
+        return self._derive(transform, args, make_fn, names)
 
     def _names(self) -> list[str]:
         names = list(self.entry.arg_names)
         return names + [""] * (len(self.entry.in_avals) - len(names))
+
+
+def _jvp(
+    fn: Callable[..., Sequence[Any]],
+    mask: tuple[bool, ...],
+    primals: Sequence[Any],
+    live: Sequence[Any],
+) -> tuple[Any, Any]:
+    """``jax.jvp`` of ``fn`` at ``primals``, the inputs of ``mask`` moved by the
+    ``live`` tangents. The others are held fixed, not given zero tangents: their
+    tangents are then symbolic zeros, as under a JVP of the program itself, and a
+    custom rule with ``symbolic_zeros`` sees them as such."""
+
+    def of_live(*moved: Any) -> tuple[Any, ...]:
+        it = iter(moved)
+        return tuple(fn(*[next(it) if m else p for m, p in zip(mask, primals, strict=True)]))
+
+    moved = tuple(p for m, p in zip(mask, primals, strict=True) if m)
+    return jax.jvp(of_live, moved, tuple(live))

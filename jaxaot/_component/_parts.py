@@ -31,7 +31,9 @@ __all__ = ["DERIVE_VERSION", "base_parts", "derived_key", "types_text"]
 #   7: pruned residuals in an order that follows from the program alone (it
 #      followed addresses: a forward entry and a linear entry derived in
 #      another process could disagree).
-DERIVE_VERSION = 7
+#   8: the inputs a JVP does not move are held fixed (symbolic zero tangents,
+#      which a custom rule with ``symbolic_zeros`` tells apart), not given zeros.
+DERIVE_VERSION = 8
 
 
 def types_text(avals: Sequence[Any]) -> tuple[str, ...]:

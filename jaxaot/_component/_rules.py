@@ -43,6 +43,7 @@ from .._jax import (
     register_linearization,
     register_lowering,
 )
+from .._keys._program import sees_masks
 from ._flat import flat_executable, runs_flat
 from ._plain import device_witness
 
@@ -261,6 +262,10 @@ def _linearize(
     # inputs they differentiate (the first layer of a network, say) share one
     # forward, one linear and one transposed entry, compiled once.
     mask = tuple(_is_differentiable(a.to_tangent_aval()) for a in in_avals)
+    if sees_masks(call.key):
+        # A custom rule of the program sees which inputs are differentiated: only
+        # those JAX differentiates are (their entries are keyed by what they compute).
+        mask = tuple(m and bool(nz) for m, nz in zip(mask, nonzeros, strict=True))
     diff = [_is_differentiable(a) for a in out_avals]
     zeros = [Zero(a.to_tangent_aval()) for a in out_avals]
     if not live_any or not any(diff):
@@ -312,8 +317,14 @@ def _transpose(cts: Sequence[Any], *args: Any, call: Any, devices: Any = None) -
         u or (linear_from is not None and i >= linear_from) for i, u in enumerate(undefined)
     )
     defined = [a for a, w in zip(args, wrt, strict=True) if not w]
+    live = None
+    if sees_masks(call.key):
+        # A custom rule of the program sees which cotangents are zero: the zero
+        # ones are left out, as JAX leaves them symbolic.
+        live = tuple(type(ct) is not Zero for ct in cts)
+        cts = [ct for ct in cts if type(ct) is not Zero]
     cts = [ad.instantiate_zeros(ct) for ct in cts]
-    derived = call.transpose(wrt, [*defined, *cts])
+    derived = call.transpose(wrt, [*defined, *cts], live)
     _prefetch(derived)
     it = iter(bind(derived, [*defined, *cts]))
     out = []

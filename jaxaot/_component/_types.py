@@ -26,7 +26,6 @@ __all__ = [
     "sds",
     "traced_under",
     "type_of",
-    "zeros",
 ]
 
 #: Python and NumPy scalars a component takes as arrays.
@@ -97,12 +96,3 @@ def is_differentiable(dtype: Any) -> bool:
     bfloat16, float16, float8 and complex types included (JAX's own predicate;
     NumPy's does not know the ml_dtypes types)."""
     return bool(jnp.issubdtype(dtype, jnp.inexact))
-
-
-def zeros(aval: Any) -> Any:
-    """Zeros of type ``aval`` (``float0`` tangents as NumPy zeros, as JAX makes them)."""
-    if aval.dtype == jax.dtypes.float0:
-        return np.zeros(aval.shape, dtype=jax.dtypes.float0)
-    if sharded_type(aval):  # zeros of the same type: its sharding included
-        return jax.numpy.zeros(aval.shape, aval.dtype, out_sharding=aval.sharding)
-    return jax.numpy.zeros(aval.shape, aval.dtype)

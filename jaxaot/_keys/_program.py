@@ -18,7 +18,9 @@ reduces a closed jaxpr to key parts that are the same in every process:
   rule that changes changes the key. So are the rules those rules call, down
   to a rule already being traced (a rule calling its own function); past
   :data:`_MAX_RULE_DEPTH` levels, by their code. A Python function held in a
-  parameter is keyed by its name and its code.
+  parameter is keyed by its name and its code. A rule that sees which inputs
+  are differentiated or batched is marked (:func:`sees_masks`): the
+  transformations of its program are keyed by what they compute.
 
 The parts are separate so that :meth:`ComponentKey.explain` can say which of
 them changed. The ``program`` part also carries explanation data (a
@@ -58,7 +60,14 @@ from ._key import ComponentKey, Described
 from ._sharding import sharded_type, sharding_text, value_text
 from ._text import jax_type_text, strip_addresses
 
-__all__ = ["arg_names", "content_digest", "equation_digests", "program_digest", "program_parts"]
+__all__ = [
+    "arg_names",
+    "content_digest",
+    "equation_digests",
+    "program_digest",
+    "program_parts",
+    "sees_masks",
+]
 
 _RULE_PRIMITIVES = ("custom_jvp_call", "custom_vjp_call", "custom_vmap_call")
 #: Where each rule primitive holds its rule (for its name and code).
@@ -110,6 +119,26 @@ def _sds(aval: Any, dtype: Any = None) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(
         aval.shape, aval.dtype if dtype is None else dtype, sharding=sharding
     )
+
+
+#: Marks a rule (in a key's ``rules`` part) that sees which of its inputs are
+#: differentiated or batched, see :func:`sees_masks`.
+MASKED = "[masked]"
+
+
+def _sees_masks(eqn: Any) -> bool:
+    # A batching rule is told which inputs are batched; a rule with symbolic zeros,
+    # which tangents are zero (custom_jvp) or which inputs are perturbed and which
+    # cotangents are zero (custom_vjp). JAX instantiates them for the others.
+    return eqn.primitive.name == "custom_vmap_call" or bool(eqn.params.get("symbolic_zeros"))
+
+
+def sees_masks(key: ComponentKey) -> bool:
+    """Whether the program of ``key`` calls a custom rule that sees which of its
+    inputs a transformation differentiates or batches: the rule is traced for its
+    key with every input differentiated (or batched), so each transformation of
+    the program must be keyed by what it computes (see ``_component._call``)."""
+    return any(MASKED in name for name, _ in key.parts.get("rules", ()))
 
 
 def _rule_jaxpr(eqn: Any) -> Any:
@@ -306,7 +335,8 @@ class _Canonical:
             except Exception as e:  # a rule that cannot be traced for these types
                 digest = f"untraceable:{type(e).__name__}:{strip_addresses(str(e))[:200]}"
                 digest += f":{code}"
-            self.rules.append((f"{eqn.primitive.name}:{name}", digest))
+            kind = eqn.primitive.name + (MASKED if _sees_masks(eqn) else "")
+            self.rules.append((f"{kind}:{name}", digest))
             self.rules.extend(inner.rules)
             self.emit("rule", str(len(self.rules)))  # its digest is in ``rules``
         finally:
