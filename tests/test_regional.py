@@ -1798,3 +1798,30 @@ def test_host_values_share_the_default_devices_plan_not_a_precompiled_placement(
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize("whole_program", [True, False])
+def test_a_configuration_that_changes_the_lowering_changes_the_program(
+    whole_program: bool,
+) -> None:
+    """``jax_threefry_partitionable`` leaves the jaxpr of a draw as it was and
+    changes its lowering: after the option changes, the same function (and a new
+    one of the same body) draws as ``jax.jit`` draws, not the bits of the
+    program compiled before."""
+
+    def draw(key: jax.Array) -> jax.Array:
+        return jax.random.normal(key, (3,)) * 2.0
+
+    key = jax.random.key(0)
+    same = jaxaot.jit(draw, whole_program=whole_program)
+    before = bool(jax.config.jax_threefry_partitionable)
+    same(key)
+    try:
+        jax.config.update("jax_threefry_partitionable", not before)
+        want = jax.jit(draw)(key)
+        fresh = jaxaot.jit(draw, whole_program=whole_program)
+        for got in (same(key), fresh(key)):
+            np.testing.assert_array_equal(got, want)
+    finally:
+        jax.config.update("jax_threefry_partitionable", before)
+    np.testing.assert_array_equal(same(key), jax.jit(draw)(key))

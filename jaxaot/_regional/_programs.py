@@ -25,6 +25,7 @@ from .._jax import (
     jaxpr_program,
     named,
     serialize_with_callbacks,
+    trace_context,
 )
 from .._keys._callbacks import callback_witness, register_callbacks
 from .._keys._key import ComponentKey, Described
@@ -167,7 +168,10 @@ class ProgramCache:
         miss's explanation calls it (``jaxaot.jit step's glue program``), and
         ``names`` its inputs (their paths in the call). ``witness``: the objects its
         host callbacks see (``callback_witness``), told apart in this process only."""
-        shardings, memo_key = _placed(shardings, (digest, avals, donate, witness))
+        # The configuration lowering reads (the PRNG's partitioning, matmul
+        # precision...) as the key's parts hold it: one jaxpr, other programs.
+        memo = (digest, avals, donate, witness, trace_context())
+        shardings, memo_key = _placed(shardings, memo)
 
         def load(cache: Cache, key: ComponentKey) -> Any:
             loaded = load_executable(cache, key)
