@@ -29,7 +29,7 @@ from .._store._lookup import Codec, get_or_make
 from .._store._readwrite import callbacks_executable
 from ._types import sds
 
-__all__ = ["compiled", "flat_executable", "runs_flat"]
+__all__ = ["compiled", "flat_executable", "lowered", "runs_flat"]
 
 
 def flat_executable(
@@ -94,6 +94,17 @@ def compiled(
     """``fn`` compiled for ``structs`` with the inputs at ``donate`` donated, each
     input placed as ``shardings`` says (where it says), under a compile target
     for its devices (unplaced inputs on its first)."""
+    return lowered(fn, structs, donate, shardings, what).compile()
+
+
+def lowered(
+    fn: Callable[..., Any],
+    structs: list[Any],
+    donate: tuple[int, ...],
+    shardings: tuple[Any, ...] | None,
+    what: str,
+) -> Any:
+    """``fn`` lowered as :func:`compiled` compiles it."""
     if shardings is not None:
         structs = [
             s
@@ -102,7 +113,7 @@ def compiled(
             for s, sharding in zip(structs, shardings, strict=True)
         ]
     structs = on_target(structs, what)
-    return jax.jit(fn, keep_unused=True, donate_argnums=donate).trace(*structs).lower().compile()
+    return jax.jit(fn, keep_unused=True, donate_argnums=donate).trace(*structs).lower()
 
 
 def runs_flat(call: Any, args: tuple[Any, ...]) -> bool:

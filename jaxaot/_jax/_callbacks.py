@@ -20,6 +20,13 @@ process (whose default key traces the component anyway):
   at that index, with that process's Python objects, and deserializes the XLA
   executable with them bound.
 
+Callbacks that no equation of the traced program makes (a library's primitive
+adds them while it is lowered, as lineax's solves do; ordered callbacks, which
+take a token) are bound otherwise: :func:`serialize_relowered` names each by its
+place, and a loading process lowers the program again (:func:`relowering`,
+without compiling it) and binds its lowering's callbacks, where they call the
+same functions as the stored program's.
+
 Rebinding needs a jaxlib whose ``deserialize_executable`` takes
 ``host_callbacks`` (0.10.2 through 0.12 do) and a backend whose callbacks are
 FFI calls by index (CPU and GPU; TPU callbacks are send/receive channels baked
@@ -29,10 +36,12 @@ into the program). :func:`rebind_unsupported` says why not, where not.
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import io
 import threading
 import types
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -49,9 +58,13 @@ __all__ = [
     "callback_functions",
     "callback_equations",
     "called_callbacks",
+    "holds_host_callbacks",
     "is_callback_equation",
     "rebind_unsupported",
+    "lowered_host_callbacks",
     "register_program",
+    "relowering",
+    "serialize_relowered",
     "serialize_with_callbacks",
 ]
 
@@ -247,26 +260,32 @@ def _rebound_executable(
     bound, on the default backend's devices it was compiled for (all of them, in
     their order, for an entry that does not name them)."""
     eqns = _registered(component, program)
-    callbacks = [_host_function(eqns[i]) for i in indices]
+    return _deserialized(payload, [_host_function(eqns[i]) for i in indices], device_ids)
+
+
+def _deserialized(
+    payload: bytes, callbacks: Sequence[Any], device_ids: tuple[int, ...] | None
+) -> Any:
     backend = jax.devices()[0].client
     by_id = {d.id: d for d in backend.devices()}
     chosen = backend.devices() if device_ids is None else [by_id[i] for i in device_ids]
     devices = _xc.DeviceList(tuple(chosen))
-    return backend.deserialize_executable(payload, devices, None, callbacks)
+    return backend.deserialize_executable(payload, devices, None, list(callbacks))
 
 
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 
 
-def _reachable(obj: Any, limit: int = 400) -> set[int]:
-    """Ids of the objects a host callback reaches through closures and partials."""
-    seen: set[int] = set()
+def _reachable(obj: Any, limit: int = 400) -> dict[int, Any]:
+    """The objects a host callback reaches through closures and partials, by id,
+    in the order they are reached."""
+    seen: dict[int, Any] = {}
     stack: list[tuple[Any, int]] = [(obj, 0)]
     while stack and len(seen) < limit:
         o, depth = stack.pop()
         if id(o) in seen or depth > 6:
             continue
-        seen.add(id(o))
+        seen[id(o)] = o
         if isinstance(o, types.FunctionType):
             for cell in o.__closure__ or ():
                 try:
@@ -281,6 +300,8 @@ def _reachable(obj: Any, limit: int = 400) -> set[int]:
             stack.append((o.func, depth + 1))
             stack.extend((a, depth + 1) for a in o.args)
             stack.extend((v, depth + 1) for v in o.keywords.values())
+        elif hasattr(o, "callback_func"):  # jax's _FlatCallback
+            stack.append((o.callback_func, depth + 1))
         elif isinstance(o, dict):
             stack.extend((v, depth + 1) for v in o.values())
         elif isinstance(o, list | tuple):
@@ -331,8 +352,56 @@ def serialize_with_callbacks(compiled: Any, component: str, program: str) -> byt
     its own callbacks (see the module docstring).
 
     Raises :class:`CallbacksNotRebindable` where that cannot be done."""
-    from jax.experimental import serialize_executable as _se
+    unloaded = _unloaded(compiled)
+    registered = _registered(component, program)
+    if any(is_ordered_effect(e) for eqn in registered for e in eqn.effects):
+        # An ordered callback is lowered with a token in and out, which the
+        # function rebuilt from its equation does not take or give back.
+        raise CallbacksNotRebindable("the program has an ordered callback")
+    hosts = list(unloaded.host_callbacks)
+    indices = _match(hosts, registered)
+    by_id = {id(h): i for h, i in zip(hosts, indices, strict=True)}
+    device_ids = tuple(d.id for d in unloaded.device_list)
+    return _pickled(
+        compiled,
+        lambda blob: (_rebound_executable, (blob, component, program, indices, device_ids)),
+        lambda i: (_rebound_callback, (component, program, by_id[i])),
+        {id(h) for h in hosts},
+    )
 
+
+def serialize_relowered(compiled: Any) -> bytes:
+    """``compiled`` serialized so that a process loading it binds the host
+    callbacks of its own lowering of the program (:func:`relowering`), each in
+    its place: for callbacks that no equation of the traced program makes (a
+    library's primitive adds them while it is lowered, as lineax's solves do).
+    Where the callbacks of that lowering are not these, by number and by the
+    functions they call, the load fails (and the program is compiled).
+
+    Raises :class:`CallbacksNotRebindable` where that cannot be done."""
+    unloaded = _unloaded(compiled)
+    hosts = list(unloaded.host_callbacks)
+    names = tuple(_callback_name(h) for h in hosts)
+    device_ids = tuple(d.id for d in unloaded.device_list)
+    index = {id(h): i for i, h in enumerate(hosts)}
+    return _pickled(
+        compiled,
+        lambda blob: (_relowered_executable, (blob, names, device_ids)),
+        lambda i: (_relowered_callback, (index[i],)),
+        set(index),
+    )
+
+
+def holds_host_callbacks(compiled: Any) -> bool:
+    """Whether a ``jax.stages.Compiled`` calls back into Python: its traced
+    program's callbacks, or callbacks its lowering added."""
+    unloaded = getattr(getattr(compiled, "_executable", None), "_unloaded_executable", None)
+    return bool(getattr(unloaded, "host_callbacks", None))
+
+
+def _unloaded(compiled: Any) -> Any:
+    """The unloaded executable of ``compiled``, whose host callbacks can be bound
+    again in another process; else :class:`CallbacksNotRebindable`."""
     reason = rebind_unsupported()
     if reason is not None:
         raise CallbacksNotRebindable(reason)
@@ -344,18 +413,24 @@ def serialize_with_callbacks(compiled: Any, component: str, program: str) -> byt
         raise CallbacksNotRebindable("the executable closes over a mutable array")
     if getattr(unloaded, "keepalive", None):
         raise CallbacksNotRebindable("the executable keeps Python objects alive")
-    registered = _registered(component, program)
-    if any(is_ordered_effect(e) for eqn in registered for e in eqn.effects):
-        # An ordered callback is lowered with a token in and out, which the
-        # function rebuilt from its equation does not take or give back.
-        raise CallbacksNotRebindable("the program has an ordered callback")
-    hosts = list(unloaded.host_callbacks)
-    indices = _match(hosts, registered)
-    by_id = {id(h): i for h, i in zip(hosts, indices, strict=True)}
     if compiled._params.const_args:
         raise CallbacksNotRebindable("the executable has constant arguments")
+    return unloaded
+
+
+def _pickled(
+    compiled: Any,
+    executable: Callable[[bytes], tuple[Any, ...]],
+    callback: Callable[[int], tuple[Any, ...]],
+    hosts: set[int],
+) -> bytes:
+    """``compiled``'s fields pickled as JAX pickles them, but for its XLA
+    executable (reduced by ``executable`` from its bytes) and its host callbacks
+    (ids ``hosts``, each reduced by ``callback`` from its id)."""
+    from jax.experimental import serialize_executable as _se
+
+    unloaded = compiled._executable._unloaded_executable
     args_info_flat, _ = jax.tree_util.tree_flatten(compiled.args_info)
-    device_ids = tuple(d.id for d in unloaded.device_list)
 
     class Pickler(_se._JaxPjrtPickler):  # type: ignore[misc,name-defined]
         def persistent_id(self, obj: Any) -> Any:
@@ -365,11 +440,9 @@ def serialize_with_callbacks(compiled: Any, component: str, program: str) -> byt
 
         def reducer_override(self, obj: Any) -> Any:
             if isinstance(obj, _xc.LoadedExecutable):
-                blob = obj.serialize()
-                return _rebound_executable, (blob, component, program, indices, device_ids)
-            index = by_id.get(id(obj))
-            if index is not None:
-                return _rebound_callback, (component, program, index)
+                return executable(obj.serialize())
+            if id(obj) in hosts:
+                return callback(id(obj))
             return NotImplemented
 
     try:
@@ -381,11 +454,88 @@ def serialize_with_callbacks(compiled: Any, component: str, program: str) -> byt
         return file.getvalue()
 
 
+def _callback_name(host: Any) -> str:
+    """The functions a host callback calls (JAX's wrappers left out), by module
+    and name: what tells two lowerings' callbacks apart."""
+    return ",".join(
+        f"{f.__module__}.{f.__qualname__}"
+        for f in _reachable(host).values()
+        if isinstance(f, types.FunctionType)
+        and not (f.__module__ or "").startswith(("jax.", "jaxlib."))
+    )
+
+
+def lowered_host_callbacks(lowered: Any) -> list[Any]:
+    """The host callbacks a ``jax.stages.Lowered`` hands XLA, in their order."""
+    compile_args = getattr(getattr(lowered, "_lowering", None), "compile_args", None) or {}
+    return list(compile_args.get("host_callbacks", ()))
+
+
+class _Relowering:
+    """The host callbacks of this process's lowering of a program being loaded:
+    lowered once, when its executable asks for them."""
+
+    def __init__(self, lower: Callable[[], Sequence[Any]]) -> None:
+        self.lower = lower
+        self.callbacks: list[Any] | None = None
+
+    def take(self) -> list[Any]:
+        if self.callbacks is None:
+            self.callbacks = list(self.lower())
+        return self.callbacks
+
+
+_RELOWERING: contextvars.ContextVar[_Relowering | None] = contextvars.ContextVar(
+    "jaxaot_relowering", default=None
+)
+
+
+@contextlib.contextmanager
+def relowering(lower: Callable[[], Sequence[Any]]) -> Iterator[None]:
+    """While the block loads a program's executable stored by
+    :func:`serialize_relowered`, ``lower`` gives the host callbacks of this
+    process's lowering of that program (lowered, not compiled; only if the
+    executable needs them)."""
+    token = _RELOWERING.set(_Relowering(lower))
+    try:
+        yield
+    finally:
+        _RELOWERING.reset(token)
+
+
+def _relowered(names: tuple[str, ...] | None = None) -> list[Any]:
+    found = _RELOWERING.get()
+    if found is None:
+        raise CallbacksNotRebindable(
+            "its host callbacks come from lowering the program, which this load does not do"
+        )
+    callbacks = found.take()
+    if names is not None and tuple(_callback_name(c) for c in callbacks) != names:
+        raise CallbacksNotRebindable(
+            "the host callbacks of this process's lowering of the program are not those "
+            "it was compiled with"
+        )
+    return callbacks
+
+
+def _relowered_callback(index: int) -> Callable[..., Any]:
+    """Unpickling a host callback: this process's lowering's, at its place."""
+    return _relowered()[index]  # type: ignore[no-any-return]
+
+
+def _relowered_executable(
+    payload: bytes, names: tuple[str, ...], device_ids: tuple[int, ...]
+) -> Any:
+    """Unpickling the XLA executable: deserialized with the callbacks of this
+    process's lowering bound, on the devices it was compiled for."""
+    return _deserialized(payload, _relowered(names), device_ids)
+
+
 def binds_callbacks(payload: bytes) -> bool:
     """Whether a serialized executable binds this process's host callbacks when it
     is loaded (``serialize_with_callbacks``'): those of a program this process
     must have traced first."""
-    return _rebound_executable.__name__.encode() in payload
+    return any(f.__name__.encode() in payload for f in (_rebound_executable, _relowered_executable))
 
 
 def called_callbacks(call: Any) -> list[Any]:

@@ -6,6 +6,7 @@ compiled (and stored)."""
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ import jax
 from .. import _stats
 from .._caches import Cache
 from .._component import Call
-from .._component._flat import compiled, flat_executable
+from .._component._flat import compiled, flat_executable, lowered
 from .._component._parts import base_parts, types_text
 from .._component._rules import bind
 from .._jax import (
@@ -22,8 +23,12 @@ from .._jax import (
     callback_equations,
     default_platform,
     has_host_callbacks,
+    holds_host_callbacks,
     jaxpr_program,
+    lowered_host_callbacks,
     named,
+    relowering,
+    serialize_relowered,
     serialize_with_callbacks,
     trace_context,
 )
@@ -45,6 +50,8 @@ from .._store._writer import in_background
 from ._placement import MeshContext
 
 __all__ = ["GLUE", "WHOLE", "ProgramCache", "program_key", "region_executable"]
+
+logger = logging.getLogger("jaxaot")
 
 
 def program_key(
@@ -173,8 +180,17 @@ class ProgramCache:
         memo = (digest, avals, donate, witness, trace_context())
         shardings, memo_key = _placed(shardings, memo)
 
+        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+
         def load(cache: Cache, key: ComponentKey) -> Any:
-            loaded = load_executable(cache, key)
+            # (An executable whose callbacks its lowering added binds those of
+            # this process's lowering: ``serialize_relowered``.)
+            with relowering(
+                lambda: lowered_host_callbacks(
+                    lowered(fn, structs, donate, shardings, "jaxaot.jit")
+                )
+            ):
+                loaded = load_executable(cache, key)
             if loaded is None:
                 return None
             self._loaded[id(loaded[0])] = (cache, key)
@@ -182,7 +198,6 @@ class ProgramCache:
 
         def make() -> Any:
             self.counters.add("compiles")
-            structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
             return compiled(fn, structs, donate, shardings, "jaxaot.jit")
 
         def save(cache: Cache, key: ComponentKey, exe: Any) -> concurrent.futures.Future[None]:
@@ -224,17 +239,16 @@ class ProgramCache:
         if cache is None:
             return
         payload = self.payload(exe)
-        if callbacks():
+        if callbacks() or holds_host_callbacks(exe):
             try:
-                digest = str(key.parts["component"]).partition(":")[2]
-                payload = serialize_with_callbacks(exe, self.kind, digest)
+                payload = self._with_callbacks(exe, key, callbacks())
             except CallbacksNotRebindable as e:
                 # Said once: silence would read as a warm start to come.
                 _stats.warn_once(
                     f"program-not-stored:{self.kind}:{e}",
-                    f"jaxaot: a jaxaot.jit {self.label} with host callbacks is not "
-                    f"written to the cache ({e}); it stays in this process, so a new "
-                    "process compiles it again",
+                    f"jaxaot: the jaxaot.jit {self.label} of {name!r} calls back into "
+                    f"Python and is not written to the cache ({e}); it stays in this "
+                    "process, so a new process compiles it again",
                 )
                 return
             except Exception as e:  # XLA could not serialize it
@@ -250,6 +264,19 @@ class ProgramCache:
             result_paths=tuple(f"result[{i}]" for i in range(len(out_avals))),
         )
         store_executable(cache, key, record, exe, None, serialized=payload)
+
+    def _with_callbacks(self, exe: Any, key: ComponentKey, traced: bool) -> bytes:
+        """``exe`` serialized with its host callbacks named so that a new process
+        binds its own: by the equations of its traced program where they all come
+        from one (``traced``), else by that process's lowering of the program (a
+        library's primitive added some while it was lowered)."""
+        if traced:
+            try:
+                digest = str(key.parts["component"]).partition(":")[2]
+                return serialize_with_callbacks(exe, self.kind, digest)
+            except CallbacksNotRebindable as e:
+                logger.debug("jaxaot: %s: callbacks bound by lowering again: %s", key.digest, e)
+        return serialize_relowered(exe)
 
 
 GLUE = ProgramCache("glue")
