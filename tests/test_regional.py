@@ -297,6 +297,9 @@ def test_explain_compiles_nothing(compiles: list[str]) -> None:
     def looped(w: jax.Array, v: jax.Array) -> jax.Array:
         return lax.fori_loop(0, 3, lambda i, h: comp(w, h), v)
 
+    def split_and_looped(ws: Any, v: jax.Array) -> jax.Array:
+        return looped(ws[0], prefill(ws, v))
+
     ws, v = [jnp.eye(4) * 0.1 * (i + 1) for i in range(3)], jnp.ones((2, 4))
     cases = [
         (step, (ws, v), "component <lambda>: 3 forward, 3 linear/transpose\n  glue: 2"),
@@ -306,6 +309,8 @@ def test_explain_compiles_nothing(compiles: list[str]) -> None:
             (ws[0], v),
             "cached whole (kept whole: its layers run under scan/fori_loop (as with nn.scan",
         ),
+        # A split program whose glue loops over a layer says so, not "kept whole".
+        (split_and_looped, (ws, v), "3 calls\n  glue: 1 program\n  in glue, under scan/fori_loop:"),
         # (Saying how a layer called in a loop would split.)
         (lambda v: jnp.sin(v) * 2, (v,), "repeats no block; a layer called in a loop splits"),
     ]

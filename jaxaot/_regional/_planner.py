@@ -53,6 +53,7 @@ from ._split import (
     Region,
     contains_components,
     inline_calls,
+    loops_in_glue,
     nested_components,
     scan_why,
     scanned_layers,
@@ -602,5 +603,5 @@ def _summary(regions: Sequence[Region], counts: collections.Counter[Any], nested
     if inlined:
         lines.append("  in glue (called once): " + ", ".join(inlined))
     if nested:
-        lines.append(f"  {under_loops(nested)}")
+        lines.append(f"  {loops_in_glue(nested)}")
     return "\n".join(lines)

@@ -62,6 +62,15 @@ def under_loops(nested: str) -> str:
     )
 
 
+def loops_in_glue(nested: str) -> str:
+    """What ``explain`` says of a split program's layers that run under ``nested``
+    (``scan/fori_loop``...): they stay in the glue that loops over them."""
+    return (
+        f"in glue, under {nested}: layers a loop runs (an RNN's cell, nn.scan, "
+        "hk.layer_stack) are compiled with the loop, whose body is compiled once already"
+    )
+
+
 def scan_why() -> str:
     """Why a program whose layers are stacked under a scan has nothing to split."""
     return "nothing to split: " + under_loops("lax.scan or fori_loop").removeprefix("kept whole: ")
