@@ -516,3 +516,50 @@ def test_a_program_whose_lowering_adds_callbacks_warm_starts_with_its_own_bound(
     # (the primitive's lowering changed, its jaxpr did not) loads nothing: compiled.
     changed, _ = run("1.0", "renamed")
     assert changed["compiles"] >= 1 and changed["same"] and changed["seen"] == [3.0, 3.0]
+
+
+def test_an_entry_whose_callbacks_cannot_be_lowered_again_is_a_miss_and_kept(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A program whose callbacks its lowering gives (an ordered callback) is
+    stored; where lowering it again fails in a process, its entry is not loaded
+    there (the program is compiled) and stays in the cache, sound, for others."""
+    from jax.experimental import io_callback
+
+    from jaxaot._regional import _programs
+
+    log: list[float] = []
+
+    def f(x: jax.Array) -> jax.Array:
+        io_callback(lambda v: log.append(float(v)), None, x.sum(), ordered=True)
+        return x * 2
+
+    compiles: list[str] = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda e, d, **k: (
+            compiles.append(e) if e == "/jax/core/compile/backend_compile_duration" else None
+        )
+    )
+    cache = jaxaot.MemoryCache()
+    x = jnp.ones(3)
+    with jaxaot.using_cache(cache):
+        jax.block_until_ready(jaxaot.jit(f)(x))
+        jaxaot.wait_for_writes()
+        stored = sorted(cache.keys())
+        assert stored
+
+        def fails(*args: Any) -> Any:
+            raise RuntimeError("no lowering here")
+
+        # As a new process would: nothing of this one's programs in memory.
+        monkeypatch.setattr(_programs, "lowered", fails)
+        _programs.GLUE._exes.clear()
+        _programs.WHOLE._exes.clear()
+        before = len(compiles)
+        with caplog.at_level(logging.WARNING, logger="jaxaot"):
+            out = jaxaot.jit(f)(x)
+        assert len(compiles) > before  # compiled, not loaded
+        np.testing.assert_array_equal(out, x * 2)
+        assert log == [3.0, 3.0]
+        assert not [r for r in caplog.records if "dropped" in r.getMessage()], caplog.text
+        assert set(stored) <= set(cache.keys())

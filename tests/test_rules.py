@@ -1376,6 +1376,21 @@ def _transformed(kind: str, scale: float) -> tuple[Callable[..., Any], Callable[
     """A transformation of a component calling a rule that sees which inputs are
     differentiated or batched, and of the plain function."""
     x, y = jnp.arange(1.0, 5.0), jnp.arange(2.0, 6.0)
+    if kind == "jvp, nested":
+        # The rule in a component that another component calls: the outer one's
+        # transformations see what the inner rule sees.
+        inner = jaxaot.component(_symbolic_jvp(scale))
+
+        def nested(x: jax.Array, y: jax.Array) -> jax.Array:
+            return inner(x, y).sum()
+
+        def plain(x: jax.Array, y: jax.Array) -> jax.Array:
+            return inner.__wrapped__(x, y).sum()
+
+        def of(fn: Any) -> Any:
+            return lambda: (jax.grad(fn)(x, y), jax.jvp(lambda x: fn(x, y), (x,), (x,))[1])
+
+        return of(jaxaot.component(nested)), of(plain)
     if kind == "jvp":
         f = _symbolic_jvp(scale)
 
@@ -1418,7 +1433,7 @@ def _transformed(kind: str, scale: float) -> tuple[Callable[..., Any], Callable[
     return batch(jaxaot.component(layer)), batch(layer)
 
 
-@pytest.mark.parametrize("kind", ["jvp", "vjp", "vmap"])
+@pytest.mark.parametrize("kind", ["jvp", "vjp", "vmap", "jvp, nested"])
 def test_a_rule_that_sees_which_inputs_are_transformed_sees_what_jax_shows_it(kind: str) -> None:
     """A ``custom_jvp`` or ``custom_vjp`` rule with ``symbolic_zeros`` is told which
     tangents are zero, which inputs are perturbed and which cotangents are zero; a
@@ -1429,7 +1444,7 @@ def test_a_rule_that_sees_which_inputs_are_transformed_sees_what_jax_shows_it(ki
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("kind", ["jvp", "vjp", "vmap"])
+@pytest.mark.parametrize("kind", ["jvp", "vjp", "vmap", "jvp, nested"])
 def test_transformations_of_a_rule_that_sees_masks_are_keyed_by_what_they_compute(
     kind: str, cache: Any
 ) -> None:

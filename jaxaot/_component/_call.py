@@ -9,6 +9,7 @@ lineage (``_parts.derived_key``).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -27,6 +28,25 @@ from ._rewrites import forwarded_inputs, fuse_dot_transposes, prune_residuals, r
 from ._types import aval_of, is_differentiable, sds, traced_under
 
 __all__ = ["Call", "EntryMaker"]
+
+#: A component's derived programs keyed by what they compute (see
+#: ``Call._derive``): their digests by parent key, transformation and input
+#: types; past the bound the oldest are forgotten (traced again when derived).
+_MAX_DERIVED_PROGRAMS = 4096
+_DERIVED_LOCK = threading.Lock()
+
+
+def _derived_programs(component: Any) -> dict[tuple[Any, ...], str]:
+    """``component``'s digests of derived programs (a new table where it cannot
+    hold one: traced each time)."""
+    with _DERIVED_LOCK:
+        try:
+            found: dict[tuple[Any, ...], str] = vars(component).setdefault(
+                "_jaxaot_derived_programs", {}
+            )
+        except TypeError:  # no __dict__
+            found = {}
+    return found
 
 
 class EntryMaker(Protocol):
@@ -137,12 +157,24 @@ class Call:
         if sees_masks(self.key):
             # A rule of the program sees which inputs this transformation
             # differentiates or batches, and its key traced it for another choice:
-            # this transformation is keyed by the program it computes, traced here.
-            traced = trace()
-            transform = (*transform, ("program", program_digest(traced.jaxpr, name)))
+            # this transformation is keyed by the program it computes, traced here
+            # (once for each component, as jax.jit traces a function once: its
+            # key is the same for another function whose rule differs).
+            derived = _derived_programs(component)
+            memo = (self.key, transform, tuple(in_avals))
+            digest = derived.get(memo)
+            if digest is None:
+                traced = trace()
+                digest = program_digest(traced.jaxpr, name)
+                with _DERIVED_LOCK:
+                    derived[memo] = digest
+                    while len(derived) > _MAX_DERIVED_PROGRAMS:
+                        del derived[next(iter(derived))]
 
-            def trace() -> Any:
-                return traced
+                def trace() -> Any:
+                    return traced
+
+            transform = (*transform, ("program", digest))
 
         key = derived_key(self.key, transform, tuple(in_avals))
 

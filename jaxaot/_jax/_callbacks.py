@@ -39,6 +39,7 @@ import collections
 import contextlib
 import contextvars
 import io
+import sys
 import threading
 import types
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -455,14 +456,20 @@ def _pickled(
 
 
 def _callback_name(host: Any) -> str:
-    """The functions a host callback calls (JAX's wrappers left out), by module
-    and name: what tells two lowerings' callbacks apart."""
+    """The functions a host callback calls (JAX's wrappers left out), by module,
+    name and the version of the package that holds them: what tells two
+    lowerings' callbacks apart (a library's, after an upgrade, among them)."""
     return ",".join(
-        f"{f.__module__}.{f.__qualname__}"
+        f"{f.__module__}.{f.__qualname__}@{_version(f.__module__)}"
         for f in _reachable(host).values()
         if isinstance(f, types.FunctionType)
         and not (f.__module__ or "").startswith(("jax.", "jaxlib."))
     )
+
+
+def _version(module: str | None) -> str:
+    package = sys.modules.get((module or "").partition(".")[0])
+    return str(getattr(package, "__version__", ""))
 
 
 def lowered_host_callbacks(lowered: Any) -> list[Any]:
@@ -481,7 +488,12 @@ class _Relowering:
 
     def take(self) -> list[Any]:
         if self.callbacks is None:
-            self.callbacks = list(self.lower())
+            try:
+                self.callbacks = list(self.lower())
+            except Exception as e:  # a miss here, never a damaged entry
+                raise CallbacksNotRebindable(
+                    f"lowering the program again failed ({type(e).__name__}: {e})"
+                ) from e
         return self.callbacks
 
 

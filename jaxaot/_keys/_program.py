@@ -393,6 +393,9 @@ class _Canonical:
         key = getattr(value, "key", None)
         if isinstance(key, ComponentKey):  # a component call: by its entry's key
             self.callbacks.extend(called_callbacks(value))  # lowered inline with it
+            if self.trace_rules and sees_masks(key):
+                # Its rules see what a transformation of this program moves, too.
+                self.rules.append((f"component{MASKED}:{key.parts.get('component')}", key.digest))
             return f"component:{key.digest}"
         if callable(value) and hasattr(value, "f") and hasattr(value, "transforms"):
             return f"wrapped:{_callable_name(value)}:{code_digest(value)}"
