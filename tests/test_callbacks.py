@@ -114,6 +114,17 @@ def _run(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, Any], str]:
     return json.loads(line[len("RESULT ") :]), proc.stdout + proc.stderr
 
 
+def _script(path: Path, source: str, env: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """Runs ``source`` as a script at ``path`` in a new process: the JSON its last
+    line prints, and what it said on its standard error."""
+    path.write_text(source)
+    proc = subprocess.run(
+        [sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
 def _assert_jit_values(result: dict[str, Any]) -> None:
     for name in result["got"]:
         np.testing.assert_allclose(result["got"][name], result["want"][name], rtol=1e-6)
@@ -346,18 +357,8 @@ def test_a_jaxaot_jit_program_with_callbacks_warm_starts_with_them_bound(
     # The glue program of jaxaot.jit (here served whole) holds Equinox's check
     # and a debug callback: stored, and loaded with the new process's callbacks.
     def run(scale: str) -> dict[str, Any]:
-        script = tmp_path / f"regional_{scale}.py"
-        script.write_text(f"SCALE = {scale}\n" + _REGIONAL)
-        proc = subprocess.run(
-            [sys.executable, str(script)],
-            env=subprocess_env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-        return result
+        source = f"SCALE = {scale}\n" + _REGIONAL
+        return _script(tmp_path / f"regional_{scale}.py", source, subprocess_env)[0]
 
     cold = run("1.0")
     warm = run("1.0")
@@ -492,17 +493,8 @@ def test_a_program_whose_lowering_adds_callbacks_warm_starts_with_its_own_bound(
     lowering of the program: it compiles nothing and its callback runs there."""
 
     def run(scale: str, callback: str = "note") -> tuple[dict[str, Any], str]:
-        script = tmp_path / f"lowered_{scale}_{callback}.py"
-        script.write_text(f"SCALE = {scale}\nCALLBACK = {callback!r}\n" + _LOWERED)
-        proc = subprocess.run(
-            [sys.executable, str(script)],
-            env=subprocess_env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+        source = f"SCALE = {scale}\nCALLBACK = {callback!r}\n" + _LOWERED
+        return _script(tmp_path / f"lowered_{scale}_{callback}.py", source, subprocess_env)
 
     cold, said = run("1.0")
     assert cold["compiles"] >= 1 and cold["same"] and cold["seen"] == [3.0, 3.0], cold

@@ -407,19 +407,11 @@ class _ClippedBlock(hk.Module):
 
 
 def test_haiku_layers_holding_a_custom_vjp_are_blocks_made_once() -> None:
-    """Haiku layers whose activation has a custom VJP, under grad: each layer is
-    handed the whole Haiku state, and reads its own parameters only. Keyed by
-    what they read, the layers are one block (its forward and backward passes
+    """Haiku layers whose activation has a custom VJP, under grad: each layer
+    reads its own parameters. Keyed by what they read, the layers are one block (its forward and backward passes
     compiled once each), not a program per layer kept whole; values as jax.jit's."""
 
-    def net(x: jax.Array) -> jax.Array:
-        for _ in range(6):
-            x = _ClippedBlock()(x)
-        return (x**2).sum()
-
-    model = hk.without_apply_rng(hk.transform(net))
-    x = jnp.ones((2, WIDTH))
-    params = model.init(jax.random.key(0), x)
+    model, params, x = _clipped(6)
     grad = jax.grad(model.apply)
     regional = jaxaot.jit(grad, whole_program=False)
     before = jaxaot.stats()["compiles"]
@@ -431,9 +423,9 @@ def test_haiku_layers_holding_a_custom_vjp_are_blocks_made_once() -> None:
     assert made <= 4, made  # the two blocks, and their glue
 
 
-def _block_inputs(layers: int, apply: Any) -> list[int]:
-    """The inputs of each ``_ClippedBlock`` jit in the trace of ``apply`` (given
-    the transform, its parameters and input) of a model of ``layers`` layers."""
+def _clipped(layers: int) -> tuple[Any, Any, jax.Array]:
+    """A Haiku model of ``layers`` ``_ClippedBlock`` layers in a plain loop, its
+    parameters and an input."""
 
     def net(x: jax.Array) -> jax.Array:
         for _ in range(layers):
@@ -442,7 +434,13 @@ def _block_inputs(layers: int, apply: Any) -> list[int]:
 
     model = hk.without_apply_rng(hk.transform(net))
     x = jnp.ones((2, WIDTH))
-    params = model.init(jax.random.key(0), x)
+    return model, model.init(jax.random.key(0), x), x
+
+
+def _block_inputs(layers: int, apply: Any) -> list[int]:
+    """The inputs of each ``_ClippedBlock`` jit in the trace of ``apply`` (given
+    the transform, its parameters and input) of a model of ``layers`` layers."""
+    model, params, x = _clipped(layers)
     with scoped_blocks((_ClippedBlock,)):
         traced = jax.make_jaxpr(lambda p, x: apply(model, p, x))(params, x)
     return [
@@ -474,14 +472,7 @@ def test_haiku_layers_over_parameters_the_function_closes_over_are_blocks_made_o
     """Parameters fixed by the function (constants of its program, not arguments)
     read by each layer: the layers are still one block, values as jax.jit's."""
 
-    def net(x: jax.Array) -> jax.Array:
-        for _ in range(6):
-            x = _ClippedBlock()(x)
-        return (x**2).sum()
-
-    model = hk.without_apply_rng(hk.transform(net))
-    x = jnp.ones((2, WIDTH))
-    params = model.init(jax.random.key(0), x)
+    model, params, x = _clipped(6)
     apply = functools.partial(model.apply, params)
     regional = jaxaot.jit(jax.grad(apply), whole_program=False)
     _same(regional(x), jax.jit(jax.grad(apply))(x))

@@ -29,7 +29,7 @@ from .._store._lookup import Codec, get_or_make
 from .._store._readwrite import callbacks_executable
 from ._types import sds
 
-__all__ = ["compiled", "flat_executable", "lowered", "runs_flat"]
+__all__ = ["flat_executable", "lowered", "runs_flat"]
 
 
 def flat_executable(
@@ -55,9 +55,8 @@ def flat_executable(
     def make() -> Any:
         store.counters.add("compiles")
         structs = [sds(a) for a in entry.in_avals]
-        return compiled(
-            run, structs, donate, shardings, f"jaxaot.component {call.component.name!r}"
-        )
+        what = f"jaxaot.component {call.component.name!r}"
+        return lowered(run, structs, donate, shardings, what).compile()
 
     def save(cache: Cache, exe_key: ComponentKey, exe: Any) -> None:
         payload = None
@@ -84,19 +83,6 @@ def flat_executable(
     )
 
 
-def compiled(
-    fn: Callable[..., Any],
-    structs: list[Any],
-    donate: tuple[int, ...],
-    shardings: tuple[Any, ...] | None,
-    what: str,
-) -> Any:
-    """``fn`` compiled for ``structs`` with the inputs at ``donate`` donated, each
-    input placed as ``shardings`` says (where it says), under a compile target
-    for its devices (unplaced inputs on its first)."""
-    return lowered(fn, structs, donate, shardings, what).compile()
-
-
 def lowered(
     fn: Callable[..., Any],
     structs: list[Any],
@@ -104,7 +90,9 @@ def lowered(
     shardings: tuple[Any, ...] | None,
     what: str,
 ) -> Any:
-    """``fn`` lowered as :func:`compiled` compiles it."""
+    """``fn`` lowered for ``structs`` with the inputs at ``donate`` donated, each
+    input placed as ``shardings`` says (where it says), under a compile target
+    for its devices (unplaced inputs on its first)."""
     if shardings is not None:
         structs = [
             s

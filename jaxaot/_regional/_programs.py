@@ -15,7 +15,7 @@ import jax
 from .. import _stats
 from .._caches import Cache
 from .._component import Call
-from .._component._flat import compiled, flat_executable, lowered
+from .._component._flat import flat_executable, lowered
 from .._component._parts import base_parts, types_text
 from .._component._rules import bind
 from .._jax import (
@@ -198,7 +198,7 @@ class ProgramCache:
 
         def make() -> Any:
             self.counters.add("compiles")
-            return compiled(fn, structs, donate, shardings, "jaxaot.jit")
+            return lowered(fn, structs, donate, shardings, "jaxaot.jit").compile()
 
         def save(cache: Cache, key: ComponentKey, exe: Any) -> concurrent.futures.Future[None]:
             # Serialized and written while the program runs its first call.
