@@ -991,3 +991,38 @@ def test_pmap_of_a_component_gives_pmaps_values_and_says_pmap(
     np.testing.assert_array_equal(got, jax.pmap(lambda x: jnp.sin(x) * 2)(x))
     said = [r.getMessage() for r in caplog.records if "not written" in r.getMessage()]
     assert len(said) == 1 and "pmap" in said[0], said
+
+
+def test_a_component_calling_custom_partitioning_says_once_its_rule_is_not_used(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A component is lowered apart from its caller's shardings, so a
+    ``custom_partitioning`` function in it runs its plain function: said once,
+    naming the component (the values are the plain function's, as jax.jit's on
+    one device)."""
+    from jax.experimental.custom_partitioning import custom_partitioning
+
+    @custom_partitioning
+    def doubled(x: jax.Array) -> jax.Array:
+        return x * 2.0
+
+    def partition(mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
+        shardings = jax.tree.map(lambda s: s.sharding, arg_shapes)
+        return mesh, lambda x: x * 2.0, result_shape.sharding, shardings
+
+    doubled.def_partition(
+        infer_sharding_from_operands=lambda mesh, args, result: args[0].sharding,
+        partition=partition,
+        sharding_rule="i -> i",
+    )
+
+    @jaxaot.component
+    def partitioned(x: jax.Array) -> jax.Array:
+        return doubled(x) + 1.0
+
+    with caplog.at_level(logging.WARNING, logger="jaxaot"):
+        for n in (3, 5):
+            x = jnp.arange(float(n))
+            np.testing.assert_array_equal(partitioned(x), x * 2.0 + 1.0)
+    said = [r.getMessage() for r in caplog.records if "custom_partitioning" in r.getMessage()]
+    assert len(said) == 1 and "'partitioned'" in said[0], said

@@ -75,6 +75,15 @@ def build_entry(
     # checkify.check lowers only once checkify has made it a value: such a body
     # is checked inline where it is called (``_rules``), never lowered alone.
     checks = uses_primitive(closed, ("check",))
+    if uses_primitive(closed, ("custom_partitioning",)):
+        # Said once: silence would read as the user's partitioning kept.
+        _stats.warn_once(
+            f"custom-partitioning:{owner}",
+            f"jaxaot: component {owner!r} calls a custom_partitioning function: a "
+            "component is lowered apart from its caller's shardings, so its partition "
+            "rule is not used and its plain function runs on each device (under "
+            "jax.jit the rule partitions it); call it outside the component",
+        )
     context = axis or linear or checks
     local = callbacks or context or plain is not None
     # Only a linear part: every process derives it again, and writes its transposes.
