@@ -905,15 +905,19 @@ def test_a_precompile_whose_compile_failed_at_run_time_fails_and_plans_again(
 
     blocks, x = setup(3)
     grad = jaxaot.jit(jax.grad(fn))
-    real = _programs.compiled
+    real = _programs.lowered
 
-    def failing(*args: Any, **kwargs: Any) -> Any:
-        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: staged out of memory")
+    class Failing:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
 
-    monkeypatch.setattr(_programs, "compiled", failing)
+        def compile(self) -> Any:
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: staged out of memory")
+
+    monkeypatch.setattr(_programs, "lowered", Failing)
     with pytest.raises(jax.errors.JaxRuntimeError, match="staged out of memory"):
         grad.precompile(blocks, x)
-    monkeypatch.setattr(_programs, "compiled", real)
+    monkeypatch.setattr(_programs, "lowered", real)
     grad.precompile(blocks, x)
     assert not grad.explain(blocks, x).startswith(f"jaxaot.jit {grad.__name__}: jax.jit")
     close(grad(blocks, x), jax.grad(fn)(blocks, x))
