@@ -409,3 +409,20 @@ def test_an_executable_for_another_input_tree_is_dropped_not_called(
     np.testing.assert_allclose(jaxaot.component(pair)(x, y), jax.jit(pair)(x, y))
     assert any("input tree is not the call's" in r.getMessage() for r in caplog.records)
     assert jaxaot.stats()["loaded"] == before  # (its lowered entry was written here)
+
+
+def test_an_executable_xla_cannot_serialize_is_said_once_with_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """XLA:CPU at times cannot serialize a program holding a sort (its comparator
+    compiled to a fast path, ``LessThan``): said once per program, with XLA's
+    words and what they mean, not once per attempt."""
+    error = RuntimeError("UNIMPLEMENTED: `LessThan` is not serializable.")
+    with caplog.at_level(logging.DEBUG, logger="jaxaot"):
+        for _ in range(2):
+            _executables.not_serializable("sorted_step", error)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1, warned
+    assert "'sorted_step' is not written to the cache" in warned[0]
+    assert "`LessThan` is not serializable" in warned[0]
+    assert "cannot serialize a sort" in warned[0]

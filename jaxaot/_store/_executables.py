@@ -189,14 +189,16 @@ def target_process_keys(key: ComponentKey) -> list[ComponentKey]:
 
 def not_serializable(name: str, error: Exception) -> None:
     """Says once per program ``name`` that its executable could not be serialized
-    (``error``): silence would read as a warm start to come. (A host callback
-    that only its lowering adds, as lineax's solves do, cannot be serialized; nor,
-    at times, an XLA:CPU executable holding a sort's comparator.)"""
+    (``error``): silence would read as a warm start to come. (A component's host
+    callback that only its lowering adds, as lineax's solves do, cannot be
+    serialized; nor, at times, an XLA:CPU executable holding a sort's comparator.)"""
+    why = f"{type(error).__name__}: {error}"
+    if "LessThan" in str(error):
+        why += "; XLA:CPU cannot serialize a sort whose comparator it compiled to a fast path"
     _stats.warn_once(
         f"not-serializable:{name}",
-        f"jaxaot: the executable of {name!r} is not written to the cache "
-        f"({type(error).__name__}: {error}); it stays in this process, so a new process "
-        "compiles it again",
+        f"jaxaot: the executable of {name!r} is not written to the cache ({why}); it stays "
+        "in this process, so a new process compiles it again",
     )
 
 
