@@ -511,7 +511,7 @@ def test_a_program_whose_lowering_adds_callbacks_warm_starts_with_its_own_bound(
 
 
 def test_an_entry_whose_callbacks_cannot_be_lowered_again_is_a_miss_and_kept(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, compiles: list[str]
 ) -> None:
     """A program whose callbacks its lowering gives (an ordered callback) is
     stored; where lowering it again fails in a process, its entry is not loaded
@@ -526,12 +526,6 @@ def test_an_entry_whose_callbacks_cannot_be_lowered_again_is_a_miss_and_kept(
         io_callback(lambda v: log.append(float(v)), None, x.sum(), ordered=True)
         return x * 2
 
-    compiles: list[str] = []
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda e, d, **k: (
-            compiles.append(e) if e == "/jax/core/compile/backend_compile_duration" else None
-        )
-    )
     cache = jaxaot.MemoryCache()
     x = jnp.ones(3)
     with jaxaot.using_cache(cache):

@@ -1372,6 +1372,12 @@ def _symbolic_vmap(scale: float) -> Callable[..., Any]:
     return f
 
 
+def _grad_and_jvp(fn: Callable[..., Any], x: jax.Array, y: jax.Array) -> Callable[[], Any]:
+    """The gradient of ``fn`` at ``(x, y)`` and its JVP along ``x`` alone (``y``'s
+    tangent a symbolic zero), when called."""
+    return lambda: (jax.grad(fn)(x, y), jax.jvp(lambda x: fn(x, y), (x,), (x,))[1])
+
+
 def _transformed(kind: str, scale: float) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """A transformation of a component calling a rule that sees which inputs are
     differentiated or batched, and of the plain function."""
@@ -1387,20 +1393,14 @@ def _transformed(kind: str, scale: float) -> tuple[Callable[..., Any], Callable[
         def plain(x: jax.Array, y: jax.Array) -> jax.Array:
             return inner.__wrapped__(x, y).sum()
 
-        def of(fn: Any) -> Any:
-            return lambda: (jax.grad(fn)(x, y), jax.jvp(lambda x: fn(x, y), (x,), (x,))[1])
-
-        return of(jaxaot.component(nested)), of(plain)
+        return _grad_and_jvp(jaxaot.component(nested), x, y), _grad_and_jvp(plain, x, y)
     if kind == "jvp":
         f = _symbolic_jvp(scale)
 
         def jvp_loss(x: jax.Array, y: jax.Array) -> jax.Array:
             return f(x, y).sum()
 
-        def make(fn: Any) -> Any:
-            return lambda: (jax.grad(fn)(x, y), jax.jvp(lambda x: fn(x, y), (x,), (x,))[1])
-
-        return make(jaxaot.component(jvp_loss)), make(jvp_loss)
+        return _grad_and_jvp(jaxaot.component(jvp_loss), x, y), _grad_and_jvp(jvp_loss, x, y)
     if kind == "vjp":
         g = _symbolic_vjp(scale)
 

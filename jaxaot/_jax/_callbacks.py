@@ -61,8 +61,8 @@ __all__ = [
     "called_callbacks",
     "holds_host_callbacks",
     "is_callback_equation",
-    "rebind_unsupported",
     "lowered_host_callbacks",
+    "rebind_unsupported",
     "register_program",
     "relowering",
     "serialize_relowered",
@@ -365,6 +365,7 @@ def serialize_with_callbacks(compiled: Any, component: str, program: str) -> byt
     device_ids = tuple(d.id for d in unloaded.device_list)
     return _pickled(
         compiled,
+        unloaded,
         lambda blob: (_rebound_executable, (blob, component, program, indices, device_ids)),
         lambda i: (_rebound_callback, (component, program, by_id[i])),
         {id(h) for h in hosts},
@@ -387,6 +388,7 @@ def serialize_relowered(compiled: Any) -> bytes:
     index = {id(h): i for i, h in enumerate(hosts)}
     return _pickled(
         compiled,
+        unloaded,
         lambda blob: (_relowered_executable, (blob, names, device_ids)),
         lambda i: (_relowered_callback, (index[i],)),
         set(index),
@@ -396,8 +398,11 @@ def serialize_relowered(compiled: Any) -> bytes:
 def holds_host_callbacks(compiled: Any) -> bool:
     """Whether a ``jax.stages.Compiled`` calls back into Python: its traced
     program's callbacks, or callbacks its lowering added."""
-    unloaded = getattr(getattr(compiled, "_executable", None), "_unloaded_executable", None)
-    return bool(getattr(unloaded, "host_callbacks", None))
+    return bool(getattr(_unloaded_of(compiled), "host_callbacks", None))
+
+
+def _unloaded_of(compiled: Any) -> Any:
+    return getattr(getattr(compiled, "_executable", None), "_unloaded_executable", None)
 
 
 def _unloaded(compiled: Any) -> Any:
@@ -406,9 +411,9 @@ def _unloaded(compiled: Any) -> Any:
     reason = rebind_unsupported()
     if reason is not None:
         raise CallbacksNotRebindable(reason)
-    unloaded = getattr(compiled._executable, "_unloaded_executable", None)
-    if unloaded is None or not getattr(unloaded, "host_callbacks", None):
+    if not holds_host_callbacks(compiled):
         raise CallbacksNotRebindable("the executable holds no host callbacks to rebind")
+    unloaded = _unloaded_of(compiled)
     mut = getattr(unloaded, "mut", None)
     if mut is not None and getattr(mut, "in_mut", None):
         raise CallbacksNotRebindable("the executable closes over a mutable array")
@@ -421,16 +426,17 @@ def _unloaded(compiled: Any) -> Any:
 
 def _pickled(
     compiled: Any,
+    unloaded: Any,
     executable: Callable[[bytes], tuple[Any, ...]],
     callback: Callable[[int], tuple[Any, ...]],
     hosts: set[int],
 ) -> bytes:
-    """``compiled``'s fields pickled as JAX pickles them, but for its XLA
-    executable (reduced by ``executable`` from its bytes) and its host callbacks
-    (ids ``hosts``, each reduced by ``callback`` from its id)."""
+    """``compiled``'s fields (of its ``unloaded`` executable) pickled as JAX
+    pickles them, but for its XLA executable (reduced by ``executable`` from its
+    bytes) and its host callbacks (ids ``hosts``, each reduced by ``callback``
+    from its id)."""
     from jax.experimental import serialize_executable as _se
 
-    unloaded = compiled._executable._unloaded_executable
     args_info_flat, _ = jax.tree_util.tree_flatten(compiled.args_info)
 
     class Pickler(_se._JaxPjrtPickler):  # type: ignore[misc,name-defined]

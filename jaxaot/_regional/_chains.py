@@ -64,13 +64,11 @@ def runs(eqns: Sequence[Any], min_length: int = 2) -> list[Any]:
                     continue
                 if eqn.params["call"] != first.params["call"]:
                     break
-                link = _link(members, carry, earlier, eqn)
+                link = _extend(members, carry, earlier, eqn)
                 if link is None:
                     break
                 carry = link
-                earlier.update(members[-1].outvars)
                 made.update(eqn.outvars)
-                members.append(eqn)
                 moved += between
                 between = []
                 j += 1
@@ -241,30 +239,33 @@ def _chain(items: Sequence[Any], tokens: Sequence[str | None], i: int, p: int) -
         group = Group.of(items[start : start + p])
         if group.wiring != first.wiring:
             break
-        link = _link(members, carry, earlier, group)
+        link = _extend(members, carry, earlier, group)
         if link is None:
             break
         carry = link
-        earlier.update(members[-1].outvars)
-        members.append(group)
         start += p
     return None if carry is None else Run(members, carry)
 
 
-def _link(
-    members: Sequence[Any],
+def _extend(
+    members: list[Any],
     carry: tuple[tuple[int, int], ...] | None,
     earlier: set[Any],
     nxt: Any,
 ) -> tuple[tuple[int, int], ...] | None:
-    """The carry if ``nxt`` goes on the chain ``members`` (carrying ``carry`` so
-    far; ``earlier``: the outputs of all members but the last): it reads outputs
-    of the last member, the same ones as every member before it, and nothing of
-    the earlier ones. ``None`` where it does not."""
+    """Puts ``nxt`` on the chain ``members`` (carrying ``carry`` so far;
+    ``earlier``: the outputs of all members but the last, kept so) where it goes
+    there, and returns the carry: where it reads outputs of the last member, the
+    same ones as every member before it, and nothing of the earlier ones.
+    ``None`` (and nothing changed) where it does not."""
     pairs = _carry_pairs(members[-1], nxt)
     if pairs is None or (carry is not None and pairs != carry):
         return None
-    return None if any(_made_by(v, earlier) for v in nxt.invars) else pairs
+    if any(_made_by(v, earlier) for v in nxt.invars):
+        return None
+    earlier.update(members[-1].outvars)
+    members.append(nxt)
+    return pairs
 
 
 def _made_by(v: Any, variables: set[Any]) -> bool:

@@ -239,9 +239,10 @@ class ProgramCache:
         if cache is None:
             return
         payload = self.payload(exe)
-        if callbacks() or holds_host_callbacks(exe):
+        traced = callbacks()
+        if traced or holds_host_callbacks(exe):
             try:
-                payload = self._with_callbacks(exe, key, callbacks())
+                payload = self._with_callbacks(exe, key, traced)
             except CallbacksNotRebindable as e:
                 # Said once: silence would read as a warm start to come.
                 _stats.warn_once(
