@@ -687,6 +687,53 @@ def test_x64_switched_mid_process(subprocess_env: dict[str, str], tmp_path: Path
     assert out.stdout.split() == ["int32", "int32", "int64", "int64", "int64"]
 
 
+BIG_CLOSURE_SCRIPT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np, jaxaot
+    # 32x32 float32: over jax_embedded_constants_max_bytes (1 KiB), so that JAX
+    # (0.12, or with simplified constants) hands it to the lowered program as an
+    # argument of its own rather than as a constant in it.
+    W = jax.random.normal(jax.random.key(0), (32, 32))
+
+    def f(x):
+        return jnp.tanh(x @ W)
+
+    c = jaxaot.component(f)
+    x = jnp.linspace(-1.0, 1.0, 64).reshape(2, 32)
+    cases = {
+        "direct": (c, f),
+        "in jax.jit": (jax.jit(lambda x: c(x) * 2), jax.jit(lambda x: f(x) * 2)),
+        "grad": (jax.grad(lambda x: c(x).sum()), jax.jit(jax.grad(lambda x: f(x).sum()))),
+        "vmap": (jax.vmap(c), jax.jit(jax.vmap(f))),
+        "jaxaot.jit": (jaxaot.jit(lambda x: c(c(x))), jax.jit(lambda x: f(f(x)))),
+    }
+    for name, (ours, plain) in cases.items():
+        np.testing.assert_allclose(ours(x), plain(x), rtol=1e-6, atol=1e-6, err_msg=name)
+    jaxaot.wait_for_writes()
+    print("compiles", jaxaot.stats()["compiles"])
+    """
+)
+
+
+def test_a_component_closing_over_a_large_array_runs_in_every_context(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A constant JAX hoists out of the lowered program (an array over 1 KiB that
+    the function closes over) stays in the component's module: linked into a
+    caller, or loaded in the next process, it computes what jax.jit computes."""
+    script = tmp_path / "big_closure.py"
+    script.write_text(BIG_CLOSURE_SCRIPT)
+    env = dict(subprocess_env, JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS="true")
+    runs = [
+        subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+        for _ in range(2)
+    ]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    assert int(runs[0].stdout.split()[-1]) > 0
+    assert runs[1].stdout.split()[-1] == "0"  # the next process loads what the first made
+
+
 def test_clear_cache_writes_entries_again(fresh_cache: jaxaot.MemoryCache) -> None:
     comp = jaxaot.component(lambda x: jnp.cos(x) * 5, key="clear-then-write")
     x = jnp.ones(3)

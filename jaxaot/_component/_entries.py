@@ -8,7 +8,13 @@ from typing import Any
 import jax
 
 from .. import _stats
-from .._jax import has_host_callbacks, is_ordered_effect, module_to_bytecode, uses_primitive
+from .._jax import (
+    has_host_callbacks,
+    is_ordered_effect,
+    lower_linkable,
+    module_to_bytecode,
+    uses_primitive,
+)
 from .._keys._key import ComponentKey
 from .._store._entry import LOCAL, Entry
 from .._store._readwrite import CALLBACKS_ONLY, LINEAR_ONLY, WITH_CALLER
@@ -91,7 +97,7 @@ def build_entry(
     if not local and lower:
         platform = key.parts["platforms"][0]
         with traced_under((*closed.in_avals, *closed.out_avals)):
-            lowered = traced.lower(lowering_platforms=(platform,))
+            lowered = lower_linkable(traced, platform)
         counters.add("lowerings")
         stablehlo = module_to_bytecode(lowered.compiler_ir("stablehlo"))
     debug = closed.jaxpr.debug_info

@@ -19,6 +19,7 @@ __all__ = [
     "batching",
     "call_module_function",
     "inline_jaxpr_lowering",
+    "lower_linkable",
     "lowering_platforms",
     "module_to_bytecode",
     "not_mapped",
@@ -106,6 +107,20 @@ def register_jet(prim: Any, body: Callable[..., Any]) -> None:
 def lowering_platforms(ctx: Any) -> tuple[str, ...]:
     """The platforms the enclosing lowering targets."""
     return tuple(ctx.module_context.platforms)
+
+
+def lower_linkable(traced: Any, platform: str) -> Any:
+    """``traced`` (a ``jax.stages.Traced``) lowered for ``platform`` into a module
+    that holds its constants. By default JAX (0.12, or with
+    ``jax_use_simplified_jaxpr_constants``) passes constants over
+    ``jax_embedded_constants_max_bytes`` (an array a function closes over) to
+    the module's main function as arguments, which a caller linking the module
+    (:func:`call_module_function`) would not pass; ``jax.export`` keeps them in
+    the module for the same reason."""
+    return traced.lower(
+        lowering_platforms=(platform,),
+        _private_parameters=mlir.LoweringParameters(hoist_constants_as_args=False),
+    )
 
 
 def call_module_function(
