@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -229,3 +234,64 @@ def test_equation_digests_tell_apart_what_equations_compute() -> None:
     assert len(muls) == 3 and muls[0] == muls[1] != muls[2]
     assert digests[names.index("convert_element_type")] not in muls
     assert digests[names.index("pure_callback")] is None
+
+
+LOWERED_CODE_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import jax, jax.numpy as jnp, numpy as np, jaxaot
+    from jax.extend import random as jr
+    from jax.extend.core import Primitive
+    from jax.interpreters import mlir
+
+    SCALE = float(os.environ["SCALE"])  # read only when the program is lowered
+
+    scale_p = Primitive("users_scale")
+    scale_p.def_abstract_eval(lambda x: jax.core.ShapedArray(x.shape, x.dtype))
+    mlir.register_lowering(scale_p, mlir.lower_fun(lambda x: x * SCALE, multiple_results=False))
+
+    def bits(key, bit_width, shape):
+        return jnp.zeros(shape, jnp.uint32) + key[0] * jnp.uint32(SCALE)
+
+    impl = jr.define_prng_impl(
+        key_shape=(2,),
+        seed=lambda s: jnp.stack([jnp.uint32(s), jnp.uint32(7)]),
+        split=lambda k, shape: jnp.broadcast_to(k, (*shape, 2)),
+        random_bits=bits,
+        fold_in=lambda k, d: k + jnp.uint32(d),
+        name="users_impl",
+    )
+
+    def f(x):
+        drawn = jax.random.bits(jax.random.key(3, impl=impl), x.shape).astype(x.dtype)
+        return scale_p.bind(x) + drawn
+
+    x = jnp.arange(4.0)
+    want = np.asarray(jax.jit(f)(x))
+    for name, got in (("component", jaxaot.component(f)(x)), ("jaxaot.jit", jaxaot.jit(f)(x))):
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=name)
+    jaxaot.wait_for_writes()
+    print("compiles", jaxaot.stats()["compiles"])
+    """
+)
+
+
+def test_code_that_runs_only_when_lowering_is_in_the_key(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A user's primitive's lowering rule and a user's PRNG implementation run only
+    when the program is lowered, so the traced program does not show them: what
+    they read is keyed all the same. A process where they compute otherwise is
+    not served the entries of the one before; one where they are the same is."""
+    script = tmp_path / "lowered_code.py"
+    script.write_text(LOWERED_CODE_SCRIPT)
+
+    def run(scale: str) -> int:
+        env = dict(subprocess_env, SCALE=scale)
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return int(out.stdout.split()[-1])
+
+    assert run("3") > 0
+    assert run("5") > 0  # (asserts its values equal jax.jit's)
+    assert run("5") == 0

@@ -8,6 +8,8 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+
 from ._internals import ad, batching, func_dialect, ir, mlir
 from ._internals import checkify as _checkify
 from ._internals import partial_eval as _pe
@@ -20,9 +22,11 @@ __all__ = [
     "call_module_function",
     "inline_jaxpr_lowering",
     "lower_linkable",
+    "lowering_rules",
     "lowering_platforms",
     "module_to_bytecode",
     "not_mapped",
+    "prng_impl",
     "partial_eval_jaxpr",
     "register_checkify",
     "register_jet",
@@ -107,6 +111,22 @@ def register_jet(prim: Any, body: Callable[..., Any]) -> None:
 def lowering_platforms(ctx: Any) -> tuple[str, ...]:
     """The platforms the enclosing lowering targets."""
     return tuple(ctx.module_context.platforms)
+
+
+def lowering_rules(prim: Any) -> tuple[Callable[..., Any], ...]:
+    """The lowering rules registered for ``prim``: its default rule, then those of
+    each platform (a primitive of the user's own names its lowering only here)."""
+    entries: list[Any] = [mlir._lowerings.get(prim)]
+    entries += [table.get(prim) for _, table in sorted(mlir._platform_specific_lowerings.items())]
+    # (Each an entry holding the rule; a bare rule in older JAX.)
+    return tuple(getattr(e, "rule", e) for e in entries if e is not None)
+
+
+def prng_impl(dtype: Any) -> Any | None:
+    """The PRNG implementation of a typed key dtype (``key<fry>``), or ``None``."""
+    if dtype is None or not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return None
+    return getattr(dtype, "_impl", None)
 
 
 def lower_linkable(traced: Any, platform: str) -> Any:

@@ -26,6 +26,7 @@ __all__ = [
     "ClosureError",
     "closed_tracer",
     "code_digest",
+    "users_code_digest",
     "refuse_closed_arrays",
     "values_reached",
 ]
@@ -310,6 +311,19 @@ def code_digest(fun: Any, with_values: bool = False, wrapped: bool = False) -> s
             elif with_values and isinstance(value, _PLAIN):
                 h.update(f"{name}={value!r}".encode())
     return h.hexdigest()[:32]
+
+
+_NO_CODE = hashlib.sha256().hexdigest()[:32]
+
+
+def users_code_digest(funs: Iterable[Any]) -> str | None:
+    """A digest of the user's code among ``funs`` and of the plain values it reads
+    (``code_digest`` with values), or ``None`` when none of it is the user's (a
+    library's own functions are keyed by its version)."""
+    digests = [code_digest(f, with_values=True) for f in funs]
+    if all(d == _NO_CODE for d in digests):
+        return None
+    return hashlib.sha256("|".join(digests).encode()).hexdigest()[:32]
 
 
 def closed_tracer(fun: Any) -> str | None:

@@ -52,10 +52,12 @@ from .._jax import (
     bind_equation,
     called_callbacks,
     is_callback_equation,
+    lowering_rules,
     named_shardings,
+    prng_impl,
 )
 from ._callbacks import callback_text, register_callbacks
-from ._closure import ClosureError, code_digest
+from ._closure import ClosureError, code_digest, users_code_digest
 from ._key import ComponentKey, Described
 from ._sharding import sharded_type, sharding_text, value_text
 from ._text import jax_type_text, strip_addresses
@@ -201,7 +203,7 @@ class _Canonical:
     def type_text(self, aval: Any) -> str:
         known = self._types.get(id(aval))
         if known is None or known[0] is not aval:
-            known = self._types[id(aval)] = (aval, jax_type_text(aval))
+            known = self._types[id(aval)] = (aval, jax_type_text(aval) + _impl_text(aval))
         return known[1]
 
     def emit(self, *items: str) -> None:
@@ -290,6 +292,9 @@ class _Canonical:
             else:
                 self.param(eqn.params[name])
         self.emit("->", *[var(v) for v in eqn.outvars])
+        lowering = _lowering_text(eqn.primitive)
+        if lowering:
+            self.emit(lowering)
         if is_callback_equation(eqn):
             self.emit(callback_text(eqn))
             self.callbacks.append(eqn)
@@ -403,6 +408,42 @@ class _Canonical:
         # A callable object (a custom_vmap rule, a custom_partitioning callback)
         # prints its function by name at most: its code tells edits apart.
         return f"{text}:{code_digest(value)}" if callable(value) else text
+
+
+def _impl_text(aval: Any) -> str:
+    """The user's code in the PRNG implementation of a typed key type (one made with
+    ``jax.extend.random.define_prng_impl``): its functions run only when the
+    program is lowered, so the program does not show them; ``""`` for JAX's own."""
+    impl = prng_impl(getattr(aval, "dtype", None))
+    if impl is None:
+        return ""
+    digest = users_code_digest([f for f in impl if callable(f) and not isinstance(f, type)])
+    return "" if digest is None else f"{{impl {digest}}}"
+
+
+#: Primitives whose lowering rules hold none of the user's code (JAX's own, or
+#: jaxaot's, which may be a checkout of its own), with the rules that showed it: a primitive of the user's is digested each time, as
+#: the values its rule reads may change.
+_LIBRARY_LOWERINGS: dict[Any, tuple[Any, ...]] = {}
+
+
+def _lowering_text(prim: Any) -> str:
+    """The user's code in the lowering rules of ``prim`` (a primitive of the user's
+    own, whose rule the program does not show), or ``""``."""
+    rules = lowering_rules(prim)
+    known = _LIBRARY_LOWERINGS.get(prim)
+    if (
+        known is not None
+        and len(known) == len(rules)
+        and all(a is b for a, b in zip(known, rules, strict=True))
+    ):
+        return ""
+    own = all(getattr(getattr(r, "func", r), "__module__", "").startswith("jaxaot.") for r in rules)
+    digest = None if own else users_code_digest(rules)
+    if digest is None:
+        _LIBRARY_LOWERINGS[prim] = rules
+        return ""
+    return f"lowering={digest}"
 
 
 def program_parts(closed: Any, component: str) -> dict[str, Any]:
