@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -387,6 +388,46 @@ def test_a_loops_layers_are_cut_from_their_stacks_by_one_program_for_all() -> No
     # (Fusion choices may differ a little with depth; a program per layer and
     # gradient would add several for each added layer.)
     assert 0 < kinds[1] < kinds[0] + _whole.MIN_LOOP + 1, kinds
+
+
+def test_a_loops_stacked_inputs_are_one_concatenation_per_type() -> None:
+    """The inputs a loop stacks from its layers (their parameters) are stacked by
+    one concatenation of them all made flat, per type, not one stack each (of
+    many dimensions, which XLA:CPU builds code for far more slowly). The values
+    are jax.jit's, for parameters of one type and of three."""
+    grad = jax.value_and_grad(lambda bs, x: loss(bs, x, block))
+    blocks, x = setup(_whole.MIN_LOOP + 1)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        got, text = _one_program(jaxaot.jit(grad), blocks, x)
+    assert " while(" in text
+    assert text.count("concatenate(") == 1, text.count("concatenate(")
+    close(got, jax.value_and_grad(lambda bs, x: loss(bs, x, _model.block))(blocks, x))
+
+    def layer(p: dict[str, jax.Array], v: jax.Array) -> jax.Array:
+        h = jnp.tanh(v @ p["w"] + p["b"].astype(v.dtype)) * p["n"].astype(v.dtype)
+        return h + p["g"] * v
+
+    def forward(ps: list[Any], v: jax.Array) -> jax.Array:
+        for p in ps:
+            v = jaxaot.component(layer)(p, v)
+        return v
+
+    keys = jax.random.split(jax.random.key(0), _whole.MIN_LOOP + 1)
+    ps = [
+        {
+            "w": jax.random.normal(k, (8, 8)) * 0.3,
+            "g": jax.random.uniform(k, (8,)),
+            "b": jax.random.normal(k, (8,)).astype(jnp.bfloat16),
+            "n": jnp.arange(8, dtype=jnp.int32) % (i + 2),
+        }
+        for i, k in enumerate(keys)
+    ]
+    v = jnp.linspace(-1.0, 1.0, 16).reshape(2, 8)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        got, text = _one_program(jaxaot.jit(forward), ps, v)
+    assert " while(" in text
+    assert text.count("concatenate(") == 3, text.count("concatenate(")
+    close(got, jax.jit(lambda ps, v: functools.reduce(lambda v, p: layer(p, v), ps, v))(ps, v))
 
 
 def test_a_layer_of_several_calls_and_glue_repeated_is_one_loop(
