@@ -116,6 +116,47 @@ def test_an_explicit_key_served_after_a_default_changed_says_so(
         assert len(said) == 1 and "a default" in said[0], caplog.text
 
 
+_READS = {
+    "a NumPy scalar": "import numpy as np\nV = np.float32({v})\ndef f(x):\n    return x * V\n",
+    "a dict": "V = {{'k': {v}}}\ndef f(x):\n    return x * V['k']\n",
+    "a tuple": "V = ({v},)\ndef f(x):\n    return x * V[0]\n",
+    "an enum member": (
+        "import enum\nclass E(enum.Enum):\n    a = {v}\nV = E.a\n"
+        "def f(x):\n    return x * V.value\n"
+    ),
+    "an attribute of self": (
+        "class C:\n    k = {v}\n    def m(self, x):\n        return x * self.k\nf = C().m\n"
+    ),
+    "a bound argument of a partial": (
+        "import functools\ndef g(x, k):\n    return x * k\nf = functools.partial(g, k={v})\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(_READS))
+def test_an_explicit_key_served_after_a_plain_value_it_reads_changed_says_so(
+    fresh_cache: jaxaot.MemoryCache, caplog: pytest.LogCaptureFixture, what: str
+) -> None:
+    """The numbers an explicit-key function reads through NumPy scalars, small
+    containers, enum members, its object's attributes or a partial's arguments
+    are as much its code as a plain global: edited between runs, the component
+    says so, once; unedited, it says nothing."""
+    x = jnp.ones(3)
+    fns = []
+    for value in (2.0, 2.0, 3.0):
+        space: dict[str, Any] = {}
+        exec(_READS[what].format(v=value), space)  # (each run's function)
+        fns.append(space["f"])
+    key = f"reads-{what}"
+    np.testing.assert_allclose(jaxaot.component(fns[0], key=key)(x), x * 2.0)
+    with caplog.at_level(logging.WARNING, logger="jaxaot"):
+        jaxaot.component(fns[1], key=key)(x)
+        assert not [m for m in caplog.messages if "made by code that differs" in m]
+        jaxaot.component(fns[2], key=key)(x)  # (the promise, kept as given)
+    said = [m for m in caplog.messages if "made by code that differs" in m]
+    assert len(said) == 1 and f"(key '{key}')" in said[0], caplog.text
+
+
 _HELPERS = """
 import numpy as np
 ALPHA = {alpha}

@@ -11,7 +11,10 @@ hold, and a digest of its code.
 from __future__ import annotations
 
 import dis
+import enum
+import functools
 import hashlib
+import inspect
 import sys
 import sysconfig
 import types
@@ -256,7 +259,21 @@ def _is_pytree_node(value: Any) -> bool:
 
 #: Values that a digest ``with_values`` covers: those a function's computation
 #: reads as Python constants (an explicit key skips the trace that would see them).
-_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+_PLAIN = (bool, int, float, complex, str, bytes, type(None), np.generic)
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is a plain constant (a number, a string, a NumPy scalar, an
+    enum member), or a small tuple, list or dict of them, whose text is the same
+    in every process."""
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, enum.Enum):  # (printed with its value)
+        return depth <= 2 and _plain(value.value, depth + 1)
+    if depth > 2 or not isinstance(value, tuple | list | dict | frozenset) or len(value) > 64:
+        return False
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    return all(_plain(v, depth + 1) for v in items)
 
 
 def code_digest(fun: Any, with_values: bool = False, wrapped: bool = False) -> str:
@@ -276,8 +293,20 @@ def code_digest(fun: Any, with_values: bool = False, wrapped: bool = False) -> s
         seen.add(id(f))
         if isinstance(f, types.MethodType):
             stack.append(f.__func__)
+            code = getattr(f.__func__, "__code__", None)
+            if with_values and code is not None:  # the attributes of its object it may read
+                for name in sorted(set(code.co_names)):
+                    value = inspect.getattr_static(f.__self__, name, None)
+                    if _plain(value):
+                        h.update(f"self.{name}={value!r}".encode())
             continue
         # Through partials, decorators and JAX's own wrapped functions (``.f``).
+        if with_values and isinstance(f, functools.partial):  # (its bound arguments)
+            for i, value in enumerate(f.args):
+                h.update(f"partial {i}={value!r}".encode() if _plain(value) else b"-")
+            for name, value in sorted(f.keywords.items()):
+                if _plain(value):
+                    h.update(f"partial {name}={value!r}".encode())
         inner = getattr(f, "func", None) or getattr(f, "__wrapped__", None)
         if inner is None and hasattr(f, "transforms"):
             inner = getattr(f, "f", None)
@@ -292,23 +321,23 @@ def code_digest(fun: Any, with_values: bool = False, wrapped: bool = False) -> s
                 continue
             if callable(value) and not isinstance(value, type):  # (a wrapper's own function)
                 stack.append(value)
-            elif with_values and project and isinstance(value, _PLAIN):
+            elif with_values and project and _plain(value):
                 h.update(f"cell={value!r}".encode())
         if not project or code is None:
             continue
         h.update(_code_digest(code)[0].encode())
         if with_values:  # (defaults are not in the code: a changed default is a change)
             for value in getattr(f, "__defaults__", None) or ():
-                h.update(f"default={value!r}".encode() if isinstance(value, _PLAIN) else b"-")
+                h.update(f"default={value!r}".encode() if _plain(value) else b"-")
             for name, value in sorted((getattr(f, "__kwdefaults__", None) or {}).items()):
-                if isinstance(value, _PLAIN):
+                if _plain(value):
                     h.update(f"default {name}={value!r}".encode())
         for name, value in _globals_read(f):
             if isinstance(value, types.FunctionType) or (
                 wrapped and isinstance(getattr(value, "__wrapped__", None), types.FunctionType)
             ):
                 stack.append(value)
-            elif with_values and isinstance(value, _PLAIN):
+            elif with_values and _plain(value):
                 h.update(f"{name}={value!r}".encode())
     return h.hexdigest()[:32]
 
