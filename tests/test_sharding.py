@@ -720,6 +720,60 @@ def test_a_body_constraining_its_result_to_a_mesh_warm_starts_its_glue(tmp_path:
     assert warm == {"lowerings": 0, "compiles": 0}, warm
 
 
+LAYERS_ON_MESHES = """
+import sys
+from jax.sharding import Mesh
+kind = sys.argv[1]
+
+def layer(p, x):
+    return x + jnp.tanh(x @ p["w"] + p["b"])
+
+lay = jax.checkpoint(layer) if kind == "checkpoint" else jax.jit(layer)
+
+def model(params, x):
+    for p in params:
+        x = lay(p, x)
+    return x
+
+params = [{"w": jnp.eye(16) * 0.1 * i, "b": jnp.zeros(16)} for i in range(6)]
+x = jnp.ones((16, 16))
+f = jaxaot.jit(model)
+placements = [
+    ((2, 4), ("data", "model"), None),
+    ((8, 1), ("batch", "model"), None),
+    ((2, 2), ("data", "model"), jax.devices()[4:]),
+]
+for shape, names, devices in placements:
+    mesh = Mesh(np.array(devices or jax.devices()).reshape(shape), names)
+    args = (jax.device_put(params, NamedSharding(mesh, P())),
+            jax.device_put(x, NamedSharding(mesh, P(names[0]))))
+    got, want = f(*args), jax.jit(model)(*args)
+    same(got, want, f"{kind} on {shape}")
+    assert jax.typeof(got).sharding.mesh == jax.typeof(want).sharding.mesh, (shape, got)
+got, want = f(params, x), jax.jit(model)(params, x)  # on no mesh at all
+same(got, want, "unplaced")
+assert jax.typeof(got).sharding.mesh == jax.typeof(want).sharding.mesh, jax.typeof(got)
+explicit = jax.make_mesh((4, 2), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+with jax.set_mesh(explicit):  # (a result typed by another mesh is refused here)
+    same(jax.jit(lambda a: a @ a.T)(got), jax.jit(lambda a: a @ a.T)(want), "explicit")
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "jit"])
+def test_layers_traced_on_one_mesh_give_results_typed_by_the_mesh_of_each_call(
+    tmp_path: Path, kind: str
+) -> None:
+    """Checkpoint or jit layers that ``jaxaot.jit`` finds, traced on one Auto mesh,
+    then called on others and on none, in this process and the next: their
+    results are typed by the mesh each call's values are on, as under jax.jit
+    (a layer's jaxpr types its results by the mesh it was traced on, which its
+    program's key now holds)."""
+    script = LAYERS_ON_MESHES.replace("sys.argv[1]", repr(kind))
+    for _ in range(2):  # cold, then a warm process on the same cache
+        assert run_devices(script, cache=tmp_path / "cache").split()[-1] == "ok"
+
+
 def test_in_shardings_over_devices_that_disagree_raise_jax_jits_error() -> None:
     """``in_shardings`` naming a mesh of 8 devices for one argument and one device
     for another (an optimizer's step counter left where it was made): the call
