@@ -1114,3 +1114,36 @@ def test_a_component_calling_custom_partitioning_says_once_its_rule_is_not_used(
             np.testing.assert_array_equal(partitioned(x), x * 2.0 + 1.0)
     said = [r.getMessage() for r in caplog.records if "custom_partitioning" in r.getMessage()]
     assert len(said) == 1 and "'partitioned'" in said[0], said
+
+
+def test_inputs_in_host_memory_run_as_jax_jit_runs_them_and_say_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Values in host memory (``memory_kind='pinned_host'``) keep their memory space
+    through a component, directly and under jax.jit, and mixing them with device
+    values raises jax.jit's error: such calls run as plain JAX (components are
+    cached for device memory), said once."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+    host = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(), memory_kind="pinned_host")
+    x = jax.device_put(jnp.linspace(0.0, 1.0, 16).reshape(4, 4), host)
+    w = jax.device_put(jnp.eye(4) * 0.5, host)
+
+    def f(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w)
+
+    comp = jaxaot.component(f)
+    with caplog.at_level(logging.WARNING, logger="jaxaot"):
+        for ours, plain in (
+            (comp, jax.jit(f)),
+            (jax.jit(lambda x, w: comp(x, w) * 2), jax.jit(lambda x, w: f(x, w) * 2)),
+        ):
+            got, want = ours(x, w), plain(x, w)
+            assert jax.typeof(got) == jax.typeof(want), (jax.typeof(got), jax.typeof(want))
+            assert got.sharding.memory_kind == "pinned_host"
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        with pytest.raises(ValueError, match="memory_space"):
+            jax.jit(f)(x, jnp.eye(4))
+        with pytest.raises(ValueError, match="memory_space"):
+            comp(x, jnp.eye(4))
+    said = [m for m in caplog.messages if "host memory" in m]
+    assert len(said) == 1 and repr(comp.name) in said[0], caplog.messages

@@ -88,6 +88,12 @@ def _key_text(entry: Entry, key: Any) -> str:
     return part.removeprefix("key:") if part.startswith("key:") else repr(key)
 
 
+def _memory_space(value: Any) -> str:
+    """The name of the memory space a value is in (``Device``, ``Host``)."""
+    space = getattr(getattr(value, "aval", None), "memory_space", None)
+    return "Device" if space is None else str(getattr(space, "name", space))
+
+
 class Component(Generic[P, R]):
     """A function whose output shapes, StableHLO and executables are cached.
 
@@ -423,6 +429,9 @@ class Component(Generic[P, R]):
         return needs_plain_jax(self._devices(sig, None, entry))
 
     def _call_traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        dyn_args, dyn_kwargs, _ = self._args.split(args, kwargs)
+        if self._off_device(jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))):
+            return self.__wrapped__(*args, **kwargs)  # inline, as jax.jit would trace it
         resolved = self._resolve(args, kwargs, allow_sds=False)
         _, traced, leaves, sig = resolved
         made: list[Call] = []
@@ -460,11 +469,31 @@ class Component(Generic[P, R]):
             if not nan_found(error):
                 raise
         # A NaN under jax_debug_nans: jax.jit of the function finds where, op by op.
-        return jax.jit(  # type: ignore[no-any-return]
+        return self._as_jax_jit(args, kwargs)  # type: ignore[no-any-return]
+
+    def _as_jax_jit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call as ``jax.jit`` of the function makes it (uncached)."""
+        return jax.jit(
             self.__wrapped__,
             static_argnums=self._static_argnums,
             static_argnames=self._static_argnames,
         )(*args, **kwargs)
+
+    def _off_device(self, leaves: Sequence[Any]) -> bool:
+        """Whether an input is in a memory space other than the device's (host
+        memory, ``pinned_host``): components are traced and cached for values in
+        device memory, so such a call runs as plain JAX, and says so once."""
+        space = next((s for s in map(_memory_space, leaves) if s != "Device"), None)
+        if space is None:
+            return False
+        _stats.warn_once(
+            f"memory-space:{self.name}",
+            f"jaxaot: component {self.name!r}: an input is in {space.lower()} memory "
+            "(memory_kind='pinned_host' or another than the device's); such a call runs "
+            "as plain JAX (jax.jit of the function, or inline in a trace), and is not "
+            "cached: components are cached for values in device memory",
+        )
+        return True
 
     # Errors are reported as jax.jit's are: without JAX's frames, nor jaxaot's.
     __call__ = api_boundary(__call__)  # type: ignore[assignment]
@@ -478,6 +507,8 @@ class Component(Generic[P, R]):
         leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds=False)
         if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
             return self._call_traced(args, kwargs), None, False
+        if self._off_device(leaves):
+            return self._as_jax_jit(args, kwargs), None, False
         self._refuse_under_target()
         exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)
         return fastpath_miss(exe, dyn_args, dyn_kwargs)
@@ -489,6 +520,8 @@ class Component(Generic[P, R]):
         leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds=False)
         if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
             return self._call_traced(args, kwargs)
+        if self._off_device(leaves):
+            return self._as_jax_jit(args, kwargs)
         self._refuse_under_target()
         exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)
         if _TraceAnnotation.is_enabled():
