@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -486,6 +487,46 @@ def test_blocks_named_by_the_user_become_blocks_functions_and_modules() -> None:
     assert {cls: cls.__call__ for cls in calls} == calls  # patched for the trace only
     with pytest.raises(TypeError, match="blocks must be functions or module classes"):
         jaxaot.jit(floss, blocks=(3,))
+
+
+def test_a_function_named_in_blocks_is_found_through_the_closures_that_reach_it() -> None:
+    """A layer reached through closures (a step made from a loss, made from a model
+    that closes over its layer), or through a partial, is the block ``blocks=``
+    names; the closures hold their own function again afterwards."""
+    ws = [jnp.eye(8) * 0.1 * (i + 1) for i in range(3)]
+    x = jnp.ones((2, 8))
+
+    def layer(w: jax.Array, v: jax.Array) -> jax.Array:
+        return jnp.tanh(v @ w) + v
+
+    def make_model(layer: Any) -> Any:
+        def model(ws: Any, v: jax.Array) -> jax.Array:
+            for w in ws:
+                v = layer(w, v)
+            return v
+
+        return model
+
+    def make_step(loss: Any) -> Any:
+        def step(ws: Any, v: jax.Array) -> Any:
+            return jax.value_and_grad(loss)(ws, v)
+
+        return step
+
+    model = make_model(layer)
+
+    def loss(ws: Any, v: jax.Array) -> jax.Array:
+        return (model(ws, v) ** 2).mean()
+
+    def partial_loss(model: Any, ws: Any, v: jax.Array) -> jax.Array:
+        return (model(ws, v) ** 2).mean()
+
+    for step in (make_step(loss), make_step(functools.partial(partial_loss, model))):
+        regional = jaxaot.jit(step, whole_program=False, blocks=(layer,))
+        _close(regional(ws, x), jax.jit(step)(ws, x))
+        assert "3 forward" in regional.explain(ws, x), regional.explain(ws, x)
+        cells = [c.cell_contents for c in model.__closure__ or ()]
+        assert layer in cells  # (bound back after the trace)
 
 
 #: A module-level GraphDef, as a script's ``graphdef, state = nnx.split(model)``

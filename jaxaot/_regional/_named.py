@@ -383,13 +383,48 @@ def _restore_attr(obj: Any, name: str, previous: Any) -> None:
         setattr(obj, name, previous)
 
 
+#: How many functions :func:`_rebind` looks through for a block's function.
+_MAX_REACHED = 256
+
+
+def _reached(program: Any) -> list[Any]:
+    """The Python functions ``program`` reaches through closures (the function
+    itself, those in its closure cells, theirs, ...; through partials and
+    wrappers), breadth first: where a step finds its loss, and the loss its layer."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    queue = [program]
+    while queue and len(found) < _MAX_REACHED:
+        f = queue.pop(0)
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if isinstance(f, functools.partial):
+            queue.extend([f.func, *f.args, *f.keywords.values()])
+            continue
+        wrapped = getattr(f, "__wrapped__", None)  # (a decorator's or jax.jit's function)
+        if wrapped is not None:
+            queue.append(wrapped)
+        if not isinstance(f, types.FunctionType):
+            continue
+        found.append(f)
+        for cell in f.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(value):
+                queue.append(value)
+    return found
+
+
 def _rebind(fn: Any, wrapped: Any, program: Any) -> list[Callable[[], None]]:
     """Binds ``wrapped`` wherever ``program`` finds ``fn`` by name: the globals of
-    ``fn``'s module and of ``program``'s, and ``program``'s free variables."""
+    ``fn``'s module and of the modules of the functions ``program`` reaches
+    through closures (:func:`_reached`), and their free variables."""
     undo: list[Callable[[], None]] = []
-    namespaces = [getattr(fn, "__globals__", None)]
-    target = getattr(program, "__wrapped__", program)
-    namespaces.append(getattr(target, "__globals__", None))
+    reached = _reached(program)
+    namespaces = [getattr(fn, "__globals__", None), *(f.__globals__ for f in reached)]
     seen: set[int] = set()
     for namespace in namespaces:
         if namespace is None or id(namespace) in seen:
@@ -399,11 +434,12 @@ def _rebind(fn: Any, wrapped: Any, program: Any) -> list[Callable[[], None]]:
             if value is fn:
                 namespace[name] = wrapped
                 undo.append(functools.partial(namespace.__setitem__, name, fn))
-    for cell in getattr(target, "__closure__", None) or ():
-        try:
-            if cell.cell_contents is fn:
-                cell.cell_contents = wrapped
-                undo.append(functools.partial(setattr, cell, "cell_contents", fn))
-        except ValueError:  # an empty cell
-            continue
+    for f in reached:
+        for cell in f.__closure__ or ():
+            try:
+                if cell.cell_contents is fn:
+                    cell.cell_contents = wrapped
+                    undo.append(functools.partial(setattr, cell, "cell_contents", fn))
+            except ValueError:  # an empty cell
+                continue
     return undo
