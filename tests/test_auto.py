@@ -529,6 +529,47 @@ def test_a_function_named_in_blocks_is_found_through_the_closures_that_reach_it(
         assert layer in cells  # (bound back after the trace)
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_nnx_layers_taking_python_flags_are_blocks_that_see_the_flags(
+    deterministic: bool,
+) -> None:
+    """An NNX layer whose call takes a Python flag or number (``deterministic``, a
+    scale), positionally or by name, and branches on it, is a block: the call
+    fixes the flag, as the program around it sees it (traced, it could not be
+    branched on, and the program ran as plain jax.jit)."""
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.lin = nnx.Linear(8, 8, rngs=rngs)
+
+        def __call__(self, x: jax.Array, deterministic: bool, *, scale: float = 1.0) -> Any:
+            h = self.lin(x)
+            return x + (h if deterministic else h * 0.5) * scale
+
+    class Model(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.blocks = nnx.List([Block(rngs) for _ in range(6)])
+
+        def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+            for b in self.blocks:
+                x = b(x, deterministic, scale=0.5)
+            return x
+
+    graphdef, state = nnx.split(Model(nnx.Rngs(0)))
+
+    def forward(state: Any, x: jax.Array, deterministic: bool) -> jax.Array:
+        return nnx.merge(graphdef, state)(x, deterministic)
+
+    x = jnp.linspace(-1.0, 1.0, 16).reshape(2, 8)
+    regional = jaxaot.jit(forward, static_argnames="deterministic")
+    got = regional(state, x, deterministic=deterministic)
+    assert "Block.__call__): 6 calls" in regional.explain(
+        state, x, deterministic=deterministic
+    )
+    _close(got, jax.jit(forward, static_argnames="deterministic")(state, x, deterministic))
+
+
 #: A module-level GraphDef, as a script's ``graphdef, state = nnx.split(model)``
 #: leaves it (set by the test below).
 GRAPHDEF: Any = None

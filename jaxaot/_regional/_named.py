@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import enum
 import functools
 import sys
 import threading
@@ -313,6 +314,12 @@ def jitted_call(fn: Callable[..., Any], part: bool = False) -> Callable[..., Any
     return call
 
 
+def _fixed(value: Any) -> bool:
+    """Whether an argument of a module call is a Python value the call fixes (a
+    flag, a number, a name), rather than an array or a module to trace."""
+    return isinstance(value, bool | int | float | complex | str | enum.Enum) or value is None
+
+
 def _class_call(cls: type, part: bool) -> Callable[..., Any]:
     """The ``__call__`` ``cls`` has during the trace (see the module docstring)."""
     original = cls.__call__  # type: ignore[operator]
@@ -325,14 +332,25 @@ def _class_call(cls: type, part: bool) -> Callable[..., Any]:
 
         # Named as the user knows it (``Block.__call__``): the block is named after it.
         named.__name__ = named.__qualname__ = getattr(original, "__qualname__", "block")
-        jitted = nnx.jit(named)
+        jitted: dict[tuple[tuple[int, ...], tuple[str, ...]], Any] = {}
 
         @functools.wraps(original)
         def nnx_call(self: Any, *args: Any, **kwargs: Any) -> Any:
             if part and _IN_BLOCK.get():
                 return original(self, *args, **kwargs)
+            # Python values (``deterministic=True``) are fixed by the call, as the
+            # program around it sees them, not traced (``self`` is argument 0).
+            static = (
+                tuple(i + 1 for i, a in enumerate(args) if _fixed(a)),
+                tuple(sorted(k for k, v in kwargs.items() if _fixed(v))),
+            )
+            block = jitted.get(static)
+            if block is None:
+                block = jitted[static] = nnx.jit(
+                    named, static_argnums=static[0], static_argnames=static[1]
+                )
             with set_during(_IN_BLOCK, True):
-                return jitted(self, *args, **kwargs)
+                return block(self, *args, **kwargs)
 
         return nnx_call
     return jitted_call(original, part)
