@@ -69,8 +69,14 @@ class PrecompileReport:
     def present(self) -> int:
         """Signatures whose entries were all in the cache already."""
         here = {r.index for r in self.items if r.state != "elsewhere"}
-        made = {r.index for r in self.items if r.state in ("made", "loaded", "failed")}
+        made = {r.index for r in self.items if r.state in ("made", "loaded", "failed", "plain")}
         return len(here - made)
+
+    @property
+    def plain(self) -> list[ItemResult]:
+        """The signatures that run under plain ``jax.jit``: nothing of them is cached
+        (each with why, once)."""
+        return list({r.index: r for r in self.items if r.state == "plain"}.values())
 
     @property
     def failed(self) -> list[ItemResult]:
@@ -89,10 +95,13 @@ class PrecompileReport:
     def line(self, target: str = "") -> str:
         """``precompiled N signatures: M entries made, L loaded, P already present, in T s``
         (with ``, K by other processes`` when another process precompiled some, and
-        ``, F failed`` when some could not be precompiled); ``target``: the
+        ``, F failed`` when some could not be precompiled, ``, U not cached``
+        when some run under plain ``jax.jit``); ``target``: the
         compile target they were made for (``for tpu:v5e:2x2`` after the count)."""
         others = f", {self.elsewhere} by other processes" if self.elsewhere else ""
         failed = f", {len(self.failed)} failed" if self.failed else ""
+        if self.plain:
+            failed += f", {len(self.plain)} not cached (plain jax.jit)"
         made_for = f" for {target}" if target else ""
         return (
             f"precompiled {self.signatures} signature{'s' if self.signatures != 1 else ''}"

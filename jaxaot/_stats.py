@@ -185,10 +185,11 @@ def set_during(var: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
 
 
 class eager:
-    """Marks this thread as running a component call op by op (``vmap`` or ``grad``
-    of a component outside ``jax.jit``): JAX compiles it, outside jaxaot's cache,
-    and each such compile counts in ``compiles`` and ``compile_seconds``, so that
-    :func:`report` does not call the process warm."""
+    """Marks this thread as running what JAX compiles outside jaxaot's cache (a
+    component call op by op, ``vmap`` or ``grad`` of it outside ``jax.jit``; a
+    ``jaxaot.jit`` program run under plain ``jax.jit``): each such compile counts
+    in ``compiles`` and ``compile_seconds``, so that :func:`report` does not call
+    the process warm."""
 
     def __enter__(self) -> None:
         _making.eager += 1

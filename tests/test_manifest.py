@@ -13,6 +13,7 @@ The manifests are in ``_precompile_targets``; the deploying process is
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -320,6 +321,39 @@ def test_a_failing_signature_leaves_the_others_precompiled(
     assert report.line().endswith(f" 2 already present, 2 failed, in {report.seconds:.1f} s")
     # The good signatures were made by the first run: their entries are in the cache.
     assert len(fresh_cache.keys()) > 0
+
+
+UNPLANNED = """
+import jax, jax.numpy as jnp, jaxaot
+from jaxaot._regional import _jit
+
+
+def _cannot_cut(*args, **kwargs):  # (a program jaxaot cannot cut, simulated)
+    raise NotImplementedError("a program jaxaot cannot cut")
+
+
+_jit.build_plan = _cannot_cut
+step = jaxaot.jit(lambda x: jnp.tanh(x) * 2)
+manifest = jaxaot.manifest().add(step, jax.ShapeDtypeStruct((4,), jnp.float32))
+"""
+
+
+def test_a_signature_that_runs_under_plain_jax_jit_is_not_called_present(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """A ``jaxaot.jit`` signature jaxaot cannot cut runs under plain jax.jit in the
+    deployment: precompile says it is not cached (not "already present") and
+    exits with status 1, for nothing of it is in the cache."""
+    (tmp_path / "unplanned.py").write_text(UNPLANNED)
+    env = dict(
+        _env(subprocess_env, tmp_path / "cache"),
+        PYTHONPATH=os.pathsep.join([str(tmp_path), subprocess_env["PYTHONPATH"]]),
+    )
+    done = _precompile(env, "unplanned:manifest", "--workers", "1", check=False)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "not cached (runs under plain jax.jit" in done.stdout, done.stdout
+    assert "0 already present, 1 not cached (plain jax.jit)" in done.stdout, done.stdout
+    assert "1 of 1 signature cannot be cached" in done.stderr + done.stdout
 
 
 # -- precompiled by workers, deployed by a fresh process ---------------------------------

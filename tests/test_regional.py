@@ -1155,11 +1155,12 @@ def test_a_deep_sharded_step_on_cpu_devices_runs(subprocess_env: dict[str, str])
 
 
 def test_a_program_it_cannot_plan_runs_under_jax_jit_and_says_so_once(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, compiles: list[str]
 ) -> None:
     """Where jaxaot cannot plan a program, it runs under plain jax.jit (jax.jit's
-    values) and one warning says so and why; a program whose own code fails
-    raises jax.jit's error, with no such warning."""
+    values), one warning says so and why, and what jax.jit compiles for it counts
+    in ``jaxaot.stats()`` (a process serving it is not warm); a program whose own
+    code fails raises jax.jit's error, with no such warning."""
     import logging
 
     from jaxaot import _stats
@@ -1172,8 +1173,13 @@ def test_a_program_it_cannot_plan_runs_under_jax_jit_and_says_so_once(
     caplog.set_level(logging.WARNING, logger="jaxaot")
     _stats.reset_warnings()
     f = jaxaot.jit(lambda x: jnp.sin(x) * 2)
-    for n in (3, 4, 3):
-        np.testing.assert_allclose(f(jnp.ones(n)), np.sin(np.ones(n)) * 2, rtol=1e-6)
+    xs = [jnp.ones(n) for n in (3, 4, 3)]
+    before, compiles[:] = jaxaot.stats()["compiles"], []
+    got = [f(x) for x in xs]
+    assert len(compiles) == 2  # (one per signature)
+    assert jaxaot.stats()["compiles"] - before == len(compiles), jaxaot.stats()
+    for x, y in zip(xs, got, strict=True):
+        np.testing.assert_allclose(y, np.sin(np.asarray(x)) * 2, rtol=1e-6)
     said = [r.getMessage() for r in caplog.records if "runs under plain jax.jit" in r.getMessage()]
     assert len(said) == 1 and "NotImplementedError: a primitive jaxaot does not know" in said[0]
     caplog.clear()

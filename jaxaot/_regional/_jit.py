@@ -302,6 +302,12 @@ class RegionalFunction:
     # Errors are reported as jax.jit's are: without JAX's frames, nor jaxaot's.
     __call__ = api_boundary(__call__)  # type: ignore[method-assign]
 
+    def _plainly(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call under plain ``jax.jit``: what JAX compiles for it, outside
+        jaxaot's cache, counts in ``jaxaot.stats()["compiles"]``."""
+        with _stats.eager():
+            return self._jitted(*args, **kwargs)
+
     def _dispatch_miss(self, *args: Any, **kwargs: Any) -> tuple[Any, Any, bool]:
         """A call the C++ dispatcher has no fast path for. It gets one (the
         whole-program executable, taking the call's argument tree) when this
@@ -344,10 +350,10 @@ class RegionalFunction:
             ):
                 if under_staging():
                     self._spec.say(_IN_A_TRACE)  # cached with the program staging it
-                else:
-                    # (Once per function: its own record of what it said.)
-                    _stats.warn_once("eager", _EAGER.format(self.__name__), self._spec.said)
-                return self._jitted(*args, **kwargs)  # inside another trace: an ordinary jax.jit
+                    return self._jitted(*args, **kwargs)  # traced into the program around it
+                # (Once per function: its own record of what it said.)
+                _stats.warn_once("eager", _EAGER.format(self.__name__), self._spec.said)
+                return self._plainly(args, kwargs)  # transformed eagerly: JAX compiles it
             refuse_call(f"jaxaot.jit {self.__name__}", "RegionalFunction.precompile")
             if self._in_shardings is not UNSET:
                 try:
@@ -355,14 +361,14 @@ class RegionalFunction:
                 except (TypeError, ValueError):  # jax.jit says what is wrong with them
                     placed = None
                 if placed is None:
-                    return self._jitted(*args, **kwargs)
+                    return self._plainly(args, kwargs)
                 leaves = placed
                 arrays = set(map(type, leaves)) <= _ARRAY_TYPES
             plan = self._lookup(args, kwargs, leaves, treedef, statics, donated, arrays)
         else:
             arrays = True
         if plan is None:
-            return self._jitted(*args, **kwargs)
+            return self._plainly(args, kwargs)
         assert isinstance(plan, Plan)
         if (
             not self._hot
@@ -384,7 +390,7 @@ class RegionalFunction:
             sig = plan_signature(leaves, treedef, statics, arrays)
             # Out of the except: where jax.jit refuses too, its error alone is raised.
             self._give_up(sig, failed)
-            result = self._jitted(*args, **kwargs)
+            result = self._plainly(args, kwargs)
             self._say_unsplit(failed)
             return result
         if plan.out_shardings is not None:

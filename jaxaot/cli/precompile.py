@@ -613,6 +613,13 @@ def _run(args: argparse.Namespace, out: Output) -> int:
             "its traceback)",
             1,
         )
+    if report.plain:
+        raise CLIError(
+            f"{len(report.plain)} of {total} signature{'s' if total != 1 else ''} cannot be "
+            "cached: they run under plain jax.jit in the deployment too (see 'not cached' "
+            "above, and DEBUG logs for why)",
+            1,
+        )
     errors = [w.error for w in failed if w.error]
     if errors:
         # Last, after the counts: they say what was made, not that it reached the cache.
