@@ -102,6 +102,38 @@ def test_misses_are_explained_against_entries_other_processes_wrote(
     assert "no other entry" not in const, const
 
 
+EXPLAIN_BUCKETS = textwrap.dedent(
+    """
+    import sys
+    import jax.numpy as jnp, jaxaot
+    dtype = jnp.dtype(sys.argv[1])
+
+    @jaxaot.component
+    def layer(x, a, b, c):
+        return jnp.tanh(x) * a + b - c
+
+    for n in (3, 4, 5):  # a deployment's buckets
+        layer(*(jnp.ones(n, dtype) for _ in range(4)))
+    """
+)
+
+
+def test_each_miss_is_explained_against_entries_this_process_did_not_make(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """A process that misses every bucket for one cause (other dtypes than the
+    precompiled ones) is told that cause at each bucket, not, from the second
+    on, how the bucket differs from the one it made just before."""
+    script = tmp_path / "buckets.py"
+    script.write_text(EXPLAIN_BUCKETS)
+    env = dict(subprocess_env, JAXAOT_EXPLAIN_MISSES="1")
+    _explain_run(script, env, "float32")
+    said = [line for line in _explain_run(script, env, "bfloat16").splitlines() if "missed" in line]
+    assert len(said) == 3, said
+    for n, line in zip((3, 4, 5), said, strict=True):
+        assert f"→ bfloat16[{n}]" in line and "argument a: float32[" in line, said
+
+
 def test_explain_without_a_listing_cache_says_so(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -181,9 +181,18 @@ def miss(
         note(name, key, cache)
         return
     known = candidates(name, key, cache, held)
+    with _local_lock:  # the keys this process missed (and so made) itself
+        mine = set(_local.get(tag(name, key)) or ())
     note(name, key, cache)
-    # The closest (fewest differences; min keeps the first of equals: the most recent).
-    found = min(((k, key.explain(k)) for k in known), key=lambda kl: len(kl[1]), default=None)
+    # The closest (fewest differences; min keeps the first of equals: the most
+    # recent), of the entries this process did not make where there are any: a
+    # process missing every bucket of a deployment for one cause is told that
+    # cause each time, not how a bucket it made just now differs.
+    found = min(
+        ((k, key.explain(k)) for k in known),
+        key=lambda kl: (kl[0].digest in mine, len(kl[1])),
+        default=None,
+    )
     if found is None:
         logger.warning(
             "jaxaot: %s missed the cache (key %s); no other entry of its component "
