@@ -430,6 +430,52 @@ def test_a_loops_stacked_inputs_are_one_concatenation_per_type() -> None:
     close(got, jax.jit(lambda ps, v: functools.reduce(lambda v, p: layer(p, v), ps, v))(ps, v))
 
 
+SUB_BYTE_LAYERS = """
+import jax, jax.numpy as jnp, numpy as np, jaxaot
+from jaxaot._regional import _whole
+
+def params(i):
+    r = np.random.RandomState(i)
+    return {
+        "w": jnp.asarray(r.randn(8, 8) * 0.3, jnp.float32),
+        "a": jnp.asarray(r.randint(0, 2, size=3)).astype(jnp.int2),
+        "b": jnp.asarray(r.randint(0, 2, size=1)).astype(jnp.int2),
+    }
+
+@jax.checkpoint
+def layer(p, x):
+    extra = jnp.sum(p["a"].astype(jnp.float32)) * 0.01 + jnp.sum(p["b"].astype(jnp.float32))
+    return jnp.tanh(x @ p["w"]) + extra + x
+
+def forward(ps, x):
+    for p in ps:
+        x = layer(p, x)
+    return x
+
+ps, x = [params(i) for i in range(_whole.MIN_LOOP)], jnp.ones((2, 8))
+f = jaxaot.jit(forward)
+assert "as loops" in f.explain(ps, x), f.explain(ps, x)
+np.testing.assert_allclose(f(ps, x), jax.jit(forward)(ps, x), rtol=1e-6)
+print("ok")
+"""
+
+
+def test_layers_of_sub_byte_parameters_are_looped_without_packing_them(
+    subprocess_env: dict[str, str],
+) -> None:
+    """Parameters of fewer than 8 bits (``int2``) are stacked apart, not packed:
+    XLA:CPU aborts the process on a concatenation of many of them."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SUB_BYTE_LAYERS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(subprocess_env, JAXAOT_CACHE="memory"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "ok"
+
+
 def test_a_layer_of_several_calls_and_glue_repeated_is_one_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

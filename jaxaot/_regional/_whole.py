@@ -213,15 +213,30 @@ class _Packed:
 
 def _packable(values: Sequence[Any]) -> bool:
     """Whether a column's values can be packed: arrays of a numeric or boolean type
-    (not PRNG keys, not Python scalars or NumPy constants)."""
-    return all(isinstance(v, jax.Array) for v in values) and not jax.dtypes.issubdtype(
-        values[0].dtype, jax.dtypes.extended
+    of 8 bits or more (not PRNG keys, not ``int4`` or ``int2``, not Python scalars
+    or NumPy constants)."""
+    if not all(isinstance(v, jax.Array) for v in values):
+        return False
+    dtype = values[0].dtype
+    # (XLA:CPU aborts on a concatenation of many values of fewer than 8 bits.)
+    return (
+        not jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+        and jax.dtypes.itemsize_bits(dtype) >= 8
     )
+
+
+#: The most values one concatenation of :func:`_pack` stacks (layers times
+#: columns): a layer of very many small parameters is packed into several, as
+#: one concatenation of thousands of operands is slower to build than a few.
+#: Measured by ``python benchmarks/real_models.py --layers 8`` and layers of
+#: hundreds of small parameters (the whole program's compile).
+_MAX_PACKED = 128
 
 
 def _pack(columns: dict[int, list[Any]]) -> dict[int, Any]:
     """The stacks of fresh ``columns`` (input position -> its values in loop order),
-    each columns' values of one type packed into the rows of one array.
+    the values of the columns of one type packed into the rows of one array (or
+    of a few, :data:`_MAX_PACKED`).
 
     Why: XLA:CPU builds the code of a concatenation in LLVM slowly, and the
     slower the more dimensions and the smaller its operands: stacking each of a
@@ -238,18 +253,28 @@ def _pack(columns: dict[int, list[Any]]) -> dict[int, Any]:
             groups.setdefault((values[0].dtype, jax.typeof(values[0]).weak_type), []).append(q)
         else:
             stacks[q] = jnp.stack(values)
-    for members in groups.values():
-        n = len(columns[members[0]])
-        flat = [
-            jax.lax.reshape(columns[q][k], (columns[q][k].size,)) for k in range(n) for q in members
-        ]
-        rows = jax.lax.concatenate(flat, 0)
-        rows = jax.lax.reshape(rows, (n, rows.size // n if n else 0))
-        offset = 0
-        for q in members:
-            first = columns[q][0]
-            stacks[q] = _Packed(rows, offset, tuple(first.shape))
-            offset += first.size
+    for group in groups.values():
+        n = len(columns[group[0]])
+        per = max(1, _MAX_PACKED // max(n, 1))
+        for start in range(0, len(group), per):
+            stacks.update(_packed(columns, group[start : start + per], n))
+    return stacks
+
+
+def _packed(columns: dict[int, list[Any]], members: list[int], n: int) -> dict[int, Any]:
+    """The stacks of ``members`` (columns of one type) as parts of the rows of one
+    concatenation."""
+    flat = [
+        jax.lax.reshape(columns[q][k], (columns[q][k].size,)) for k in range(n) for q in members
+    ]
+    rows = jax.lax.concatenate(flat, 0)
+    rows = jax.lax.reshape(rows, (n, rows.size // n if n else 0))
+    stacks: dict[int, Any] = {}
+    offset = 0
+    for q in members:
+        first = columns[q][0]
+        stacks[q] = _Packed(rows, offset, tuple(first.shape))
+        offset += first.size
     return stacks
 
 
