@@ -564,9 +564,7 @@ def test_nnx_layers_taking_python_flags_are_blocks_that_see_the_flags(
     x = jnp.linspace(-1.0, 1.0, 16).reshape(2, 8)
     regional = jaxaot.jit(forward, static_argnames="deterministic")
     got = regional(state, x, deterministic=deterministic)
-    assert "Block.__call__): 6 calls" in regional.explain(
-        state, x, deterministic=deterministic
-    )
+    assert "Block.__call__): 6 calls" in regional.explain(state, x, deterministic=deterministic)
     _close(got, jax.jit(forward, static_argnames="deterministic")(state, x, deterministic))
 
 

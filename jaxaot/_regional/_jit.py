@@ -303,8 +303,7 @@ class RegionalFunction:
     __call__ = api_boundary(__call__)  # type: ignore[method-assign]
 
     def _plainly(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The call under plain ``jax.jit``: what JAX compiles for it, outside
-        jaxaot's cache, counts in ``jaxaot.stats()["compiles"]``."""
+        """The call under plain ``jax.jit`` (its compiles count in ``stats()``)."""
         with _stats.eager():
             return self._jitted(*args, **kwargs)
 
@@ -595,12 +594,8 @@ class RegionalFunction:
         except SettingError:
             raise  # a JAXAOT_* setting to fix: said, as components say it
         except Exception as e:  # never a wrong result: fall back to jax.jit
-            logger.debug(
-                "jaxaot.jit %s: not split (%s: %s); using jax.jit",
-                self.__name__,
-                type(e).__name__,
-                e,
-            )
+            name, why = self.__name__, f"{type(e).__name__}: {e}"
+            logger.debug("jaxaot.jit %s: not split (%s); using jax.jit", name, why)
             try:
                 self._jitted.lower(*args, **kwargs)  # (JAX keeps it for the call)
             except Exception:
@@ -610,8 +605,7 @@ class RegionalFunction:
             return None
 
     def _say_unsplit(self, error: Exception) -> None:
-        """Says once per function and cause that a program jaxaot cannot plan runs
-        under plain ``jax.jit`` (silence would read as a cached program)."""
+        """Says once per function and cause that a program runs under plain ``jax.jit``."""
         first = (str(error).strip().splitlines() or [""])[0][:200]
         _stats.warn_once(
             f"jit-unsplit:{self.__name__}:{type(error).__name__}",
