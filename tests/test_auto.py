@@ -527,6 +527,10 @@ def test_a_function_named_in_blocks_is_found_through_the_closures_that_reach_it(
         assert "3 forward" in regional.explain(ws, x), regional.explain(ws, x)
         cells = [c.cell_contents for c in model.__closure__ or ()]
         assert layer in cells  # (bound back after the trace)
+    # A program that does not reach it says so, naming it.
+    unreached = jaxaot.jit(lambda ws, v: jnp.tanh(v @ ws[0]), blocks=(layer,))
+    said = unreached.explain(ws, x)
+    assert f"blocks={layer.__qualname__} is called fewer than twice" in said, said
 
 
 @pytest.mark.parametrize("deterministic", [True, False])

@@ -270,6 +270,13 @@ def _cut(
             why = scan_why()
         elif finder is not None and finder.notes:  # (each said under "not blocks")
             why = "nothing to split: it calls no component, and its layers cannot be blocks"
+        elif finder is not None and spec.blocks:
+            names = ", ".join(getattr(b, "__qualname__", repr(b)) for b in spec.blocks)
+            why = (
+                f"nothing to split: blocks={names} is called fewer than twice where the "
+                "program reaches it (a global of its module or of the program's, or "
+                "through the program's closures and partials)"
+            )
         elif finder is not None:
             why = (
                 "nothing to split: it calls no component and repeats no block; a layer "
