@@ -759,6 +759,51 @@ def test_checkpointed_layers_holding_a_custom_vjp_are_blocks_under_grad(policy: 
     assert "forward: 3 call" in said and "backward: 3 call" in said, said
 
 
+def test_layers_holding_a_custom_vjp_name_their_program_once_whatever_the_depth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inner-jit layers with a custom VJP (a diffrax solve's adjoint), constants and
+    an input they never read, under grad: their bodies, made lean once per body,
+    are keyed once, not once per layer (naming a body of many rules cost more than the rest of a
+    diffrax warm start, and grew with its depth)."""
+    from jaxaot._component import _blocks
+
+    named: list[str] = []
+    program_parts = _blocks.program_parts
+
+    def counted(closed: Any, name: str) -> Any:
+        named.append(name)
+        return program_parts(closed, name)
+
+    monkeypatch.setattr(_blocks, "program_parts", counted)
+
+    @jax.custom_vjp
+    def act(x: jax.Array) -> jax.Array:
+        return jnp.tanh(x)
+
+    act.defvjp(lambda x: (jnp.tanh(x), x), lambda x, g: (g * (1 - jnp.tanh(x) ** 2),))
+    scale = jnp.linspace(0.5, 1.0, 8)  # (a constant of the layer's closed jaxpr)
+    layer = jax.jit(lambda w, x, unused: x + act(x @ w) @ w * scale)
+    counts = []
+    for depth in (3, 6):
+        ws = [jnp.eye(8) * 0.1 * (i + 1) for i in range(depth)]
+        x = jnp.ones((2, 8))
+
+        def loss(ws: Any, x: jax.Array) -> jax.Array:
+            for w in ws:
+                x = layer(w, x, jnp.zeros(3))
+            return (x**2).sum()
+
+        step = jax.value_and_grad(loss)
+        regional = jaxaot.jit(step, whole_program=False)
+        named.clear()
+        with jaxaot.using_cache(jaxaot.MemoryCache()):
+            _close(regional(ws, x), jax.jit(step)(ws, x))
+        counts.append(len(named))
+        _blocks.forget_blocks()
+    assert counts[0] == counts[1] > 0, counts
+
+
 def test_a_solve_holding_values_of_the_programs_trace_is_planned_and_cached(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

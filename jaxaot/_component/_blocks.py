@@ -103,6 +103,7 @@ def forget_blocks() -> None:
         _BLOCKS.clear()
         _MADE.clear()
         _VJP_MADE.clear()
+        _LEAN.clear()
         _BY_CONTENT.clear()
 
 
@@ -281,6 +282,26 @@ def _vjp_blocks(call: BoundCall, avals: tuple[Any, ...], name: str) -> _VjpBlock
 
 
 _VJP_MADE: dict[Any, tuple[Any, Any]] = {}
+#: Calls without the inputs their bodies never read, by body (see ``_lean``).
+_LEAN: dict[Any, tuple[Any, Any]] = {}
+
+
+def _lean(call: BoundCall) -> BoundCall:
+    """``pruned(hoisted(call))``, its body made once per body: every layer binding
+    one body then binds one lean body too, and finds its blocks made (by
+    identity) rather than naming the lean body's program again, which for a
+    body of many custom rules (a diffrax solve) costs more than the rest of a
+    warm start."""
+
+    def make() -> tuple[Any, tuple[Any, ...], tuple[bool, ...]]:
+        full = hoisted(call)
+        lean, keep = pruned(full)
+        return lean.params, tuple(full.args[: len(full.args) - len(call.args)]), keep
+
+    avals = tuple(aval_of(a) for a in call.args)
+    params, first, keep = _memoized(_LEAN, call, avals, make)
+    args = tuple(a for a, k in zip((*first, *call.args), keep, strict=True) if k)
+    return BoundCall(call.kind, params, args)
 
 
 def vjp_call(call: BoundCall, name: str | None = None) -> list[Any]:
@@ -295,7 +316,7 @@ def vjp_call(call: BoundCall, name: str | None = None) -> list[Any]:
     the cotangents. Each is keyed by its own traced program, as any block is;
     inputs its body never reads are left out first, as ``block_call`` leaves
     them out (a Haiku layer is handed the whole state; it gets no cotangent)."""
-    call, _ = pruned(hoisted(call))
+    call = _lean(call)
     avals = tuple(aval_of(a) for a in call.args)
     blocks: _VjpBlocks = _memoized(
         _VJP_MADE,
