@@ -43,7 +43,7 @@ from ._entries import build_entry
 from ._parts import base_parts, types_text
 from ._plain import devices_of
 from ._rules import bind
-from ._types import aval_of, is_differentiable, sds
+from ._types import aval_of, is_differentiable, sds, type_of
 
 __all__ = ["Block", "block_call", "block_name", "forget_blocks", "vjp_call"]
 
@@ -60,11 +60,24 @@ class Block:
         return f"<jaxaot block {self.name}>"
 
     def make_entry(self, key: ComponentKey, trace: Any, name: str, lower: bool = True) -> Entry:
-        return build_entry(key, trace(), name, self._counters, owner=self.name, lower=lower)
+        entry = build_entry(key, trace(), name, self._counters, owner=self.name, lower=lower)
+        return _placeless(entry)
 
     def cache_info(self) -> _stats.CacheInfo:
         """Counts for this block's entries in this process."""
         return self._counters.info()
+
+
+def _placeless(entry: Entry) -> Entry:
+    """``entry`` with its results typed as its inputs are (``type_of``): a block's
+    body is a jaxpr of the user's trace, whose results a mesh with Auto axes
+    types (that trace's), which its key, as every type's, leaves out. Its calls
+    on another mesh, or none, would take that mesh for theirs (a later jit under
+    an Explicit mesh refused them)."""
+    outs = tuple(type_of(a) for a in entry.out_avals)
+    if outs != entry.out_avals:
+        entry.out_avals = outs
+    return entry
 
 
 _BLOCKS: dict[str, Block] = {}
@@ -227,7 +240,7 @@ def _made_of(body: Callable[..., list[Any]], avals: tuple[Any, ...], name: str, 
     )
     key = ComponentKey(parts)
     block = _block(name)
-    entry = block.store.entry(key, lambda: block.make_entry(key, lambda: traced, name))
+    entry = _placeless(block.store.entry(key, lambda: block.make_entry(key, lambda: traced, name)))
     if entry.jaxpr is None:  # loaded from a cache: this process has the same program
         entry.jaxpr = traced.jaxpr
     return Call(block, key, entry, trace, devices_of(traced.jaxpr))

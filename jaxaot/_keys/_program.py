@@ -59,7 +59,7 @@ from .._jax import (
 from ._callbacks import callback_text, register_callbacks
 from ._closure import ClosureError, code_digest, users_code_digest
 from ._key import ComponentKey, Described
-from ._sharding import mesh_text, sharded_type, sharding_text, value_text
+from ._sharding import sharded_type, sharding_text, value_text
 from ._text import jax_type_text, strip_addresses
 
 __all__ = [
@@ -205,7 +205,7 @@ class _Canonical:
         if known is None or known[0] is not aval:
             known = self._types[id(aval)] = (
                 aval,
-                jax_type_text(aval) + _mesh_text(aval) + _impl_text(aval),
+                jax_type_text(aval) + _impl_text(aval),
             )
         return known[1]
 
@@ -411,17 +411,6 @@ class _Canonical:
         # A callable object (a custom_vmap rule, a custom_partitioning callback)
         # prints its function by name at most: its code tells edits apart.
         return f"{text}:{code_digest(value)}" if callable(value) else text
-
-
-def _mesh_text(aval: Any) -> str:
-    """The mesh of a type over axes that are not explicit (``Mesh(...)``'s, Auto),
-    which JAX's text of the type leaves out: JAX types the values of a program
-    on such a mesh by it, and a program traced on one mesh (a jit or checkpoint
-    layer's jaxpr) types its results by that mesh on any other."""
-    mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
-    if mesh is None or getattr(mesh, "empty", True) or sharded_type(aval):
-        return ""
-    return f"@{mesh_text(mesh)}"
 
 
 def _impl_text(aval: Any) -> str:
