@@ -425,8 +425,8 @@ def _impl_text(aval: Any) -> str:
 
 
 #: Primitives whose lowering rules hold none of the user's code (JAX's own, or
-#: jaxaot's, which may be a checkout of its own), with the rules that showed it: a primitive of the user's is digested each time, as
-#: the values its rule reads may change.
+#: jaxaot's, which may be a checkout), with the rules that showed it. A user's
+#: primitive is digested each time: the values its rule reads may change.
 _LIBRARY_LOWERINGS: dict[Any, tuple[Any, ...]] = {}
 
 
