@@ -856,6 +856,52 @@ def test_the_documented_equinox_recipe_finds_its_layers() -> None:
         assert "block jit(Linear.__call__): 3 vmap/forward" in text, said
 
 
+def test_equinox_layers_of_one_configuration_are_traced_once() -> None:
+    """Six layers of a class, of four configurations (an activation in a static
+    field, a Python flag in the call): the trace runs each configuration's body
+    once, as ``eqx.filter_jit`` would, and every layer computes with its own:
+    values and gradients are ``jax.jit``'s."""
+    import equinox as eqx
+
+    runs: list[tuple[Any, bool]] = []
+
+    class Layer(eqx.Module):
+        linear: eqx.nn.Linear
+        act: Any = eqx.field(static=True)
+
+        def __call__(self, x: jax.Array, flip: bool) -> jax.Array:
+            runs.append((self.act, flip))
+            return x + self.act(self.linear(-x if flip else x))
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 6)
+    layers = [
+        Layer(eqx.nn.Linear(8, 8, key=k), (jnp.tanh, jax.nn.relu)[i % 2])
+        for i, k in enumerate(keys)
+    ]
+    x = jnp.linspace(-1.0, 1.0, 8)
+
+    def loss(layers: list[Any], x: jax.Array) -> jax.Array:
+        for i, layer in enumerate(layers):
+            x = layer(x, i < 3)
+        return (x**2).sum()
+
+    step = jax.value_and_grad(loss)
+    want = jax.jit(step)(layers, x)
+    regional = jaxaot.jit(step)
+    runs.clear()
+    got = regional(layers, x)
+    # (A counting trace before it runs all six layers inline.)
+    assert len(runs) % 6 == 4 and set(runs[-4:]) == {
+        (jnp.tanh, True),
+        (jax.nn.relu, True),
+        (jnp.tanh, False),
+        (jax.nn.relu, False),
+    }, runs
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+    assert "Layer.__call__" in regional.explain(layers, x)
+
+
 @pytest.mark.parametrize("filter_jit", [False, True])
 def test_equinox_batch_norm_layers_passing_the_state_on_are_one_block(
     compiles: list[str], filter_jit: bool

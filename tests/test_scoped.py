@@ -196,6 +196,47 @@ def test_a_few_small_linen_layers_are_compiled_whole_from_one_trace(layers: int)
     assert says in explained, explained
 
 
+_ACTS: list[Any] = []
+
+
+class Acting(nn.Module):
+    """Records the activation of each run of its body."""
+
+    act: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        _ACTS.append(self.act)
+        return x + self.act(nn.Dense(WIDTH)(nn.LayerNorm()(x)))
+
+
+@pytest.mark.parametrize("whole_program", [False, True])
+def test_linen_layers_of_one_configuration_are_traced_once_as_blocks(
+    whole_program: bool,
+) -> None:
+    """Six layers of two configurations (activations alternating): the counting
+    trace runs every layer, the trace that makes them blocks each configuration
+    once (JAX gives every later layer of it that trace, as ``nn.jit`` does), and
+    each layer still computes with its own activation: ``jax.jit``'s values."""
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for i in range(6):
+                x = Acting(act=(jnp.tanh, jax.nn.relu)[i % 2])(x)
+            return x
+
+    model, x = Model(), jnp.linspace(-1.0, 1.0, 2 * WIDTH).reshape(2, WIDTH)
+    variables = model.init(jax.random.key(0), x)
+    step = jax.value_and_grad(lambda v, x: (model.apply(v, x) ** 2).mean())
+    regional = jaxaot.jit(step, whole_program=whole_program)
+    _ACTS.clear()
+    got = regional(variables, x)
+    assert len(_ACTS) == 6 + 2 and _ACTS[6:] == [jnp.tanh, jax.nn.relu], _ACTS
+    _same(got, jax.jit(step)(variables, x))
+    assert "Acting.__call__" in regional.explain(variables, x)
+
+
 class _Few(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:

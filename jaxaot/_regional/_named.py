@@ -50,6 +50,7 @@ __all__ = [
     "Found",
     "check_blocks",
     "from_a_framework",
+    "is_array",
     "jitted_call",
     "named_blocks",
     "repeated_modules",
@@ -267,14 +268,14 @@ def _holds_arrays(value: Any) -> bool:
     is given it: its layers are the deployed model's)."""
     try:
         return any(
-            _is_array(leaf) or isinstance(leaf, jax.ShapeDtypeStruct)
+            is_array(leaf) or isinstance(leaf, jax.ShapeDtypeStruct)
             for leaf in jax.tree_util.tree_leaves(value)
         )
     except Exception:  # no pytree
         return False
 
 
-def _is_array(x: Any) -> bool:
+def is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray | Tracer)
 
 
@@ -284,7 +285,7 @@ def array_body(
     """``fn``'s call on ``args`` and ``kwargs`` as a function of their array leaves
     (returned with it): every other leaf is fixed by the call."""
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    dynamic = [i for i, leaf in enumerate(leaves) if _is_array(leaf)]
+    dynamic = [i for i, leaf in enumerate(leaves) if is_array(leaf)]
 
     def body(*arrays: Any) -> Any:
         full = list(leaves)
@@ -301,17 +302,47 @@ def array_body(
 def jitted_call(fn: Callable[..., Any], part: bool = False) -> Callable[..., Any]:
     """``fn`` called through ``jax.jit``: its array leaves are the jit's arguments,
     every other leaf is fixed by the call (part of the program). With ``part``,
-    a call inside another block's call is a plain call (a part of that block)."""
+    a call inside another block's call is a plain call (a part of that block).
+
+    Calls of the same structure whose other leaves are equal (by type and value)
+    share one ``jax.jit``, so JAX traces ``fn`` once for a model's layers, as
+    ``jax.jit`` and ``eqx.filter_jit`` do for a function they have seen with
+    those static values."""
+    jits: dict[Any, Any] = {}
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         if part and _IN_BLOCK.get():
             return fn(*args, **kwargs)
         body, arrays = array_body(fn, args, kwargs)
+        key = _fixed_part(args, kwargs)
+        try:
+            jitted = None if key is None else jits.get(key)
+            if jitted is None:
+                jitted = jax.jit(body)
+                if key is not None:
+                    jits[key] = jitted
+        except Exception:  # a leaf whose equality is not a bool: traced on its own
+            jitted = jax.jit(body)
         with set_during(_IN_BLOCK, True):
-            return jax.jit(body)(*arrays)
+            return jitted(*arrays)
 
     return call
+
+
+def _fixed_part(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The structure of a call and its leaves that are not arrays (by position,
+    type and value), or ``None`` where one cannot be hashed or compared."""
+    try:
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        key = (
+            treedef,
+            tuple((i, type(leaf), leaf) for i, leaf in enumerate(leaves) if not is_array(leaf)),
+        )
+        hash(key)
+        return key
+    except Exception:  # an unhashable leaf, or one whose equality is not a bool
+        return None
 
 
 def _fixed(value: Any) -> bool:

@@ -208,11 +208,48 @@ def _linen_call(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: A
         note(f"{cls.__qualname__}.__call__", f"left inline: {refusal}")
         return next_fun(*args, **kwargs)
     unbound, variables = module.unbind()
+    jits = _LINEN_JITS.get()
+    key = _linen_key(unbound) if jits is not None else None
+    if jits is None or key is None:
+        return _linen_jit(unbound, cls)(variables, *args, **kwargs)
+    if key not in jits:
+        jits[key] = _linen_jit(unbound, cls)
+    return jits[key](variables, *args, **kwargs)
 
+
+def _linen_jit(unbound: Any, cls: type) -> Callable[..., Any]:
     def body(variables: Any, *args: Any, **kwargs: Any) -> Any:
         return unbound.apply(variables, *args, **kwargs)
 
-    return jitted_call(_inside(_named(body, cls)))(variables, *args, **kwargs)
+    return jitted_call(_inside(_named(body, cls)))
+
+
+#: The block calls of linen layers made in this trace, by the layer's class and
+#: configuration (:func:`_linen_key`): the layers of a model share one, so that
+#: JAX traces the layer once and gives every later layer of the same types that
+#: trace, as ``nn.jit`` does for a module it has seen. One per trace
+#: (:func:`scoped_blocks`): a layer's trace depends on the trace around it
+#: (``_tracing.run``'s contexts).
+_LINEN_JITS: contextvars.ContextVar[dict[Any, Callable[..., Any]] | None] = contextvars.ContextVar(
+    "jaxaot_linen_jits", default=None
+)
+
+
+def _linen_key(unbound: Any) -> Any:
+    """A linen layer by what its calls compute, short of their arguments: its
+    class and Flax's own fingerprint of its configuration (its fields but its
+    name and parent, as ``nn.jit`` keys its traces). ``None`` where it cannot be
+    compared (an unhashable field, a Flax without the fingerprint): the layer is
+    then traced on its own."""
+    fingerprint = getattr(sys.modules.get("flax.linen.transforms"), "_module_fingerprint", None)
+    if fingerprint is None:
+        return None
+    try:
+        key = (type(unbound), fingerprint(unbound))
+        hash(key)
+    except Exception:  # an unhashable or uncomparable field
+        return None
+    return key
 
 
 def _haiku_call(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
@@ -306,6 +343,7 @@ def scoped_blocks(classes: tuple[type, ...]) -> Iterator[None]:
         return
     wrapper = _Wrapper(frozenset(classes))
     with contextlib.ExitStack() as stack:
+        stack.enter_context(set_during(_LINEN_JITS, {}))
         if any(_framework(c) == "linen" for c in classes) and _fresh_linen_jits():
             mark = hash(tuple(sorted(f"{c.__module__}.{c.__qualname__}" for c in classes)))
             stack.enter_context(set_during(_LINEN_MARK, mark))
