@@ -10,6 +10,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -258,6 +259,72 @@ def test_editing_source_or_a_project_helper_changes_the_key(
     (pkg / "main_mod.py").write_text(MAIN_SRC_EDITED)
     d3 = _digest_in_fresh_process(pkg, subprocess_env)
     assert d3 not in (d1, d2)
+
+
+_W = np.ones(2, np.float32)
+_NS = types.SimpleNamespace(w=np.ones(3, np.float32), scale=2.0)
+
+
+class _K:
+    w = np.ones(4, np.float32)
+    unread = np.ones(5, np.float32)
+    scale = 2.0
+
+
+@dataclasses.dataclass
+class _Config:
+    w: Any
+    scale: float = 2.0
+
+    def apply(self, x: Any) -> Any:
+        return x * self.w
+
+
+_CONFIG = _Config(np.ones(6, np.float32))
+
+
+def _helper(x: Any) -> Any:
+    return x * _W
+
+
+def _plain_helper(x: Any) -> Any:
+    return x * _NS.scale * _K.scale
+
+
+def _inner() -> Any:
+    w = np.ones(7, np.float32)
+
+    def inner(x: Any) -> Any:
+        return x * w
+
+    return inner
+
+
+_INNER = _inner()
+
+
+def test_explicit_keys_refuse_arrays_reached_through_helpers_and_attributes() -> None:
+    """Arrays a function reaches by name beyond its own closure: through a helper
+    it calls, a closure it holds, the attributes it reads of an object or a class
+    (a namespace, a plain dataclass, a class attribute), an object's method. An
+    explicit key covers none of them, so each is refused, and the message says
+    where; what is not an array, or not read, is no reason."""
+    cases = [
+        (lambda x: _helper(x), r"global '_helper', which reads global '_W', shape \(2,\)"),
+        (lambda x: x * _NS.w, r"attribute _NS\.w, shape \(3,\)"),
+        (lambda x: x * _K.w, r"attribute _K\.w, shape \(4,\)"),
+        (lambda x: x * _CONFIG.w, r"attribute _CONFIG\.w, shape \(6,\)"),
+        (lambda x: _CONFIG.apply(x), r"attribute _CONFIG\.apply, which reads self\.w"),
+        (lambda x: _INNER(x), r"global '_INNER', which reads free variable 'w', shape \(7,\)"),
+    ]
+    for fun, says in cases:
+        with pytest.raises(ClosureError, match=says):
+            refuse_closed_arrays(fun, "f")
+    config = _CONFIG
+    with pytest.raises(ClosureError, match=r"attribute config\.w, shape \(6,\)"):
+        refuse_closed_arrays(lambda x: x * config.w, "f")
+    refuse_closed_arrays(_plain_helper, "f")  # numbers, and a class's unread array
+    refuse_closed_arrays(lambda x: x * _CONFIG.scale, "f")
 
 
 def test_explicit_keys_refuse_arrays_through_closures_defaults_and_partials() -> None:

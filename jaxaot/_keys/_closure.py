@@ -58,20 +58,23 @@ def _is_project_code(code: types.CodeType) -> bool:
     return not filename.startswith(_LIBRARY_PREFIXES)
 
 
-_CODE_CACHE: dict[types.CodeType, tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]] = {}
+_Attributes = tuple[tuple[str, str], ...]
+_CODE_CACHE: dict[types.CodeType, tuple[str, tuple[str, ...], _Attributes, _Attributes]] = {}
 
 
 def _code_digest(
     code: types.CodeType,
-) -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]:
+) -> tuple[str, tuple[str, ...], _Attributes, _Attributes]:
     """A digest of a code object and its nested code, the global names it loads,
-    and the attributes it reads of them (``H.h``: ``("H", "h")``)."""
+    the attributes it reads of them (``H.h``: ``("H", "h")``), and those it reads
+    of its free variables (``cfg.w``: ``("cfg", "w")``)."""
     cached = _CODE_CACHE.get(code)
     if cached is not None:
         return cached
     h = hashlib.sha256()
     names: list[str] = []
     attributes: list[tuple[str, str]] = []
+    cell_attributes: list[tuple[str, str]] = []
 
     def visit(c: types.CodeType) -> None:
         h.update(c.co_code)
@@ -82,17 +85,27 @@ def _code_digest(
             else:
                 h.update(repr(const).encode())
         loaded = None  # the global the previous instruction loaded
+        cell = None  # the free variable the previous instruction loaded
         for ins in dis.get_instructions(c):
-            if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and loaded is not None:
-                if isinstance(ins.argval, str):
+            if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(ins.argval, str):
+                if loaded is not None:
                     attributes.append((loaded, ins.argval))
-            loaded = None
+                elif cell is not None:
+                    cell_attributes.append((cell, ins.argval))
+            loaded = cell = None
             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str):
                 names.append(ins.argval)
                 loaded = ins.argval
+            elif ins.opname == "LOAD_DEREF" and isinstance(ins.argval, str):
+                cell = ins.argval
 
     visit(code)
-    result = (h.hexdigest(), tuple(dict.fromkeys(names)), tuple(dict.fromkeys(attributes)))
+    result = (
+        h.hexdigest(),
+        tuple(dict.fromkeys(names)),
+        tuple(dict.fromkeys(attributes)),
+        tuple(dict.fromkeys(cell_attributes)),
+    )
     if len(_CODE_CACHE) < 100_000:
         _CODE_CACHE[code] = result
     return result
@@ -109,7 +122,7 @@ def _is_project_module(value: Any) -> bool:
 def _globals_read(f: types.FunctionType) -> Iterable[tuple[str, Any]]:
     """The globals the project function ``f`` names, and the attributes it reads
     of the project modules among them (``import helpers as H``; ``H.h(x)``), by name."""
-    _, global_names, attributes = _code_digest(f.__code__)
+    _, global_names, attributes, _ = _code_digest(f.__code__)
     for name in global_names:
         if name in f.__globals__:
             yield name, f.__globals__[name]
@@ -210,7 +223,7 @@ def refuse_closed_arrays(fun: Any, component: str) -> None:
     explicit key would not cover its value."""
     import jax
 
-    for where, value in _held(fun):
+    for where, value in _held_reached(fun):
         try:
             leaves = jax.tree_util.tree_leaves_with_path(value)
         except Exception:  # not a pytree we can walk
@@ -248,6 +261,67 @@ def _held(fun: Any) -> Iterable[tuple[str, Any]]:
             continue
         if not callable(value):
             yield where, value
+
+
+def _held_reached(fun: Any, most: int = 64) -> Iterable[tuple[str, Any]]:
+    """What ``_held`` gives for ``fun``, for the attributes its code reads of the
+    objects it names (``NS.w``, a class's ``K.w``, a closure's ``cfg.w``), and so
+    for the project functions it reaches through them (a helper it calls, a
+    closure it holds, an object's method it calls), up to ``most`` functions."""
+    functions: list[tuple[Any, str]] = [(fun, "")]
+    seen: set[int] = set()
+    while functions and len(seen) < most:
+        f, via = functions.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        named = list(_named_values(f))
+        for where, value in _held(f):
+            yield via + where, value
+        for where, value in [*named, *_attributes_read(f)]:
+            if where.startswith("attribute ") and not isinstance(value, types.MethodType):
+                yield via + where, value
+            target = value.__func__ if isinstance(value, types.MethodType) else value
+            code = getattr(target, "__code__", None)
+            if isinstance(target, types.FunctionType) and code and _is_project_code(code):
+                functions.append((value, f"{via}{where}, which reads "))
+
+
+def _attributes_read(fun: Any) -> Iterable[tuple[str, Any]]:
+    """The attributes the code of ``fun`` (a project function, or one a method,
+    partial or wrapper holds) reads of the globals and free variables it names
+    that are not modules, as they are at the moment (a method bound to its
+    object, so that what it reads of ``self`` is seen in turn)."""
+    f = fun
+    while not isinstance(f, types.FunctionType):
+        inner = getattr(f, "__func__", None) or getattr(f, "func", None)
+        inner = inner or getattr(f, "__wrapped__", None)
+        if inner is None or inner is f:
+            return
+        f = inner
+    if not _is_project_code(f.__code__):
+        return
+    _, _, attributes, cell_attributes = _code_digest(f.__code__)
+    cells = dict(zip(f.__code__.co_freevars, f.__closure__ or (), strict=False))
+    for name, attribute in (*attributes, *cell_attributes):
+        if (name, attribute) in attributes:
+            if name not in f.__globals__:
+                continue
+            owner = f.__globals__[name]
+        else:
+            try:
+                owner = cells[name].cell_contents
+            except (KeyError, ValueError):  # not this function's, or an empty cell
+                continue
+        if isinstance(owner, types.ModuleType):  # (a project module's: ``_globals_read``)
+            continue
+        try:
+            value = inspect.getattr_static(owner, attribute)
+        except AttributeError:
+            continue
+        if isinstance(value, types.FunctionType) and not isinstance(owner, type):
+            value = types.MethodType(value, owner)
+        yield f"attribute {name}.{attribute}", value
 
 
 def _is_pytree_node(value: Any) -> bool:
