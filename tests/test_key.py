@@ -474,6 +474,10 @@ def test_stable_repr_of_values_users_pass_as_static() -> None:
     assert stable_repr(functools.partial(jax.nn.gelu, approximate=False)) != stable_repr(
         functools.partial(jax.nn.gelu, approximate=True)
     )
+    # JAX's ufuncs are objects named by their import path, each its own.
+    ufuncs = [stable_repr(op) for op in (jnp.maximum, jnp.minimum, jnp.add, jnp.negative)]
+    assert None not in ufuncs and len(set(ufuncs)) == 4 and "jax.numpy.maximum" in ufuncs[0]
+    assert stable_repr(functools.partial(jnp.maximum)) is not None
     scale = [2.0, 3.0]
     assert stable_repr(lambda x: x * scale[0]) is None  # a closure over a mutable list
     where, part, why = unstable_part((1, (Mode.FAST, object()))) or ("", None, "")

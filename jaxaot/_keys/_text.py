@@ -269,6 +269,12 @@ def _callable(value: Any, path: str, depth: int, active: list[int]) -> str:
             rules = [_stable(wrapped, f"{path}.__wrapped__", depth + 1, active)]
         if rules:
             return f"{kind.__qualname__}({', '.join(rules)})"
+        # JAX's own named objects (``jnp.maximum``, a ``jnp.ufunc``): by import
+        # path, as JAX's functions are (their code is keyed by JAX's version).
+        name, owner = getattr(value, "__name__", None), getattr(value, "__module__", None)
+        if isinstance(name, str) and isinstance(owner, str):
+            if getattr(sys.modules.get(owner), name, None) is value:
+                return f"{kind.__qualname__}({owner}.{name})"
     raise _Unstable(path, value, "its only identity is its address")
 
 
