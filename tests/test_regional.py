@@ -271,6 +271,24 @@ def test_component_under_scan_still_correct(caplog: pytest.LogCaptureFixture) ->
     assert any("compiled inline" in r.getMessage() for r in caplog.records)
 
 
+def test_explain_of_a_call_that_fails_raises_its_error_as_the_call_does() -> None:
+    """A call with a shape error or a missing argument fails; ``explain`` of it
+    raises the same error (as ``jax.jit(f).trace`` does), rather than saying the
+    program would run under ``jax.jit``."""
+
+    def f(w: jax.Array, x: jax.Array) -> jax.Array:
+        return x @ w
+
+    regional = jaxaot.jit(f)
+    for args in [(jnp.ones((3, 3)), jnp.ones((2, 4))), (jnp.ones((3, 3)),)]:
+        with pytest.raises(TypeError) as plain:
+            jax.jit(f)(*args)
+        with pytest.raises(TypeError) as explained:
+            regional.explain(*args)
+        assert str(explained.value) == str(plain.value)
+    assert "f: one program" in regional.explain(jnp.ones((3, 3)), jnp.ones((2, 3)))
+
+
 def test_explain_compiles_nothing(compiles: list[str]) -> None:
     """On an empty cache, ``explain`` traces and cuts programs of every kind (a
     train step of components, a prefill of checkpoint blocks, components under a

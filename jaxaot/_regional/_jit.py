@@ -576,8 +576,15 @@ class RegionalFunction:
                 described = describe(self._spec, args, kwargs, donated, leaves)
             except SettingError:
                 raise
-            except Exception as e:  # a call would fall back to jax.jit
-                return f"{head}: jax.jit (not split: {type(e).__name__}: {e})"
+            except Exception as e:  # a call would fall back to jax.jit, or fail
+                failed: Exception | None = e
+            else:
+                failed = None
+            if failed is not None:
+                # The program's own error (a shape, a missing argument) is raised,
+                # as a call raises it; jaxaot's is said.
+                self._jitted.trace(*args, **kwargs)
+                return f"{head}: jax.jit (not split: {type(failed).__name__}: {failed})"
             if described is None:
                 return f"{head}: jax.jit (nothing to compile)"
             summary, why = described
