@@ -130,6 +130,16 @@ _READS = {
     "a bound argument of a partial": (
         "import functools\ndef g(x, k):\n    return x * k\nf = functools.partial(g, k={v})\n"
     ),
+    "the backward rule of a custom_vjp": (
+        "import jax\n@jax.custom_vjp\ndef act(x):\n    return x\n"
+        "act.defvjp(lambda x: (x, None), lambda _, g: (g * {v},))\n"
+        "def f(x):\n    return act(x) * 2.0\n"
+    ),
+    "the rule of a custom_jvp": (
+        "import jax\n@jax.custom_jvp\ndef act(x):\n    return x\n"
+        "act.defjvp(lambda p, t: (p[0], t[0] * {v}))\n"
+        "def f(x):\n    return act(x) * 2.0\n"
+    ),
 }
 
 
@@ -138,8 +148,9 @@ def test_an_explicit_key_served_after_a_plain_value_it_reads_changed_says_so(
     fresh_cache: jaxaot.MemoryCache, caplog: pytest.LogCaptureFixture, what: str
 ) -> None:
     """The numbers an explicit-key function reads through NumPy scalars, small
-    containers, enum members, its object's attributes or a partial's arguments
-    are as much its code as a plain global: edited between runs, the component
+    containers, enum members, its object's attributes or a partial's arguments,
+    and the custom derivative rules of the functions it calls, are as much its
+    code as a plain global: edited between runs, the component
     says so, once; unedited, it says nothing."""
     x = jnp.ones(3)
     fns = []

@@ -386,6 +386,7 @@ def code_digest(fun: Any, with_values: bool = False, wrapped: bool = False) -> s
             inner = getattr(f, "f", None)
         if inner is not None and inner is not f:
             stack.append(inner)
+        stack.extend(_custom_rules(f))
         code = getattr(f, "__code__", None)
         project = isinstance(f, types.FunctionType) and code is not None and _is_project_code(code)
         for cell in getattr(f, "__closure__", None) or ():
@@ -407,13 +408,25 @@ def code_digest(fun: Any, with_values: bool = False, wrapped: bool = False) -> s
                 if _plain(value):
                     h.update(f"default {name}={value!r}".encode())
         for name, value in _globals_read(f):
-            if isinstance(value, types.FunctionType) or (
-                wrapped and isinstance(getattr(value, "__wrapped__", None), types.FunctionType)
+            if (
+                isinstance(value, types.FunctionType)
+                or _custom_rules(value)
+                or (wrapped and isinstance(getattr(value, "__wrapped__", None), types.FunctionType))
             ):
                 stack.append(value)
             elif with_values and _plain(value):
                 h.update(f"{name}={value!r}".encode())
     return h.hexdigest()[:32]
+
+
+def _custom_rules(value: Any) -> list[Any]:
+    """The rules of a ``jax.custom_jvp`` or ``jax.custom_vjp`` function (its
+    ``jvp``, or its ``fwd`` and ``bwd``): code the computation runs that its
+    function does not name."""
+    if not (getattr(type(value), "__module__", None) or "").startswith("jax."):
+        return []
+    rules = (getattr(value, attr, None) for attr in ("jvp", "fwd", "bwd"))
+    return [rule for rule in rules if callable(rule)]
 
 
 _NO_CODE = hashlib.sha256().hexdigest()[:32]
