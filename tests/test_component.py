@@ -1127,6 +1127,36 @@ def test_a_component_calling_custom_partitioning_says_once_its_rule_is_not_used(
     assert len(said) == 1 and "'partitioned'" in said[0], said
 
 
+def test_a_program_exported_with_symbolic_shapes_traces_its_components_inline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``jax.export`` with a symbolic batch dimension of a program calling a
+    component (inside ``jax.jit``, the component itself, ``jaxaot.jit``): the
+    component is traced inline, as ``jax.jit`` traces a function (its entries are
+    for concrete shapes); the export runs at any batch with the plain program's
+    values, and the component says so once."""
+    from jax import export
+
+    def f(x: jax.Array) -> jax.Array:
+        return jnp.tanh(x) * 2.0
+
+    comp = jaxaot.component(f)
+    (b,) = export.symbolic_shape("b")
+    spec = jax.ShapeDtypeStruct((b, 3), jnp.float32)
+    x = jnp.linspace(-1.0, 1.0, 15).reshape(5, 3)
+    want = export.export(jax.jit(lambda x: f(x) + 1.0))(spec).call(x)
+    with caplog.at_level(logging.WARNING, logger="jaxaot"):
+        for ours in (
+            jax.jit(lambda x: comp(x) + 1.0),
+            jaxaot.jit(lambda x: comp(x) + 1.0),
+        ):
+            exported = export.deserialize(export.export(ours)(spec).serialize())
+            np.testing.assert_array_equal(np.asarray(exported.call(x)), np.asarray(want))
+        assert jax.eval_shape(comp, spec).shape == spec.shape
+    said = [m for m in caplog.messages if "symbolic dimension" in m]
+    assert len(said) == 1 and repr(comp.name) in said[0], caplog.messages
+
+
 def test_inputs_in_host_memory_run_as_jax_jit_runs_them_and_say_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -430,7 +430,8 @@ class Component(Generic[P, R]):
 
     def _call_traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         dyn_args, dyn_kwargs, _ = self._args.split(args, kwargs)
-        if self._off_device(jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))):
+        leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
+        if self._off_device(leaves) or self._symbolic(leaves):
             return self.__wrapped__(*args, **kwargs)  # inline, as jax.jit would trace it
         resolved = self._resolve(args, kwargs, allow_sds=False)
         _, traced, leaves, sig = resolved
@@ -492,6 +493,24 @@ class Component(Generic[P, R]):
             "(memory_kind='pinned_host' or another than the device's); such a call runs "
             "as plain JAX (jax.jit of the function, or inline in a trace), and is not "
             "cached: components are cached for values in device memory",
+        )
+        return True
+
+    def _symbolic(self, leaves: Sequence[Any]) -> bool:
+        """Whether an input has a symbolic dimension (``jax.export`` of a
+        shape-polymorphic program): a component's entries are made for concrete
+        shapes, so such a call is traced inline, as ``jax.jit`` traces a
+        function, and says so once."""
+        if not any(
+            not isinstance(d, int) for leaf in leaves for d in getattr(leaf, "shape", ())
+        ):
+            return False
+        _stats.warn_once(
+            f"symbolic-shape:{self.name}",
+            f"jaxaot: component {self.name!r}: an input has a symbolic dimension "
+            "(jax.export with shape polymorphism); such a call is traced inline, as "
+            "jax.jit traces the function, and is not cached: components are cached for "
+            "concrete shapes",
         )
         return True
 
