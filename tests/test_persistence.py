@@ -158,6 +158,48 @@ _CALLBACK_RUN = textwrap.dedent(
 )
 
 
+_SCALARS_RUN = textwrap.dedent(
+    """
+    import json
+    import jax, jax.numpy as jnp, numpy as np, jaxaot
+
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, _, **kw: compiles.append(1)
+        if event == "/jax/core/compile/backend_compile_duration" else None
+    )
+    c = jaxaot.component(lambda x, s: x * s)
+    x = jnp.array([1.0, 2.0, 3.0])
+    got = [
+        jax.vmap(lambda x: c(x, 0.1))(jnp.stack([x, x])),
+        jax.grad(lambda x: c(x, 2).sum())(x),
+        jax.vmap(lambda x: c(x, np.float32(0.5)))(jnp.stack([x, x])),
+    ]
+    want = [
+        jax.vmap(lambda x: x * 0.1)(jnp.stack([x, x])),
+        jax.grad(lambda x: (x * 2).sum())(x),
+        jax.vmap(lambda x: x * np.float32(0.5))(jnp.stack([x, x])),
+    ]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and jnp.array_equal(g, w), (g, w)
+    jaxaot.wait_for_writes()
+    print(json.dumps({"compiles": len(compiles), **jaxaot.stats()}))
+    """
+)
+
+
+def test_python_numbers_passed_on_by_eager_transformations_warm_start(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """Eager ``vmap`` and ``grad`` of a component called with a Python number (or
+    a NumPy scalar) pass it on as it is: the derived entry's executable runs it,
+    so a second process loads everything and compiles nothing (each number once
+    compiled op by op by JAX, in every process)."""
+    cold, warm = cold_and_warm(tmp_path / "scalars.py", _SCALARS_RUN, subprocess_env, "Error")
+    assert cold["compiles"] > 0 and cold["made_here"] > 0
+    assert warm["compiles"] == 0 and warm["made_here"] == 0, warm
+
+
 def test_entries_kept_in_each_process_leave_a_warm_start_warm(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:

@@ -23,7 +23,9 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _stats
 from .._jax import (
@@ -123,12 +125,34 @@ def _impl(*args: Any, call: Any, devices: Any = None) -> Any:
     # its entry's flat executable, from this process or the cache (as a jaxaot.jit
     # region runs it); placed otherwise, JAX compiles it op by op, not from
     # jaxaot's cache (counted as a compile).
-    if devices is None and runs_flat(call, args):
-        return flat_executable(call, lambda *a: bind(call, a), call.key)(*args)
+    if devices is None:
+        args = _placed(args, call.entry.in_avals)
+        if runs_flat(call, args):
+            return flat_executable(call, lambda *a: bind(call, a), call.key)(*args)
     with _stats.eager():
         if devices is None:
             return apply_primitive(component_p, *args, call=call)
         return apply_primitive(component_p, *args, call=call, devices=devices)
+
+
+def _placed(args: tuple[Any, ...], avals: Sequence[Any]) -> tuple[Any, ...]:
+    """``args`` with the Python scalars and NumPy values among them (a number an
+    eager ``vmap`` or ``grad`` passes on as it is) put on the default device as
+    arrays of the entry's input types, weak types included, so that the call
+    runs the entry's cached executable; each other value as it is."""
+    if all(isinstance(a, jax.Array) for a in args):
+        return args
+    placed = []
+    for a, aval in zip(args, avals, strict=True):
+        if not isinstance(a, jax.Array) and isinstance(
+            a, bool | int | float | complex | np.ndarray | np.generic
+        ):
+            array = jax.device_put(a)
+            got = jax.typeof(array)
+            if (got.shape, got.dtype, got.weak_type) == (aval.shape, aval.dtype, aval.weak_type):
+                a = array
+        placed.append(a)
+    return tuple(placed)
 
 
 def _abstract_eval(*avals: Any, call: Any, devices: Any = None) -> tuple[list[Any], Any]:
