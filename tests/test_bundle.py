@@ -389,6 +389,37 @@ def test_import_reports_what_the_cache_did_not_store(tmp_path: Path) -> None:
     assert full["complete"] is True and full["not_stored"] == []
 
 
+def test_a_damaged_copy_the_cache_cannot_replace_is_not_called_added(tmp_path: Path) -> None:
+    """A cache that keeps its damaged copies (read-only: its deletes and writes
+    fail, and say so) holds the keys after an import, but not the entries: they
+    are reported not stored, and the import incomplete."""
+
+    class Frozen(jaxaot.MemoryCache):
+        frozen = False
+
+        def put(self, key: str, value: bytes) -> None:
+            if not self.frozen:
+                super().put(key, value)
+
+        def delete(self, key: str) -> None:
+            if not self.frozen:
+                super().delete(key)
+
+    source = jaxaot.MemoryCache()
+    blobs = dict(make_blob(tag=t) for t in range(3))
+    for key, blob in blobs.items():
+        source.put(key, blob)
+    bundle = tmp_path / "b.jaxaot"
+    export_bundle(bundle, cache=source)
+    target = Frozen()
+    for key, blob in blobs.items():
+        target.put(key, blob[:-1] + bytes([blob[-1] ^ 1]))  # a flipped byte
+    target.frozen = True
+    report = import_bundle(bundle, cache=target)
+    assert report["added"] == [] and sorted(report["not_stored"]) == sorted(blobs), report
+    assert report["complete"] is False
+
+
 def test_hostile_entry_in_a_bundle_is_refused_cleanly(tmp_path: Path) -> None:
     key, blob = make_blob()
     deep = _helpers.forge_entry(b"[" * 100_000 + b"]" * 100_000)

@@ -286,6 +286,7 @@ def import_bundle(path: str | os.PathLike[str], *, cache: Any = None) -> dict[st
 
     cache = _resolve_cache(cache, "import_bundle")
     put_keys: list[str] = []
+    replaced: set[str] = set()  # (keys whose damaged copy this import replaced)
     skipped: list[str] = []
     refused: list[dict[str, str]] = []
     with open(path, "rb") as f:
@@ -309,10 +310,15 @@ def import_bundle(path: str | os.PathLike[str], *, cache: Any = None) -> dict[st
                     skipped.append(key)
                     continue
                 cache.delete(key)  # a damaged copy: replace it
+                replaced.add(key)
             cache.put(key, value)
             present.add(key)
             put_keys.append(key)
     held = set(cache.keys())  # what the cache really holds now, not what was asked
+    for key in replaced & held:  # a damaged copy that could not be replaced is still there
+        stored = cache.get(key)
+        if stored is None or not _sound(key, bytes(stored)):
+            held.discard(key)
     added = [k for k in put_keys if k in held]
     not_stored = [k for k in put_keys + skipped if k not in held]
     skipped = [k for k in skipped if k in held]
