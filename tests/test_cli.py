@@ -828,6 +828,43 @@ def test_prune_yes_and_scripts_do_not_ask(cache_dir: Path, subprocess_env: dict[
     assert sorted(jaxaot.DirectoryCache(cache_dir).keys()) == keys[2:]
 
 
+@pytest.mark.parametrize("where", ["a shard", "the root"])
+def test_commands_on_a_cache_this_user_cannot_list_fail_and_say_so(
+    cache_dir: Path, subprocess_env: dict[str, str], where: str
+) -> None:
+    """A cache directory (or a shard of it) of another user (uid 65534, mode
+    0700), read by root without its power to override permissions: listing,
+    checking, clearing and pruning would pass over its entries and report
+    success; each command fails with one line that names the directory, and the
+    entries are all still there."""
+    import _helpers
+
+    _helpers.need_root()
+    keys = sorted(jaxaot.DirectoryCache(cache_dir).keys())
+    locked = cache_dir / keys[0][:2] if where == "a shard" else cache_dir
+    for path in [locked, *locked.rglob("*")]:
+        os.chown(path, _helpers.OTHER_UID, _helpers.OTHER_UID)
+    locked.chmod(0o700)
+    unprivileged = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    unprivileged += ["--inh-caps=-dac_override,-dac_read_search"]
+    for command in (["ls"], ["stats"], ["verify", "--fix"], ["clear", "--yes"]):
+        proc = subprocess.run(
+            [*unprivileged, sys.executable, "-m", "jaxaot", "cache", *command]
+            + ["--dir", str(cache_dir)],
+            capture_output=True,
+            text=True,
+            env=subprocess_env,
+            timeout=120,
+        )
+        assert proc.returncode == 1, (command, proc.stdout, proc.stderr)
+        # (A root of another user's is refused before it is listed: it is not trusted.)
+        assert_one_line_error(proc.stderr, "cannot list" if where == "a shard" else "65534")
+        assert str(locked) in proc.stderr, proc.stderr
+    for path in [locked, *locked.rglob("*")]:
+        os.chown(path, 0, 0)
+    assert sorted(jaxaot.DirectoryCache(cache_dir).keys()) == keys
+
+
 def test_prune_needs_a_limit(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "cache", "prune", "--dir", str(cache_dir))
     assert code == 2

@@ -1329,7 +1329,8 @@ def test_a_cache_directory_this_user_cannot_open_is_said_once_with_its_owner_and
     ]
     root.chmod(0o700)
     proc, listing = procs
-    assert listing.returncode == 0 and "cannot open it (EACCES)" in listing.stderr, listing
+    # (The command does not pass over what it cannot see: it fails, and says why.)
+    assert listing.returncode == 1 and "cannot open it (EACCES)" in listing.stderr, listing
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     import jax

@@ -492,6 +492,20 @@ class DirectoryCache(WarnOnce):
         """The keys of the stored entries (temp, lock and foreign files are ignored)."""
         return sorted(e.name for e in self._scan_root(clean=False).entries)
 
+    def unlisted(self) -> list[str]:
+        """The directories of the cache this process cannot list (the root, or
+        shard directories, by their permissions): the entries in them are not in
+        ``keys()``, and cannot be read, checked or removed from here."""
+        try:
+            with self._root_dir() as rfd:
+                return list(_dirlayout.scan(rfd, self._root, clean=False).unlisted)
+        except _Refused:
+            return [self._root]
+        except FileNotFoundError:
+            return []
+        except OSError:
+            return [self._root]
+
     def clear(self) -> None:
         """Removes every entry, every quarantined entry and the files kept beside
         them (notes; leases no process holds) (regular files inside the root only:

@@ -88,6 +88,9 @@ class Scan(NamedTuple):
     #: Bytes of the files kept beside entries that do not go with one (notes,
     #: leases): they count against ``max_bytes`` too.
     other_bytes: int = 0
+    #: The shard directories that could not be listed (their permissions): the
+    #: entries in them are not in ``entries``.
+    unlisted: tuple[str, ...] = ()
 
 
 def temp_name() -> str:
@@ -226,22 +229,29 @@ def scan(root_fd: int, root: str, *, clean: bool, everything: bool = False) -> S
     temps = 0
     temp_bytes = 0
     other_bytes = 0
+    unlisted: list[str] = []
     now = time.time()
     try:
         with os.scandir(root_fd) as it:
             shards = [
                 d.name for d in it if _is_shard_name(d.name) and d.is_dir(follow_symlinks=False)
             ]
-    except OSError:
-        return Scan(entries, 0, 0)
+    except OSError as e:
+        return Scan(entries, 0, 0, unlisted=(root,) if isinstance(e, PermissionError) else ())
     for shard in shards:
         try:
             sfd = open_dir(shard, root_fd)
-        except OSError:
+        except OSError as e:
+            if isinstance(e, PermissionError):
+                unlisted.append(os.path.join(root, shard))
             continue
         try:
-            with os.scandir(sfd) as it:
-                files = list(it)
+            try:
+                with os.scandir(sfd) as it:
+                    files = list(it)
+            except PermissionError:
+                unlisted.append(os.path.join(root, shard))
+                continue
             for f in files:
                 name = f.name
                 try:
@@ -288,7 +298,7 @@ def scan(root_fd: int, root: str, *, clean: bool, everything: bool = False) -> S
             os.close(sfd)
     if old_indexes:
         other_bytes -= _drop_stale_notes(root_fd, old_indexes, {e.name for e in entries})
-    return Scan(entries, temps, temp_bytes, other_bytes)
+    return Scan(entries, temps, temp_bytes, other_bytes, tuple(unlisted))
 
 
 def _drop_stale_notes(root_fd: int, indexes: list[tuple[str, str, int]], keys: set[str]) -> int:

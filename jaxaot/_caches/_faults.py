@@ -33,18 +33,23 @@ def errno_cause(exc: BaseException) -> str:
 def no_access_text(what: str, path: str, exc: OSError) -> str:
     """The warning for a cache directory (``what``: "the cache", or its path) this
     user cannot open, such as one a run as root made: whose it is, and what to do."""
+    return (
+        f"{what} {owner_text(path, exc)}: nothing in it is read or written, and its "
+        "entries are made in this process; make it this user's (chown -R) or set "
+        "$JAXAOT_CACHE_DIR to a directory of this user's"
+    )
+
+
+def owner_text(path: str, exc: OSError) -> str:
+    """Whose directory ``path`` is, and that this user cannot open it (``exc``):
+    "belongs to root (uid 0), mode 700, and this user (...) cannot open it (EACCES)"."""
     try:
         st = os.stat(path)
         whose = f"belongs to {_user(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}, and "
     except OSError:
         whose = ""
     me = _user(os.geteuid()) if hasattr(os, "geteuid") else "?"
-    return (
-        f"{what} {whose}this user ({me}) cannot open it "
-        f"({errno_cause(exc)}): nothing in it is read or written, and its entries are "
-        "made in this process; make it this user's (chown -R) or set $JAXAOT_CACHE_DIR "
-        "to a directory of this user's"
-    )
+    return f"{whose}this user ({me}) cannot open it ({errno_cause(exc)})"
 
 
 def _user(uid: int) -> str:

@@ -501,9 +501,7 @@ class Component(Generic[P, R]):
         shape-polymorphic program): a component's entries are made for concrete
         shapes, so such a call is traced inline, as ``jax.jit`` traces a
         function, and says so once."""
-        if not any(
-            not isinstance(d, int) for leaf in leaves for d in getattr(leaf, "shape", ())
-        ):
+        if not any(not isinstance(d, int) for leaf in leaves for d in getattr(leaf, "shape", ())):
             return False
         _stats.warn_once(
             f"symbolic-shape:{self.name}",

@@ -271,10 +271,10 @@ def _callable(value: Any, path: str, depth: int, active: list[int]) -> str:
             return f"{kind.__qualname__}({', '.join(rules)})"
         # JAX's own named objects (``jnp.maximum``, a ``jnp.ufunc``): by import
         # path, as JAX's functions are (their code is keyed by JAX's version).
-        name, owner = getattr(value, "__name__", None), getattr(value, "__module__", None)
-        if isinstance(name, str) and isinstance(owner, str):
-            if getattr(sys.modules.get(owner), name, None) is value:
-                return f"{kind.__qualname__}({owner}.{name})"
+        own_name, home = getattr(value, "__name__", None), getattr(value, "__module__", None)
+        if isinstance(own_name, str) and isinstance(home, str):
+            if getattr(sys.modules.get(home), own_name, None) is value:
+                return f"{kind.__qualname__}({home}.{own_name})"
     raise _Unstable(path, value, "its only identity is its address")
 
 

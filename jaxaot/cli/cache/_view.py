@@ -311,6 +311,19 @@ def open_cache(args: argparse.Namespace, *, create: bool = False) -> CacheView:
         raise CLIError(str(e)) from None
     except OSError as e:
         raise CLIError(f"cannot open the cache directory {path}: {e.strerror or e}") from None
+    unlisted = cache.unlisted()
+    if unlisted:  # a listing, check or removal would pass over its entries, and say it did
+        import errno
+
+        from ..._caches._faults import owner_text
+
+        denied = PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        more = f" (and {len(unlisted) - 1} more directories)" if len(unlisted) > 1 else ""
+        raise CLIError(
+            f"cannot list {unlisted[0]}{more}: it {owner_text(unlisted[0], denied)}; its "
+            "entries cannot be read, checked or removed from here: run as the cache's owner, "
+            "or make it this user's (chown -R)"
+        )
     return CacheView(cache, path)
 
 
