@@ -202,7 +202,8 @@ def test_static_argnames_passed_by_position_is_static() -> None:
 def test_errors_show_the_users_frames_not_jaxaots(wrap: Any) -> None:
     """As under ``jax.jit``: an error in the function is shown from the caller's
     line to the function's, without jaxaot's frames (2 to 11 of them were shown),
-    and a leaked tracer names the user's lines, not jaxaot's."""
+    from a call and from the stage methods alike, and a leaked tracer names the
+    user's lines, not jaxaot's."""
     import os
     import traceback
 
@@ -211,11 +212,14 @@ def test_errors_show_the_users_frames_not_jaxaots(wrap: Any) -> None:
     def bad(x: jax.Array) -> jax.Array:
         return x @ jnp.ones((4, 2))
 
-    with pytest.raises(TypeError, match="dot_general") as info:
-        wrap(bad)(jnp.ones((2, 3)))
-    frames = traceback.extract_tb(info.value.__traceback__)
-    assert not [f for f in frames if f.filename.startswith(package)], frames
-    assert any(f.name == "bad" for f in frames), frames
+    wrapped = wrap(bad)
+    stages = ["__call__", "lower", "trace", "eval_shape", "precompile"]
+    for stage in stages + (["explain"] if wrap is jaxaot.jit else []):  # (JAX's stages too)
+        with pytest.raises(TypeError, match="dot_general") as info:
+            getattr(wrapped, stage)(jnp.ones((2, 3)))
+        frames = traceback.extract_tb(info.value.__traceback__)
+        assert not [f for f in frames if f.filename.startswith(package)], (stage, frames)
+        assert any(f.name == "bad" for f in frames), (stage, frames)
 
     leaked: list[Any] = []
 

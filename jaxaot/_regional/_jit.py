@@ -550,6 +550,12 @@ class RegionalFunction:
                 refuse_unsplit(self.__name__, failed)  # (nothing made for a compile target)
                 self._say_unsplit(failed)
 
+    # Errors are reported as jax.jit's are: without JAX's frames, nor jaxaot's.
+    trace = api_boundary(trace)  # type: ignore[method-assign]
+    lower = api_boundary(lower)  # type: ignore[method-assign]
+    eval_shape = api_boundary(eval_shape)  # type: ignore[method-assign]
+    precompile = api_boundary(precompile)  # type: ignore[method-assign]
+
     def explain(self, *args: Any, **kwargs: Any) -> str:
         """What ``jaxaot.jit`` makes of a call with these arguments, without running
         or compiling anything (it traces the program and cuts it into regions,
@@ -568,6 +574,7 @@ class RegionalFunction:
             plan = self._plans.get(sig, _NOT_LOOKED_UP)
         head = f"jaxaot.jit {self.__name__}"
         if plan is None:
+            self._jitted.trace(*args, **kwargs)  # (the program's own error, as a call raises it)
             return f"{head}: jax.jit (not split; DEBUG logs say why)"
         if isinstance(plan, Plan):
             summary, why = plan.summary, plan.served_whole
@@ -592,6 +599,8 @@ class RegionalFunction:
             # A program served whole: its reason, then why its calls are not blocks.
             return "\n".join([f"{head}: one program, cached whole ({why})", *summary.splitlines()])
         return f"{head}: split into\n{summary}"
+
+    explain = api_boundary(explain)  # type: ignore[method-assign]
 
     def _plan(self, args: tuple[Any, ...], kwargs: dict[str, Any], *parts: Any) -> Plan | None:
         leaves, treedef, statics, donated = parts  # (those of ``_dynamic``)
