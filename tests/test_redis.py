@@ -439,6 +439,8 @@ def test_refused_writes_warn_once_and_the_program_goes_on(
         admin.config_set("maxmemory", 0)
     warnings = warnings_of(caplog)
     assert len(warnings) == 1 and "OutOfMemoryError" in warnings[0], warnings
+    # Said once, by whichever call met it first: what it means for all of them.
+    assert "every later call that fails so" in warnings[0] and "not shared" in warnings[0]
 
     admin.execute_command("REPLICAOF", "127.0.0.1", "1")  # a replica: read-only
     try:

@@ -173,7 +173,15 @@ class FaultTracking(WarnOnce):
                 f"entries are made in this process and not shared while it is down{retry}",
             )
             return
-        self._warn_once(cause, f"{what} failed ({cause}: {self._describe(e)}); skipped")
+        # Said once per cause, by whichever call meets it first: so it says what it
+        # means for every later call that fails alike (a server refusing every
+        # command fails every read and write, not only the first one named).
+        self._warn_once(
+            cause,
+            f"{what} failed ({cause}: {self._describe(e)}); skipped, as is every later "
+            "call that fails so: an entry that cannot be read is made in this process, "
+            "and one that cannot be written is not shared",
+        )
 
     def _describe(self, e: BaseException) -> str:
         """What went wrong, for a user (backends override with their own words)."""
