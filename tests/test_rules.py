@@ -1197,6 +1197,35 @@ def test_custom_vjp_under_jvp_errors_naming_the_component() -> None:
         jax.jvp(lambda w: comp(w, x), (w,), (w,))
 
 
+@jax.custom_vjp
+def _sine(x: jax.Array) -> jax.Array:
+    return jnp.sin(x)
+
+
+_sine.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda c, g: (g * c,))
+
+
+@pytest.mark.parametrize("how", ["hessian", "jit_hessian", "jvp_of_grad"])
+def test_forward_over_reverse_of_a_custom_vjp_component_differentiates_its_rule(
+    how: str,
+) -> None:
+    """``jax.hessian`` of a component whose body calls a ``custom_vjp`` function
+    differentiates the function's fwd and bwd rules, as under ``jax.jit`` (the
+    forward pass of a small component, recomputed by its backward entry, was the
+    custom_vjp function itself, which JAX refuses to differentiate forward)."""
+
+    def body(x: jax.Array) -> jax.Array:
+        return (_sine(x) * x).sum()
+
+    runs = {
+        "hessian": lambda f: jax.hessian(f)(x),
+        "jit_hessian": lambda f: jax.jit(jax.hessian(f))(x),
+        "jvp_of_grad": lambda f: jax.jvp(jax.grad(f), (x,), (x,)),
+    }
+    x = jnp.linspace(0.1, 1.0, 3)
+    assert_tree_close(runs[how](jaxaot.component(body)), runs[how](jax.jit(body)))
+
+
 @jax.custom_jvp
 def _softclip(x: jax.Array) -> jax.Array:
     return jnp.tanh(x)

@@ -15,7 +15,14 @@ from typing import Any, Protocol
 
 import jax
 
-from .._jax import batch_jaxpr, jaxpr_as_fun, named, partial_eval_jaxpr
+from .._jax import (
+    CUSTOM_VJP_PRIMITIVES,
+    batch_jaxpr,
+    jaxpr_as_fun,
+    named,
+    partial_eval_jaxpr,
+    uses_primitive,
+)
 from .._keys._context import axis_data_parts
 from .._keys._key import ComponentKey
 from .._keys._program import program_digest, sees_masks
@@ -246,9 +253,24 @@ class Call:
         live_avals = [a.to_tangent_aval() for a, m in zip(in_avals, mask, strict=True) if m]
         structs = [sds(a) for a in (*in_avals, *live_avals)]
         if recompute:
+            forward = pf
+            if uses_primitive(self.jaxpr(), CUSTOM_VJP_PRIMITIVES):
+                # The forward pass as JAX's linearize runs it: a custom_vjp function
+                # by its fwd rule, so that forward mode over it (``jax.hessian``)
+                # differentiates the rule, as it does under jax.jit, rather than
+                # the custom_vjp function, which JAX refuses to.
+                known = partial_eval_jaxpr(
+                    jax.make_jaxpr(jvp_fn)(*structs),
+                    unknowns=[False] * n + [True] * len(live_avals),
+                    instantiate=[False] * len(out_avals) + [True] * sum(diff),
+                )[0]
+                everything = jaxpr_as_fun(known)
+
+                def forward(*primals: Any) -> Sequence[Any]:
+                    return list(everything(*primals))[: len(out_avals)]
 
             def primal_fn(*primals: Any) -> tuple[Any, ...]:
-                return (*pf(*primals), *primals)
+                return (*forward(*primals), *primals)
 
             def tangent_fn(*xs: Any) -> tuple[Any, ...]:
                 return jvp_fn(*xs)[len(out_avals) :]

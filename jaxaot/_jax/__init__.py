@@ -81,6 +81,7 @@ from ._intercept import (
 from ._interpret import bind_equation, evaluate
 from ._jaxpr import (
     CALL_PRIMITIVES,
+    CUSTOM_VJP_PRIMITIVES,
     ELEMENTWISE_ARITHMETIC,
     JAX_VERSION,
     SUPPORTED_JAX,
@@ -194,6 +195,7 @@ __all__ = [
     "target_platform",
     "topology_text",
     "CALL_PRIMITIVES",
+    "CUSTOM_VJP_PRIMITIVES",
     "ELEMENTWISE_ARITHMETIC",
     "EXCLUDED_FLAGS",
     "JAX_VERSION",

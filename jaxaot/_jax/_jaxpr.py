@@ -158,6 +158,10 @@ def named_axis_effect(effects: Any) -> bool:
     return any(type(e).__name__ == "NamedAxisEffect" for e in effects)
 
 
+#: The primitive of a ``jax.custom_vjp`` function's call (``custom_vjp_call_jaxpr``
+#: in older JAX).
+CUSTOM_VJP_PRIMITIVES = ("custom_vjp_call", "custom_vjp_call_jaxpr")
+
 # Primitives that call a jaxpr (their body): inlined by jaxaot.jit and by the
 # jaxpr rewrites. 0.11.1 replaced closed_call/core_call by eval_jaxpr.
 CALL_PRIMITIVES = frozenset(

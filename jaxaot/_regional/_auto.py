@@ -33,6 +33,7 @@ from .._component._blocks import Block, block_call, block_name, vjp_call
 from .._component._rules import bind, component_p
 from .._jax import (
     CALL_PRIMITIVES,
+    CUSTOM_VJP_PRIMITIVES,
     BoundCall,
     bind_plainly,
     call_body,
@@ -69,7 +70,6 @@ MIN_EQUATIONS = 16
 _HEAVY = frozenset(["dot_general", "conv_general_dilated", "ragged_dot", "ragged_dot_general"])
 #: The name linen's lifted transforms (``nn.remat``, ``nn.jit``) give the function they transform.
 _LINEN_LIFTED = "core_fn"
-_CUSTOM_VJP = ("custom_vjp_call", "custom_vjp_call_jaxpr")
 
 _FINDER: contextvars.ContextVar[BlockFinder | None] = contextvars.ContextVar(
     "jaxaot_block_finder", default=None
@@ -209,7 +209,7 @@ class BlockFinder:
             self.note(call, CUSTOM_VJP)  # (a backward pass: a block called once at best)
             return None
         why = _why_not(call)
-        rules = why is None and uses_primitive(call_jaxpr(call), _CUSTOM_VJP)
+        rules = why is None and uses_primitive(call_jaxpr(call), CUSTOM_VJP_PRIMITIVES)
         held = _rules_of(call, self._name(call) or block_name(call)) if rules else ()
         if held in _UNDIFFERENTIABLE:  # nor a block where the program binds it itself
             self.note(call, f"{CUSTOM_VJP_FAILED} ({_UNDIFFERENTIABLE[held]})")
