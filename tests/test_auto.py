@@ -902,6 +902,42 @@ def test_equinox_layers_of_one_configuration_are_traced_once() -> None:
     assert "Layer.__call__" in regional.explain(layers, x)
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [[1] * 3 + [1.0] * 3, [0.0] * 3 + [-0.0] * 3, [1] * 3 + [True] * 3],
+    ids=["int_and_float", "zero_and_negative_zero", "int_and_bool"],
+)
+def test_equinox_layers_whose_static_fields_are_equal_but_differ_are_traced_apart(
+    fields: list[Any],
+) -> None:
+    """Static fields compare equal as auxiliary data of the layers' structure
+    (``1 == 1.0 == True``, ``0.0 == -0.0``) but compute apart: such layers are
+    traced each on its own, and the values are ``jax.jit``'s."""
+    import equinox as eqx
+
+    class Layer(eqx.Module):
+        linear: eqx.nn.Linear
+        k: Any = eqx.field(static=True)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            h = self.linear(x)
+            if type(self.k) is int:
+                return h + (jnp.arange(8) // 2) * self.k
+            return jnp.copysign(h, jnp.float32(self.k) - 0.0 * h) * 0.5
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 6)
+    layers = [Layer(eqx.nn.Linear(8, 8, key=key), k) for key, k in zip(keys, fields, strict=True)]
+    x = jnp.linspace(-1.0, 1.0, 8)
+
+    def f(layers: list[Any], x: jax.Array) -> jax.Array:
+        for layer in layers:
+            x = layer(x)
+        return x
+
+    got, want = jaxaot.jit(f)(layers, x), jax.jit(f)(layers, x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("filter_jit", [False, True])
 def test_equinox_batch_norm_layers_passing_the_state_on_are_one_block(
     compiles: list[str], filter_jit: bool

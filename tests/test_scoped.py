@@ -237,6 +237,53 @@ def test_linen_layers_of_one_configuration_are_traced_once_as_blocks(
     assert "Acting.__call__" in regional.explain(variables, x)
 
 
+class Scaling(nn.Module):
+    """Scales by a field whose type decides the result (a NumPy scalar promotes
+    bfloat16 values; a Python number does not, and an int floors)."""
+
+    s: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = nn.Dense(WIDTH)(x)
+        if isinstance(self.s, int):
+            return h + (jnp.arange(WIDTH) * self.s) // 3
+        return h * self.s
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [[0.5] * 3 + [np.float32(0.5)] * 3, [1] * 3 + [1.0] * 3, [0.0] * 3 + [-0.0] * 3],
+    ids=["number_and_numpy_scalar", "int_and_float", "zero_and_negative_zero"],
+)
+def test_linen_layers_whose_fields_are_equal_but_of_other_types_are_traced_apart(
+    fields: list[Any],
+) -> None:
+    """Six layers whose fields compare equal (``0.5 == np.float32(0.5)``,
+    ``1 == 1.0``, ``0.0 == -0.0``) but compute apart: they are keyed by their
+    typed text, so each configuration is traced on its own, and the values and
+    dtypes are ``jax.jit``'s (Flax's own fingerprint, as ``nn.jit`` keys its
+    traces, made them share one trace)."""
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for field in fields:
+                x = Scaling(field)(x)
+            return x
+
+    model = Model()
+    x = jnp.linspace(-1.0, 1.0, 2 * WIDTH).reshape(2, WIDTH).astype(jnp.bfloat16)
+    variables = jax.tree.map(lambda a: a.astype(jnp.bfloat16), model.init(jax.random.key(0), x))
+
+    def f(v: Any, x: jax.Array) -> jax.Array:
+        return jnp.copysign(1.0, model.apply(v, x))
+
+    got, want = jaxaot.jit(f)(variables, x), jax.jit(f)(variables, x)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
 class _Few(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:

@@ -43,6 +43,7 @@ import numpy as np
 
 from .._jax import Tracer
 from .._keys._closure import values_reached
+from .._keys._text import stable_repr
 from .._stats import set_during
 
 __all__ = [
@@ -331,17 +332,26 @@ def jitted_call(fn: Callable[..., Any], part: bool = False) -> Callable[..., Any
 
 
 def _fixed_part(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The structure of a call and its leaves that are not arrays (by position,
-    type and value), or ``None`` where one cannot be hashed or compared."""
+    """The structure of a call and its leaves that are not arrays, as values that
+    are equal only where the calls compute alike: the structure with its text
+    (an Equinox static field's ``1`` and ``1.0``, or ``0.0`` and ``-0.0``, are
+    equal auxiliary data, but print apart), and each other leaf by its stable
+    text (typed: ``1`` is not ``1.0`` nor ``True``; a function by its code and
+    what it closes over). ``None`` where a leaf has no such text: that call is
+    traced on its own."""
     try:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-        key = (
-            treedef,
-            tuple((i, type(leaf), leaf) for i, leaf in enumerate(leaves) if not is_array(leaf)),
-        )
+        fixed = []
+        for i, leaf in enumerate(leaves):
+            if not is_array(leaf):
+                text = stable_repr(leaf)
+                if text is None:
+                    return None
+                fixed.append((i, text))
+        key = (treedef, str(treedef), tuple(fixed))
         hash(key)
         return key
-    except Exception:  # an unhashable leaf, or one whose equality is not a bool
+    except Exception:  # a structure that cannot be hashed or printed
         return None
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import itertools
 import sys
@@ -46,6 +47,7 @@ from typing import Any
 
 import jax
 
+from .._keys._text import stable_repr
 from .._stats import set_during
 from ._auto import module_ended, note
 from ._draws import Refused, drawn_call
@@ -227,7 +229,8 @@ def _linen_jit(unbound: Any, cls: type) -> Callable[..., Any]:
 #: The block calls of linen layers made in this trace, by the layer's class and
 #: configuration (:func:`_linen_key`): the layers of a model share one, so that
 #: JAX traces the layer once and gives every later layer of the same types that
-#: trace, as ``nn.jit`` does for a module it has seen. One per trace
+#: trace, as ``nn.jit`` does for a module it has seen (so a body that reads
+#: Python state while it is traced reads it once per configuration). One per trace
 #: (:func:`scoped_blocks`): a layer's trace depends on the trace around it
 #: (``_tracing.run``'s contexts).
 _LINEN_JITS: contextvars.ContextVar[dict[Any, Callable[..., Any]] | None] = contextvars.ContextVar(
@@ -237,19 +240,22 @@ _LINEN_JITS: contextvars.ContextVar[dict[Any, Callable[..., Any]] | None] = cont
 
 def _linen_key(unbound: Any) -> Any:
     """A linen layer by what its calls compute, short of their arguments: its
-    class and Flax's own fingerprint of its configuration (its fields but its
-    name and parent, as ``nn.jit`` keys its traces). ``None`` where it cannot be
-    compared (an unhashable field, a Flax without the fingerprint): the layer is
-    then traced on its own."""
-    fingerprint = getattr(sys.modules.get("flax.linen.transforms"), "_module_fingerprint", None)
-    if fingerprint is None:
+    class and the stable text of each of its fields but its name and parent (as
+    ``nn.jit`` keys its traces by its fields, but typed: a field's ``1`` is not
+    ``1.0``, an int array not a float one). ``None`` where a field has no such
+    text (a submodule, an array, an iterator): the layer is then traced on its
+    own."""
+    if not dataclasses.is_dataclass(unbound):
         return None
-    try:
-        key = (type(unbound), fingerprint(unbound))
-        hash(key)
-    except Exception:  # an unhashable or uncomparable field
-        return None
-    return key
+    texts = []
+    for field in dataclasses.fields(unbound):
+        if field.name in ("parent", "name") or not hasattr(unbound, field.name):
+            continue
+        text = stable_repr(getattr(unbound, field.name))
+        if text is None:
+            return None
+        texts.append((field.name, text))
+    return (type(unbound), tuple(texts))
 
 
 def _haiku_call(next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
