@@ -303,6 +303,45 @@ def _inner() -> Any:
 _INNER = _inner()
 
 
+class _Trainer:
+    table = np.ones(8, np.float32)
+
+    def __init__(self) -> None:
+        self.params = np.ones(3, np.float32)  # (read by no method below but ``total``)
+        self.scale = 2.0
+
+    def scaled(self, x: Any) -> Any:
+        return x * self.scale
+
+    def total(self, x: Any) -> Any:
+        return x * self.params.sum()
+
+    @staticmethod
+    def helper(x: Any) -> Any:
+        return x * _W
+
+    @classmethod
+    def looked_up(cls, x: Any) -> Any:
+        return x * cls.table
+
+
+class _Slotted:
+    __slots__ = ("w",)
+
+    def __init__(self) -> None:
+        self.w = np.ones(9, np.float32)
+
+
+class _AttrDict(dict):  # (a config idiom: ``CFG.scale`` reads ``CFG["scale"]``)
+    __getattr__ = dict.__getitem__
+
+
+_TRAINER = _Trainer()
+_SLOTTED = _Slotted()
+_TABLES = types.SimpleNamespace(act=jnp.tanh, table=np.zeros(8, np.float32))
+_ATTRS = _AttrDict(scale=2.0)
+
+
 def test_explicit_keys_refuse_arrays_reached_through_helpers_and_attributes() -> None:
     """Arrays a function reaches by name beyond its own closure: through a helper
     it calls, a closure it holds, the attributes it reads of an object or a class
@@ -314,7 +353,7 @@ def test_explicit_keys_refuse_arrays_reached_through_helpers_and_attributes() ->
         (lambda x: x * _NS.w, r"attribute _NS\.w, shape \(3,\)"),
         (lambda x: x * _K.w, r"attribute _K\.w, shape \(4,\)"),
         (lambda x: x * _CONFIG.w, r"attribute _CONFIG\.w, shape \(6,\)"),
-        (lambda x: _CONFIG.apply(x), r"attribute _CONFIG\.apply, which reads self\.w"),
+        (lambda x: _CONFIG.apply(x), r"attribute _CONFIG\.apply, which reads _CONFIG\.w"),
         (lambda x: _INNER(x), r"global '_INNER', which reads free variable 'w', shape \(7,\)"),
     ]
     for fun, says in cases:
@@ -325,6 +364,21 @@ def test_explicit_keys_refuse_arrays_reached_through_helpers_and_attributes() ->
         refuse_closed_arrays(lambda x: x * config.w, "f")
     refuse_closed_arrays(_plain_helper, "f")  # numbers, and a class's unread array
     refuse_closed_arrays(lambda x: x * _CONFIG.scale, "f")
+    # Methods: what their code reads of their object (or class), not all it holds.
+    refuse_closed_arrays(lambda x: _TRAINER.scaled(x), "f")
+    refuse_closed_arrays(lambda x: _TABLES.act(x), "f")  # a function held as data
+    refuse_closed_arrays(lambda x: x * _ATTRS.scale, "f")  # (its lookups raise KeyError)
+    for fun, says in [
+        (
+            lambda x: _TRAINER.total(x),
+            r"_TRAINER\.total, which reads _TRAINER\.params, shape \(3,\)",
+        ),
+        (lambda x: _Trainer.helper(x), r"_Trainer\.helper, which reads global '_W'"),
+        (lambda x: _Trainer.looked_up(x), r"_Trainer\.looked_up, which reads _Trainer\.table"),
+        (lambda x: x * _SLOTTED.w, r"attribute _SLOTTED\.w, shape \(9,\)"),
+    ]:
+        with pytest.raises(ClosureError, match=says):
+            refuse_closed_arrays(fun, "f")
 
 
 def test_explicit_keys_refuse_arrays_through_closures_defaults_and_partials() -> None:

@@ -267,7 +267,8 @@ def _held_reached(fun: Any, most: int = 64) -> Iterable[tuple[str, Any]]:
     """What ``_held`` gives for ``fun``, for the attributes its code reads of the
     objects it names (``NS.w``, a class's ``K.w``, a closure's ``cfg.w``), and so
     for the project functions it reaches through them (a helper it calls, a
-    closure it holds, an object's method it calls), up to ``most`` functions."""
+    closure it holds, a method it calls of an object, with the attributes of
+    the object that method reads), up to ``most`` functions."""
     functions: list[tuple[Any, str]] = [(fun, "")]
     seen: set[int] = set()
     while functions and len(seen) < most:
@@ -275,31 +276,46 @@ def _held_reached(fun: Any, most: int = 64) -> Iterable[tuple[str, Any]]:
         if id(f) in seen:
             continue
         seen.add(id(f))
-        named = list(_named_values(f))
         for where, value in _held(f):
             yield via + where, value
-        for where, value in [*named, *_attributes_read(f)]:
-            if where.startswith("attribute ") and not isinstance(value, types.MethodType):
-                yield via + where, value
-            target = value.__func__ if isinstance(value, types.MethodType) else value
-            code = getattr(target, "__code__", None)
-            if isinstance(target, types.FunctionType) and code and _is_project_code(code):
+        for where, value in [*_named_values(f), *_attributes_read(f)]:
+            if _is_project_function(value):
                 functions.append((value, f"{via}{where}, which reads "))
+            elif where.startswith("attribute "):
+                yield via + where, value
+
+
+def _is_project_function(value: Any) -> bool:
+    code = _safe_getattr(value, "__code__")
+    return (
+        isinstance(value, types.FunctionType)
+        and isinstance(code, types.CodeType)
+        and _is_project_code(code)
+    )
+
+
+def _safe_getattr(value: Any, name: str) -> Any:
+    """``getattr(value, name, None)``, ``None`` also where the lookup raises
+    something else (a dict whose ``__getattr__`` is ``__getitem__``)."""
+    try:
+        return getattr(value, name, None)
+    except Exception:
+        return None
 
 
 def _attributes_read(fun: Any) -> Iterable[tuple[str, Any]]:
     """The attributes the code of ``fun`` (a project function, or one a method,
     partial or wrapper holds) reads of the globals and free variables it names
-    that are not modules, as they are at the moment (a method bound to its
-    object, so that what it reads of ``self`` is seen in turn)."""
+    that are not modules, as they are now. A method of an object's class (or a
+    classmethod) is given as its function, with the attributes of the object
+    (or class) its code names: ``self.scale``, not all the object holds."""
     f = fun
-    while not isinstance(f, types.FunctionType):
-        inner = getattr(f, "__func__", None) or getattr(f, "func", None)
-        inner = inner or getattr(f, "__wrapped__", None)
-        if inner is None or inner is f:
-            return
-        f = inner
-    if not _is_project_code(f.__code__):
+    for _ in range(16):  # (through methods, partials and wrappers)
+        if isinstance(f, types.FunctionType) or f is None:
+            break
+        inner = _safe_getattr(f, "__func__") or _safe_getattr(f, "func")
+        f = inner or _safe_getattr(f, "__wrapped__")
+    if not _is_project_function(f):
         return
     _, _, attributes, cell_attributes = _code_digest(f.__code__)
     cells = dict(zip(f.__code__.co_freevars, f.__closure__ or (), strict=False))
@@ -317,11 +333,26 @@ def _attributes_read(fun: Any) -> Iterable[tuple[str, Any]]:
             continue
         try:
             value = inspect.getattr_static(owner, attribute)
-        except AttributeError:
+            if isinstance(value, types.MemberDescriptorType):  # a __slots__ value
+                value = getattr(owner, attribute)
+        except Exception:  # no such attribute, or a slot not set
             continue
-        if isinstance(value, types.FunctionType) and not isinstance(owner, type):
-            value = types.MethodType(value, owner)
-        yield f"attribute {name}.{attribute}", value
+        where = f"attribute {name}.{attribute}"
+        static = isinstance(value, staticmethod)
+        if isinstance(value, staticmethod | classmethod):
+            value = value.__func__
+        data = not isinstance(owner, type) and attribute in (_safe_getattr(owner, "__dict__") or {})
+        if _is_project_function(value) and not data and not static:
+            # A method (or a classmethod): what it reads of its object (or class)
+            # is named in its code.
+            for read in sorted(set(value.__code__.co_names)):
+                try:
+                    held = inspect.getattr_static(owner, read)
+                except AttributeError:
+                    continue
+                if not callable(held) or _is_pytree_node(held):
+                    yield f"{where}, which reads {name}.{read}", held
+        yield where, value
 
 
 def _is_pytree_node(value: Any) -> bool:
