@@ -316,7 +316,12 @@ def import_bundle(path: str | os.PathLike[str], *, cache: Any = None) -> dict[st
             put_keys.append(key)
     held = set(cache.keys())  # what the cache really holds now, not what was asked
     for key in replaced & held:  # a damaged copy that could not be replaced is still there
-        stored = cache.get(key)
+        # (read without counting a use where the cache can: a file's ``peek``)
+        peek = getattr(cache, "peek", None)
+        try:
+            stored = peek(key) if callable(peek) else cache.get(key)
+        except Exception:  # unreadable: not known to be stored
+            stored = None
         if stored is None or not _sound(key, bytes(stored)):
             held.discard(key)
     added = [k for k in put_keys if k in held]
