@@ -235,6 +235,38 @@ def test_errors_show_the_users_frames_not_jaxaots(wrap: Any) -> None:
     assert package not in said and f"{__file__}:" in said, said
 
 
+@pytest.mark.parametrize("wrap", [jaxaot.jit, jaxaot.component], ids=["jit", "component"])
+def test_python_flags_in_equinox_modules_that_decide_a_branch_are_named(wrap: Any) -> None:
+    """An Equinox model holding ``eqx.nn.Dropout`` layers (their ``inference``
+    flag a Python bool leaf) passed as ``jax.jit`` takes it: the flag is traced
+    and cannot decide the branch, as under ``jax.jit`` (the same error), and a
+    note names the flags and says how to keep them Python values."""
+    import equinox as eqx
+
+    class Block(eqx.Module):
+        linear: eqx.nn.Linear
+        drop: eqx.nn.Dropout
+
+        def __call__(self, x: jax.Array, key: jax.Array) -> jax.Array:
+            return self.drop(self.linear(x), key=key)
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    model = [Block(eqx.nn.Linear(4, 4, key=k), eqx.nn.Dropout(0.1)) for k in keys]
+
+    def loss(model: list[Any], x: jax.Array, key: jax.Array) -> jax.Array:
+        for block in model:
+            x = block(x, key)
+        return x.sum()
+
+    args = (model, jnp.ones(4), jax.random.PRNGKey(1))
+    with pytest.raises(jax.errors.TracerBoolConversionError):
+        jax.jit(loss)(*args)
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+        wrap(loss)(*args)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "args[0][0].drop.inference" in notes and "eqx.partition" in notes, notes
+
+
 @pytest.mark.parametrize("static", [False, True])
 def test_a_shape_dtype_struct_argument_is_refused_by_its_path(static: bool) -> None:
     """A ``jax.ShapeDtypeStruct`` in a call (meant for ``precompile``): one

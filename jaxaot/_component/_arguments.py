@@ -22,7 +22,7 @@ from .._jax import Tracer, donates_negative_argnums
 from .._keys._text import stable_repr, unstable_part
 from ._types import ARRAY_SCALARS
 
-__all__ = ["Arguments", "NonHashableStaticError", "as_ints"]
+__all__ = ["Arguments", "NonHashableStaticError", "as_ints", "note_module_flags"]
 
 
 #: Static values whose key text an ``Arguments`` remembers (see ``_static_text``).
@@ -82,6 +82,34 @@ def in_equinox_module(tree: Any, path: Sequence[Any]) -> bool:
         else:  # a node of another kind: no way down
             return False
     return False
+
+
+def note_module_flags(error: BaseException, who: str, args: Any, kwargs: Any) -> None:
+    """Adds a note to ``error`` (a traced value used as a Python bool or number)
+    where the arguments hold Python bools in Equinox modules (``eqx.nn.Dropout``'s
+    ``inference``): traced, as ``jax.jit`` traces them, they cannot decide a
+    branch; the note names them and says how to keep them Python values."""
+    if not isinstance(error, jax.errors.ConcretizationTypeError) or "equinox" not in sys.modules:
+        return
+    try:
+        leaves = jax.tree_util.tree_leaves_with_path((args, kwargs))
+        tree = (args, kwargs)
+        flags = [
+            ("args" if path[0].idx == 0 else "kwargs") + jax.tree_util.keystr(path[1:])
+            for path, leaf in leaves
+            if isinstance(leaf, bool) and in_equinox_module(tree, path)
+        ]
+    except Exception:  # (a tree that cannot be walked: no note)
+        return
+    if flags:
+        more = f" (and {len(flags) - 3} more)" if len(flags) > 3 else ""
+        error.add_note(
+            f"{who}: {', '.join(flags[:3])}{more} are Python bools in Equinox modules, "
+            "traced as arrays as jax.jit traces them: split the module, "
+            "params, static = eqx.partition(model, eqx.is_array), pass static as a static "
+            "argument (a tuple, not a list, of layers) or close over it, and call "
+            "eqx.combine(params, static) inside (or mark such fields eqx.field(static=True))."
+        )
 
 
 def not_an_array(who: str, path: str, value: Any, in_module: bool = False) -> TypeError:

@@ -63,7 +63,7 @@ from .._keys._text import stable_repr, tree_text
 from .._store._entry import Entry
 from .._store._executables import executable_key
 from .._store._lookup import Store
-from ._arguments import Arguments
+from ._arguments import Arguments, note_module_flags
 from ._call import Call
 from ._entries import build_entry
 from ._parts import base_parts, types_text
@@ -468,6 +468,7 @@ class Component(Generic[P, R]):
             return self._call_slow(args, kwargs)  # type: ignore[arg-type]
         except Exception as error:
             if not nan_found(error):
+                note_module_flags(error, f"jaxaot.component {self.name!r}", args, kwargs)
                 raise
         # A NaN under jax_debug_nans: jax.jit of the function finds where, op by op.
         return self._as_jax_jit(args, kwargs)  # type: ignore[no-any-return]

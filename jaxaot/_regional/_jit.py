@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from .. import _stats
-from .._component._arguments import Arguments, unfit_value
+from .._component._arguments import Arguments, note_module_flags, unfit_value
 from .._component._rules import naming
 from .._component._types import ARRAY_SCALARS
 from .._env import SettingError
@@ -295,6 +295,7 @@ class RegionalFunction:
             if not nan_found(error):
                 if isinstance(error, ValueError):  # (the C++ path's, for an unhashable
                     self._dynamic(args, kwargs)  # static: named as the Python path does)
+                note_module_flags(error, f"jaxaot.jit {self.__name__!r}", args, kwargs)
                 raise
         # A NaN under jax_debug_nans: jax.jit of the function finds where, op by op.
         return self._jitted(*args, **kwargs)
