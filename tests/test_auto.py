@@ -638,11 +638,53 @@ def test_nnx_layers_merged_inside_the_step_are_found_without_naming_them() -> No
         (helper, (params, x), ()),
     ):
         step = jax.value_and_grad(loss, argnums=len(static))
-        regional = jaxaot.jit(step, static_argnums=static)
+        # (Split: as one program, fewer than 5 small layers are compiled whole.)
+        regional = jaxaot.jit(step, static_argnums=static, whole_program=False)
         _close(regional(*args), jax.jit(step, static_argnums=static)(*args))
         explained = regional.explain(*args)
         assert "GLayer.__call__): 4 forward, 4 linear/transpose" in explained, explained
         assert "LayerNorm" not in explained.split("in glue")[0], explained  # a part
+
+
+def test_a_few_nnx_layers_merged_inside_the_step_are_compiled_whole_from_one_trace() -> None:
+    """The functional form of three small NNX layers, each holding two
+    ``nnx.Linear`` (six in all, counted in the GraphDef, which does not say that
+    the layers hold them): as when the model is passed, the program is compiled
+    whole from its first trace, making no block entries (it made four)."""
+    from flax import nnx
+
+    class Pair(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.a = nnx.Linear(8, 8, rngs=rngs)
+            self.b = nnx.Linear(8, 8, rngs=rngs)
+
+        def __call__(self, v: jax.Array) -> jax.Array:
+            return v + self.b(jnp.tanh(self.a(v)))
+
+    class PairModel(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.layers = nnx.List([Pair(rngs) for _ in range(3)])
+
+        def __call__(self, v: jax.Array) -> jax.Array:
+            for layer in self.layers:
+                v = layer(v)
+            return v
+
+    graphdef, state = nnx.split(PairModel(nnx.Rngs(0)))
+    x = jnp.linspace(-1.0, 1.0, 24).reshape(3, 8)
+
+    def loss(state: Any, v: jax.Array) -> jax.Array:
+        return (nnx.merge(graphdef, state)(v) ** 2).mean()
+
+    step = jax.value_and_grad(loss)
+    with jaxaot.using_cache(jaxaot.MemoryCache()):
+        before = jaxaot.stats()["lowerings"]
+        regional = jaxaot.jit(step)
+        _close(regional(state, x), jax.jit(step)(state, x))
+        assert jaxaot.stats()["lowerings"] == before  # (no block entry made)
+        explained = regional.explain(state, x)
+    assert "one program, cached whole (a few small layers" in explained, explained
+    assert "Pair x3" in explained, explained
 
 
 def test_a_custom_vjp_block_that_cannot_be_differentiated_alone_stays_in_its_glue(

@@ -108,6 +108,10 @@ def trace(
         found = repeated_modules(args, kwargs, spec.program, named)
         new = tuple(cls for cls in found.classes if cls not in named)
         counted = tuple(cls for cls in new if cls not in found.parts)
+        # The user's layers, where there are any: a framework's layers found
+        # beside them (``nnx.Linear`` counted in a GraphDef, which does not say
+        # what encloses what) are their parts.
+        counted = tuple(cls for cls in counted if not from_a_framework(cls)) or counted
         if (
             counted
             and spec.whole_program
