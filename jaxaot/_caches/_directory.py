@@ -63,7 +63,15 @@ from ._protocol import (
     is_removable,
 )
 from ._safefs import NotRegularFileError, makedirs_private, open_dir, stat_nofollow
-from ._trust import Refused, check_trusted, signing, untrusted_writer
+from ._trust import (
+    Refused,
+    UnsafeCacheDirError,
+    UntrustedEntryError,
+    check_safe_root,
+    check_trusted,
+    signing,
+    untrusted_writer,
+)
 
 __all__ = [
     "DEFAULT_DIRECTORY_BYTES",
@@ -89,47 +97,12 @@ LOCK_BUSY_BACKOFF = 60.0
 _LOCK_NAME = ".lock"
 
 
-class UnsafeCacheDirError(PermissionError):
-    """The cache directory could be written by someone else, so it is not used."""
-
-
-class UntrustedEntryError(PermissionError):
-    """An entry file (or its directory) could have been written by another user, and
-    entries are not signed, so it is not read."""
-
-
 _Refused = Refused
 
 
 def _not_a_real_dir(e: OSError) -> bool:
     """``open_dir`` failed because the name is a symlink or not a directory."""
     return e.errno in (errno.ELOOP, errno.ENOTDIR)
-
-
-def _check_safe(root: str) -> None:
-    """Raises :class:`UnsafeCacheDirError` unless ``root`` is ours and private enough
-    (or entries are signed)."""
-    st = os.stat(root)
-    if not stat.S_ISDIR(st.st_mode):
-        raise NotADirectoryError(errno.ENOTDIR, "jaxaot cache path is not a directory", root)
-    why = untrusted_writer(st)
-    if why is None or signing():
-        return
-    if "owned by" in why:
-        raise UnsafeCacheDirError(
-            f"jaxaot cache directory {root} is {why}; refusing to load code another user "
-            "could write (or set $JAXAOT_CACHE_HMAC_KEY so that entries are signed)"
-        )
-    # A sticky directory (/tmp) is shared on purpose: never advise changing it.
-    fix = (
-        "choose a directory of your own (a subdirectory of it, say)"
-        if st.st_mode & stat.S_ISVTX
-        else f"run `chmod 700 {root}` or choose another path"
-    )
-    raise UnsafeCacheDirError(
-        f"jaxaot cache directory {root} is {why}; {fix} "
-        "(or set $JAXAOT_CACHE_HMAC_KEY so that entries are signed)"
-    )
 
 
 class DirectoryCache(WarnOnce):
@@ -209,7 +182,7 @@ class DirectoryCache(WarnOnce):
         }
         try:
             makedirs_private(root)
-            _check_safe(root)
+            check_safe_root(root)
         except UnsafeCacheDirError:
             raise  # never a fallback: the caller decides what to use instead
         except OSError as e:

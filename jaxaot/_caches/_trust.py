@@ -18,6 +18,7 @@ This module does not import JAX.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -27,6 +28,9 @@ from .._env import SettingError
 
 __all__ = [
     "HMAC_ENV",
+    "UnsafeCacheDirError",
+    "UntrustedEntryError",
+    "check_safe_root",
     "hmac_secret",
     "signing",
     "unsigned_said_by_parent",
@@ -129,3 +133,38 @@ def check_trusted(st: os.stat_result, what: str) -> None:
             f"{what} is {why}, and entries are not signed ($JAXAOT_CACHE_HMAC_KEY); "
             "not using it (another user could have planted code there)",
         )
+
+
+class UnsafeCacheDirError(PermissionError):
+    """The cache directory could be written by someone else, so it is not used."""
+
+
+class UntrustedEntryError(PermissionError):
+    """An entry file (or its directory) could have been written by another user, and
+    entries are not signed, so it is not read."""
+
+
+def check_safe_root(root: str) -> None:
+    """Raises :class:`UnsafeCacheDirError` unless ``root`` is ours and private enough
+    (or entries are signed)."""
+    st = os.stat(root)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "jaxaot cache path is not a directory", root)
+    why = untrusted_writer(st)
+    if why is None or signing():
+        return
+    if "owned by" in why:
+        raise UnsafeCacheDirError(
+            f"jaxaot cache directory {root} is {why}; refusing to load code another user "
+            "could write (or set $JAXAOT_CACHE_HMAC_KEY so that entries are signed)"
+        )
+    # A sticky directory (/tmp) is shared on purpose: never advise changing it.
+    fix = (
+        "choose a directory of your own (a subdirectory of it, say)"
+        if st.st_mode & stat.S_ISVTX
+        else f"run `chmod 700 {root}` or choose another path"
+    )
+    raise UnsafeCacheDirError(
+        f"jaxaot cache directory {root} is {why}; {fix} "
+        "(or set $JAXAOT_CACHE_HMAC_KEY so that entries are signed)"
+    )

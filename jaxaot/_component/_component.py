@@ -67,7 +67,7 @@ from ._arguments import Arguments, note_module_flags
 from ._call import Call
 from ._entries import build_entry
 from ._parts import base_parts, types_text
-from ._plain import Devices, devices_from_json, devices_of, needs_plain_jax
+from ._plain import Devices, devices_from_json, devices_of, needs_plain_jax, off_device, symbolic
 from ._rules import OWN_LOWERING, bind, naming
 from ._types import aval_of, sds
 
@@ -86,12 +86,6 @@ def _key_text(entry: Entry, key: Any) -> str:
     (a callable key's, not the callable)."""
     part = str(entry.key.parts.get("component", ""))
     return part.removeprefix("key:") if part.startswith("key:") else repr(key)
-
-
-def _memory_space(value: Any) -> str:
-    """The name of the memory space a value is in (``Device``, ``Host``)."""
-    space = getattr(getattr(value, "aval", None), "memory_space", None)
-    return "Device" if space is None else str(getattr(space, "name", space))
 
 
 class Component(Generic[P, R]):
@@ -431,7 +425,7 @@ class Component(Generic[P, R]):
     def _call_traced(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         dyn_args, dyn_kwargs, _ = self._args.split(args, kwargs)
         leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
-        if self._off_device(leaves) or self._symbolic(leaves):
+        if off_device(self.name, leaves) or symbolic(self.name, leaves):
             return self.__wrapped__(*args, **kwargs)  # inline, as jax.jit would trace it
         resolved = self._resolve(args, kwargs, allow_sds=False)
         _, traced, leaves, sig = resolved
@@ -481,38 +475,6 @@ class Component(Generic[P, R]):
             static_argnames=self._static_argnames,
         )(*args, **kwargs)
 
-    def _off_device(self, leaves: Sequence[Any]) -> bool:
-        """Whether an input is in a memory space other than the device's (host
-        memory, ``pinned_host``): components are traced and cached for values in
-        device memory, so such a call runs as plain JAX, and says so once."""
-        space = next((s for s in map(_memory_space, leaves) if s != "Device"), None)
-        if space is None:
-            return False
-        _stats.warn_once(
-            f"memory-space:{self.name}",
-            f"jaxaot: component {self.name!r}: an input is in {space.lower()} memory "
-            "(memory_kind='pinned_host' or another than the device's); such a call runs "
-            "as plain JAX (jax.jit of the function, or inline in a trace), and is not "
-            "cached: components are cached for values in device memory",
-        )
-        return True
-
-    def _symbolic(self, leaves: Sequence[Any]) -> bool:
-        """Whether an input has a symbolic dimension (``jax.export`` of a
-        shape-polymorphic program): a component's entries are made for concrete
-        shapes, so such a call is traced inline, as ``jax.jit`` traces a
-        function, and says so once."""
-        if not any(not isinstance(d, int) for leaf in leaves for d in getattr(leaf, "shape", ())):
-            return False
-        _stats.warn_once(
-            f"symbolic-shape:{self.name}",
-            f"jaxaot: component {self.name!r}: an input has a symbolic dimension "
-            "(jax.export with shape polymorphism); such a call is traced inline, as "
-            "jax.jit traces the function, and is not cached: components are cached for "
-            "concrete shapes",
-        )
-        return True
-
     # Errors are reported as jax.jit's are: without JAX's frames, nor jaxaot's.
     __call__ = api_boundary(__call__)  # type: ignore[assignment]
 
@@ -525,7 +487,7 @@ class Component(Generic[P, R]):
         leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds=False)
         if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
             return self._call_traced(args, kwargs), None, False
-        if self._off_device(leaves):
+        if off_device(self.name, leaves):
             return self._as_jax_jit(args, kwargs), None, False
         self._refuse_under_target()
         exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)
@@ -538,7 +500,7 @@ class Component(Generic[P, R]):
         leaves, in_tree = self._args.flatten(dyn_args, dyn_kwargs, allow_sds=False)
         if not trace_state_clean() or any(isinstance(x, Tracer) for x in leaves):
             return self._call_traced(args, kwargs)
-        if self._off_device(leaves):
+        if off_device(self.name, leaves):
             return self._as_jax_jit(args, kwargs)
         self._refuse_under_target()
         exe, _ = self._executable(args, kwargs, in_tree, leaves, statics)

@@ -20,6 +20,10 @@ level), :func:`needs_plain_jax`:
   own (:func:`needs_context`: collectives over an axis bound outside it, a
   ``custom_vjp`` rule's linear part) is not
   plain, but is never written to a cache.
+
+Calls that run as plain JAX whatever the program (:func:`off_device`,
+:func:`symbolic`), each said once per component: inputs in a memory space other
+than the device's, and inputs of symbolic shape (``jax.export``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from .. import _stats
 from .._jax import (
     Target,
     active_target,
@@ -43,6 +48,8 @@ from .._jax import (
 
 __all__ = [
     "Devices",
+    "off_device",
+    "symbolic",
     "device_witness",
     "devices_from_json",
     "devices_of",
@@ -162,3 +169,47 @@ def devices_from_json(data: Sequence[Any]) -> Devices:
             raise ValueError(f"malformed device ids {item!r:.60}")
         out.append(fields)
     return tuple(out)
+
+
+# -- calls that run as plain JAX (each said once per component) ---------------------
+
+
+def _memory_space(value: Any) -> str:
+    """The name of the memory space a value is in (``Device``, ``Host``)."""
+    space = getattr(getattr(value, "aval", None), "memory_space", None)
+    return "Device" if space is None else str(getattr(space, "name", space))
+
+
+def off_device(name: str, leaves: Sequence[Any]) -> bool:
+    """Whether an input of a call of component ``name`` is in a memory space other
+    than the device's (host memory, ``pinned_host``): components are traced and
+    cached for values in device memory, so such a call runs as plain JAX, and
+    says so once."""
+    space = next((s for s in map(_memory_space, leaves) if s != "Device"), None)
+    if space is None:
+        return False
+    _stats.warn_once(
+        f"memory-space:{name}",
+        f"jaxaot: component {name!r}: an input is in {space.lower()} memory "
+        "(memory_kind='pinned_host' or another than the device's); such a call runs "
+        "as plain JAX (jax.jit of the function, or inline in a trace), and is not "
+        "cached: components are cached for values in device memory",
+    )
+    return True
+
+
+def symbolic(name: str, leaves: Sequence[Any]) -> bool:
+    """Whether an input of a call of component ``name`` has a symbolic dimension
+    (``jax.export`` of a shape-polymorphic program): entries are made for
+    concrete shapes, so such a call is traced inline, as ``jax.jit`` traces a
+    function, and says so once."""
+    if not any(not isinstance(d, int) for leaf in leaves for d in getattr(leaf, "shape", ())):
+        return False
+    _stats.warn_once(
+        f"symbolic-shape:{name}",
+        f"jaxaot: component {name!r}: an input has a symbolic dimension "
+        "(jax.export with shape polymorphism); such a call is traced inline, as "
+        "jax.jit traces the function, and is not cached: components are cached for "
+        "concrete shapes",
+    )
+    return True

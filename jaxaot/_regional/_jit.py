@@ -45,7 +45,6 @@ from .._jax import (
     trace_state_clean,
     under_staging,
 )
-from .._store import _job
 from .._store._active import explain_misses
 from ._named import check_blocks
 from ._placement import (
@@ -57,7 +56,7 @@ from ._placement import (
     reshard,
 )
 from ._plan import WHOLE as WHOLE_MODE
-from ._plan import Plan, PlanFailed, refuse_unsplit
+from ._plan import Plan, PlanFailed, agreed, refuse_unsplit
 from ._planner import PlanSpec, build_plan, describe
 from ._signatures import AVAL, SHARDING, loading_ahead, plan_signature, say_new_signature
 from ._tracing import check_options, entering
@@ -119,12 +118,10 @@ class RegionalFunction:
             options["donate_argnames"] = self._donate_argnames
         if inline:  # (only inside another trace, where it is an inner jax.jit)
             options["inline"] = True
-        if in_shardings is not UNSET:
-            check_shardings("in_shardings", in_shardings)
-            options["in_shardings"] = in_shardings
-        if out_shardings is not UNSET:
-            check_shardings("out_shardings", out_shardings)
-            options["out_shardings"] = out_shardings
+        for what, shardings in (("in_shardings", in_shardings), ("out_shardings", out_shardings)):
+            if shardings is not UNSET:
+                check_shardings(what, shardings)
+                options[what] = shardings
         self._in_shardings = in_shardings
         self._in_targets: dict[Any, tuple[Any, ...]] = {}
         try:
@@ -446,31 +443,11 @@ class RegionalFunction:
                             arrays,
                         )
                     plan = self._plan(args, kwargs, leaves, treedef, statics, donated)
-                    plan = self._agreed(plan)
+                    plan = agreed(self.__name__, plan)
                     self._plans[sig] = plan
         if arrays:
             self._last = (treedef, types, shardings, mesh, statics, context, plan)
         return plan  # type: ignore[return-value]
-
-    def _agreed(self, plan: Plan | None) -> Plan | None:
-        """In a multi-process job, the plan if every process could split the program
-        and make every executable, else ``None`` in every process (so that all run
-        ``jax.jit`` and their collectives match). The first call then waits for
-        all executables before it runs. Elsewhere, ``plan``."""
-        if jax.process_count() <= 1:
-            return plan
-        ok = plan is not None
-        if plan is not None:
-            try:
-                plan.wait()
-            except PlanFailed as e:
-                logger.debug("jaxaot.jit %s: not split here (%s)", self.__name__, e)
-                ok = False
-        decision = f"jit:{self.__name__}:{_job.next_decision()}"
-        if not _job.agree(decision, ok):
-            logger.debug("jaxaot.jit %s: not split in every process; using jax.jit", self.__name__)
-            return None
-        return plan
 
     def _give_up(self, sig: Any, error: Exception, for_good: bool = True) -> None:
         """This signature runs under jax.jit from now on (said by the caller once
@@ -500,19 +477,24 @@ class RegionalFunction:
 
     # JAX's stages of the whole program, as jax.jit makes them (a call's plan is cut from it).
 
+    # (Errors are reported as jax.jit's are: without JAX's frames, nor jaxaot's.)
+    @api_boundary
     def trace(self, *args: Any, **kwargs: Any) -> Any:
         """JAX's ``Traced`` stage of the whole program (``jax.jit(f).trace``)."""
         return self._jitted.trace(*args, **kwargs)
 
+    @api_boundary
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """JAX's ``Lowered`` stage of the whole program (``jax.jit(f).lower``);
         its ``compile()`` is JAX's, uncached: calls and ``precompile`` use the cache."""
         return self._jitted.lower(*args, **kwargs)
 
+    @api_boundary
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """The results' ``ShapeDtypeStruct``s, as ``jax.eval_shape`` gives them."""
         return jax.eval_shape(self._jitted, *args, **kwargs)
 
+    @api_boundary
     def precompile(self, *args: Any, **kwargs: Any) -> None:
         """Traces, splits and loads or compiles every executable for this signature,
         without running anything; returns when all are ready.
@@ -529,7 +511,7 @@ class RegionalFunction:
         sig, parts = looked
         with self._lock:
             if sig not in self._plans:
-                self._plans[sig] = self._agreed(self._plan(args, kwargs, *parts))
+                self._plans[sig] = agreed(self.__name__, self._plan(args, kwargs, *parts))
             plan = self._plans[sig]
         failed: PlanFailed | None = None
         if plan is not None:
@@ -551,22 +533,15 @@ class RegionalFunction:
                 refuse_unsplit(self.__name__, failed)  # (nothing made for a compile target)
                 self._say_unsplit(failed)
 
-    # Errors are reported as jax.jit's are: without JAX's frames, nor jaxaot's.
-    trace = api_boundary(trace)  # type: ignore[method-assign]
-    lower = api_boundary(lower)  # type: ignore[method-assign]
-    eval_shape = api_boundary(eval_shape)  # type: ignore[method-assign]
-    precompile = api_boundary(precompile)  # type: ignore[method-assign]
-
+    @api_boundary
     def explain(self, *args: Any, **kwargs: Any) -> str:
         """What ``jaxaot.jit`` makes of a call with these arguments, without running
-        or compiling anything (it traces the program and cuts it into regions,
-        as a call would): per component and per block it found (inner
-        ``jax.jit`` functions, ``jax.checkpoint`` regions), how many calls of
-        each of its entries run as regions; how many glue programs; the blocks
-        called only once (left in their glue); the components it cannot reach
-        (under ``lax.scan``/``fori_loop``, compiled with their glue); or that the
-        program is served whole, as one cached program, and why; and whether it
-        runs as one program, its repeated layers as loops."""
+        or compiling anything (it traces and cuts the program, as a call would):
+        per component and block found, how many calls of each entry run as
+        regions; the glue programs; the blocks left in their glue; the components
+        it cannot reach (under ``lax.scan``); or that the program is served whole,
+        and why; and whether it runs as one program, its layers as loops. A call
+        that would fail raises its error."""
         looked = self._looked_up(args, kwargs)
         if looked is None:
             return f"jaxaot.jit {self.__name__}: jax.jit (an input is committed elsewhere)"
@@ -584,15 +559,12 @@ class RegionalFunction:
                 described = describe(self._spec, args, kwargs, donated, leaves)
             except SettingError:
                 raise
-            except Exception as e:  # a call would fall back to jax.jit, or fail
-                failed: Exception | None = e
-            else:
-                failed = None
-            if failed is not None:
-                # The program's own error (a shape, a missing argument) is raised,
-                # as a call raises it; jaxaot's is said.
-                self._jitted.trace(*args, **kwargs)
-                return f"{head}: jax.jit (not split: {type(failed).__name__}: {failed})"
+            except Exception as e:  # a call would fall back to jax.jit, or fail:
+                try:
+                    self._jitted.trace(*args, **kwargs)
+                except Exception as own:  # the program's own error is raised
+                    raise own from None
+                return f"{head}: jax.jit (not split: {type(e).__name__}: {e})"
             if described is None:
                 return f"{head}: jax.jit (nothing to compile)"
             summary, why = described
@@ -600,8 +572,6 @@ class RegionalFunction:
             # A program served whole: its reason, then why its calls are not blocks.
             return "\n".join([f"{head}: one program, cached whole ({why})", *summary.splitlines()])
         return f"{head}: split into\n{summary}"
-
-    explain = api_boundary(explain)  # type: ignore[method-assign]
 
     def _plan(self, args: tuple[Any, ...], kwargs: dict[str, Any], *parts: Any) -> Plan | None:
         leaves, treedef, statics, donated = parts  # (those of ``_dynamic``)

@@ -14,6 +14,7 @@ same program takes the same form, and gives the same bits, in every process.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import operator
 import threading
 from collections.abc import Callable, Sequence
@@ -24,6 +25,9 @@ import jax
 
 from .._jax import active_target, with_trees
 from .._keys._sharding import is_single_device
+from .._store import _job
+
+logger = logging.getLogger("jaxaot")
 
 SPLIT = "split"
 WHOLE = "whole"
@@ -49,6 +53,26 @@ def refuse_unsplit(name: str, error: Exception) -> None:
         f"jaxaot.jit {name}: not precompiled for {active_target()}: it would run under "
         f"plain jax.jit, on this process's devices ({type(error).__name__}: {error})"
     )
+
+
+def agreed(name: str, plan: Plan | None) -> Plan | None:
+    """In a multi-process job, ``plan`` if every process could split the program
+    ``name`` and make every executable, else ``None`` in every process (so that
+    all run ``jax.jit`` and their collectives match). The first call then waits
+    for all executables before it runs. Elsewhere, ``plan``."""
+    if jax.process_count() <= 1:
+        return plan
+    ok = plan is not None
+    if plan is not None:
+        try:
+            plan.wait()
+        except PlanFailed as e:
+            logger.debug("jaxaot.jit %s: not split here (%s)", name, e)
+            ok = False
+    if not _job.agree(f"jit:{name}:{_job.next_decision()}", ok):
+        logger.debug("jaxaot.jit %s: not split in every process; using jax.jit", name)
+        return None
+    return plan
 
 
 def _getter(slots: Sequence[int]) -> Callable[[list[Any]], Sequence[Any]]:
