@@ -316,6 +316,19 @@ class _Trainer:
     def total(self, x: Any) -> Any:
         return x * self.params.sum()
 
+    @property
+    def weights(self) -> Any:
+        return self.params
+
+    def by_property(self, x: Any) -> Any:
+        return x * self.weights
+
+    def by_helper(self, x: Any) -> Any:
+        return x * self._own()
+
+    def _own(self) -> Any:
+        return self.params
+
     @staticmethod
     def helper(x: Any) -> Any:
         return x * _W
@@ -330,6 +343,9 @@ class _Slotted:
 
     def __init__(self) -> None:
         self.w = np.ones(9, np.float32)
+
+    def scaled(self, x: Any) -> Any:
+        return x * self.w
 
 
 class _AttrDict(dict):  # (a config idiom: ``CFG.scale`` reads ``CFG["scale"]``)
@@ -376,6 +392,9 @@ def test_explicit_keys_refuse_arrays_reached_through_helpers_and_attributes() ->
         (lambda x: _Trainer.helper(x), r"_Trainer\.helper, which reads global '_W'"),
         (lambda x: _Trainer.looked_up(x), r"_Trainer\.looked_up, which reads _Trainer\.table"),
         (lambda x: x * _SLOTTED.w, r"attribute _SLOTTED\.w, shape \(9,\)"),
+        (lambda x: _SLOTTED.scaled(x), r"_SLOTTED\.scaled, which reads _SLOTTED\.w"),
+        (lambda x: _TRAINER.by_property(x), r"which reads _TRAINER\.params, shape \(3,\)"),
+        (lambda x: _TRAINER.by_helper(x), r"which reads _TRAINER\.params, shape \(3,\)"),
     ]:
         with pytest.raises(ClosureError, match=says):
             refuse_closed_arrays(fun, "f")

@@ -344,15 +344,36 @@ def _attributes_read(fun: Any) -> Iterable[tuple[str, Any]]:
         data = not isinstance(owner, type) and attribute in (_safe_getattr(owner, "__dict__") or {})
         if _is_project_function(value) and not data and not static:
             # A method (or a classmethod): what it reads of its object (or class)
-            # is named in its code.
-            for read in sorted(set(value.__code__.co_names)):
-                try:
-                    held = inspect.getattr_static(owner, read)
-                except AttributeError:
-                    continue
-                if not callable(held) or _is_pytree_node(held):
-                    yield f"{where}, which reads {name}.{read}", held
+            # is named in its code, or in the properties and methods it reads.
+            yield from _object_reads(owner, value, f"{where}, which reads {name}")
         yield where, value
+
+
+def _object_reads(
+    owner: Any, method: Any, where: str, seen: set[int] | None = None
+) -> Iterable[tuple[str, Any]]:
+    """The attributes of ``owner`` (an object, or a class) that ``method`` names in
+    its code, by their values (a ``__slots__`` value read), and through the
+    properties and methods of ``owner`` it names, theirs (``self.w`` read by a
+    property, by ``self._scale()``), up to 32 functions."""
+    seen = set() if seen is None else seen
+    if id(method) in seen or len(seen) >= 32:
+        return
+    seen.add(id(method))
+    for read in sorted(set(method.__code__.co_names)):
+        try:
+            held = inspect.getattr_static(owner, read)
+            if isinstance(held, types.MemberDescriptorType):  # a __slots__ value
+                held = getattr(owner, read)
+        except Exception:  # no such attribute, or a slot not set
+            continue
+        inner = held.fget if isinstance(held, property) else held
+        if isinstance(inner, staticmethod | classmethod):
+            inner = inner.__func__
+        if _is_project_function(inner):
+            yield from _object_reads(owner, inner, where, seen)
+        elif not callable(held) or _is_pytree_node(held):
+            yield f"{where}.{read}", held
 
 
 def _is_pytree_node(value: Any) -> bool:
