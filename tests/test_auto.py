@@ -980,6 +980,42 @@ def test_equinox_layers_whose_static_fields_are_equal_but_differ_are_traced_apar
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
+def test_equinox_layers_holding_members_of_two_enums_of_one_name_are_traced_apart() -> None:
+    """Layers the step closes over, holding an enum member as a field (a Python
+    value the trace fixes): members of two enums made by one factory have one
+    name but other values, so the layers are traced apart, with jax.jit's values."""
+    import enum
+
+    import equinox as eqx
+
+    def member(value: float) -> Any:
+        class Mode(enum.Enum):
+            A = value
+
+        return Mode.A
+
+    class Layer(eqx.Module):
+        linear: eqx.nn.Linear
+        mode: Any
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.linear(x) * self.mode.value
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 6)
+    modes = [member(2.0)] * 3 + [member(3.0)] * 3
+    layers = [Layer(eqx.nn.Linear(4, 4, key=k), m) for k, m in zip(keys, modes, strict=True)]
+
+    def f(x: jax.Array) -> jax.Array:
+        for layer in layers:
+            x = layer(x)
+        return x
+
+    x = jnp.linspace(-1.0, 1.0, 4)
+    np.testing.assert_allclose(
+        np.asarray(jaxaot.jit(f)(x)), np.asarray(jax.jit(f)(x)), rtol=1e-5, atol=1e-6
+    )
+
+
 @pytest.mark.parametrize("filter_jit", [False, True])
 def test_equinox_batch_norm_layers_passing_the_state_on_are_one_block(
     compiles: list[str], filter_jit: bool

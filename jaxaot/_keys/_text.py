@@ -134,7 +134,13 @@ def _stable(value: Any, path: str, depth: int, active: list[int]) -> str:
 def _stable_kind(value: Any, path: str, depth: int, active: list[int]) -> str:  # noqa: C901
     kind = type(value)
     if isinstance(value, enum.Enum):
-        return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
+        # (With its value where that has a text: two enums of one name, made by
+        # a factory or in two processes, may hold other values.)
+        name = f"{kind.__module__}.{kind.__qualname__}.{value.name}"
+        try:
+            return f"{name}={_stable(value.value, f'{path}.value', depth + 1, active)}"
+        except _Unstable:
+            return name
     if kind is range:  # its repr is its value: range(0, 3), range(0, 8, 2)
         return repr(value)
     if value is Ellipsis or value is NotImplemented:

@@ -51,6 +51,7 @@ __all__ = [
     "Found",
     "check_blocks",
     "from_a_framework",
+    "identity",
     "is_array",
     "jitted_call",
     "named_blocks",
@@ -331,14 +332,21 @@ def jitted_call(fn: Callable[..., Any], part: bool = False) -> Callable[..., Any
     return call
 
 
+def identity(value: Any) -> tuple[Any, Any]:
+    """What tells apart values of one text within a process: their type (two
+    enums made by one factory, each with its own values), and a class itself
+    (two classes made at run time under one name)."""
+    return type(value), value if isinstance(value, type) else None
+
+
 def _fixed_part(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The structure of a call and its leaves that are not arrays, as values that
     are equal only where the calls compute alike: the structure with its text
     (an Equinox static field's ``1`` and ``1.0``, or ``0.0`` and ``-0.0``, are
     equal auxiliary data, but print apart), and each other leaf by its stable
     text (typed: ``1`` is not ``1.0`` nor ``True``; a function by its code and
-    what it closes over). ``None`` where a leaf has no such text: that call is
-    traced on its own."""
+    what it closes over; with its type, see :func:`_identity`). ``None`` where a
+    leaf has no such text: that call is traced on its own."""
     try:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         fixed = []
@@ -347,7 +355,7 @@ def _fixed_part(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 text = stable_repr(leaf)
                 if text is None:
                     return None
-                fixed.append((i, text))
+                fixed.append((i, *identity(leaf), text))
         key = (treedef, str(treedef), tuple(fixed))
         hash(key)
         return key

@@ -51,7 +51,7 @@ from .._keys._text import stable_repr
 from .._stats import set_during
 from ._auto import module_ended, note
 from ._draws import Refused, drawn_call
-from ._named import from_a_framework, jitted_call
+from ._named import from_a_framework, identity, jitted_call
 
 __all__ = ["Calls", "counting", "is_scoped", "scoped_blocks"]
 
@@ -251,10 +251,11 @@ def _linen_key(unbound: Any) -> Any:
     for field in dataclasses.fields(unbound):
         if field.name in ("parent", "name") or not hasattr(unbound, field.name):
             continue
-        text = stable_repr(getattr(unbound, field.name))
+        value = getattr(unbound, field.name)
+        text = stable_repr(value)
         if text is None:
             return None
-        texts.append((field.name, text))
+        texts.append((field.name, *identity(value), text))
     return (type(unbound), tuple(texts))
 
 
