@@ -331,11 +331,8 @@ def _attributes_read(fun: Any) -> Iterable[tuple[str, Any]]:
                 continue
         if isinstance(owner, types.ModuleType):  # (a project module's: ``_globals_read``)
             continue
-        try:
-            value = inspect.getattr_static(owner, attribute)
-            if isinstance(value, types.MemberDescriptorType):  # a __slots__ value
-                value = getattr(owner, attribute)
-        except Exception:  # no such attribute, or a slot not set
+        value = _static_attribute(owner, attribute)
+        if value is _MISSING:
             continue
         where = f"attribute {name}.{attribute}"
         static = isinstance(value, staticmethod)
@@ -347,6 +344,21 @@ def _attributes_read(fun: Any) -> Iterable[tuple[str, Any]]:
             # is named in its code, or in the properties and methods it reads.
             yield from _object_reads(owner, value, f"{where}, which reads {name}")
         yield where, value
+
+
+_MISSING = object()
+
+
+def _static_attribute(owner: Any, name: str) -> Any:
+    """``owner``'s attribute ``name`` as stored (no property or ``__getattr__``
+    runs), a ``__slots__`` value by its value; ``_MISSING`` where there is none."""
+    try:
+        value = inspect.getattr_static(owner, name)
+        if isinstance(value, types.MemberDescriptorType):  # a __slots__ value
+            value = getattr(owner, name)
+    except Exception:  # no such attribute, or a slot not set
+        return _MISSING
+    return value
 
 
 def _object_reads(
@@ -361,11 +373,8 @@ def _object_reads(
         return
     seen.add(id(method))
     for read in sorted(set(method.__code__.co_names)):
-        try:
-            held = inspect.getattr_static(owner, read)
-            if isinstance(held, types.MemberDescriptorType):  # a __slots__ value
-                held = getattr(owner, read)
-        except Exception:  # no such attribute, or a slot not set
+        held = _static_attribute(owner, read)
+        if held is _MISSING:
             continue
         inner = held.fget if isinstance(held, property) else held
         if isinstance(inner, staticmethod | classmethod):
