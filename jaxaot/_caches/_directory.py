@@ -471,7 +471,7 @@ class DirectoryCache(WarnOnce):
         ``keys()``, and cannot be read, checked or removed from here."""
         try:
             with self._root_dir() as rfd:
-                return list(_dirlayout.scan(rfd, self._root, clean=False).unlisted)
+                return _dirlayout.unlisted(rfd, self._root)
         except _Refused:
             return [self._root]
         except FileNotFoundError:

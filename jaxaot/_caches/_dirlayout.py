@@ -51,6 +51,7 @@ __all__ = [
     "record_hit",
     "scan",
     "temp_name",
+    "unlisted",
 ]
 
 logger = logging.getLogger("jaxaot")
@@ -88,9 +89,6 @@ class Scan(NamedTuple):
     #: Bytes of the files kept beside entries that do not go with one (notes,
     #: leases): they count against ``max_bytes`` too.
     other_bytes: int = 0
-    #: The shard directories that could not be listed (their permissions): the
-    #: entries in them are not in ``entries``.
-    unlisted: tuple[str, ...] = ()
 
 
 def temp_name() -> str:
@@ -229,29 +227,22 @@ def scan(root_fd: int, root: str, *, clean: bool, everything: bool = False) -> S
     temps = 0
     temp_bytes = 0
     other_bytes = 0
-    unlisted: list[str] = []
     now = time.time()
     try:
         with os.scandir(root_fd) as it:
             shards = [
                 d.name for d in it if _is_shard_name(d.name) and d.is_dir(follow_symlinks=False)
             ]
-    except OSError as e:
-        return Scan(entries, 0, 0, unlisted=(root,) if isinstance(e, PermissionError) else ())
+    except OSError:
+        return Scan(entries, 0, 0)
     for shard in shards:
         try:
             sfd = open_dir(shard, root_fd)
-        except OSError as e:
-            if isinstance(e, PermissionError):
-                unlisted.append(os.path.join(root, shard))
+        except OSError:
             continue
         try:
-            try:
-                with os.scandir(sfd) as it:
-                    files = list(it)
-            except PermissionError:
-                unlisted.append(os.path.join(root, shard))
-                continue
+            with os.scandir(sfd) as it:
+                files = list(it)
             for f in files:
                 name = f.name
                 try:
@@ -298,7 +289,31 @@ def scan(root_fd: int, root: str, *, clean: bool, everything: bool = False) -> S
             os.close(sfd)
     if old_indexes:
         other_bytes -= _drop_stale_notes(root_fd, old_indexes, {e.name for e in entries})
-    return Scan(entries, temps, temp_bytes, other_bytes, tuple(unlisted))
+    return Scan(entries, temps, temp_bytes, other_bytes)
+
+
+def unlisted(root_fd: int, root: str) -> list[str]:
+    """The directories of the cache (the root, its shards) this process is not
+    permitted to list: a scan passes over the entries in them."""
+    try:
+        with os.scandir(root_fd) as it:
+            shards = [
+                d.name for d in it if _is_shard_name(d.name) and d.is_dir(follow_symlinks=False)
+            ]
+    except PermissionError:
+        return [root]
+    except OSError:
+        return []
+    denied = []
+    for shard in shards:
+        try:
+            with opened_dir(shard, root_fd) as sfd, os.scandir(sfd):
+                pass
+        except PermissionError:
+            denied.append(os.path.join(root, shard))
+        except OSError:  # (gone meanwhile, or no real directory: not an entry's place)
+            continue
+    return denied
 
 
 def _drop_stale_notes(root_fd: int, indexes: list[tuple[str, str, int]], keys: set[str]) -> int:

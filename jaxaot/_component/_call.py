@@ -259,12 +259,8 @@ class Call:
                 # by its fwd rule, so that forward mode over it (``jax.hessian``)
                 # differentiates the rule, as it does under jax.jit, rather than
                 # the custom_vjp function, which JAX refuses to.
-                known = partial_eval_jaxpr(
-                    jax.make_jaxpr(jvp_fn)(*structs),
-                    unknowns=[False] * n + [True] * len(live_avals),
-                    instantiate=[False] * len(out_avals) + [True] * sum(diff),
-                )[0]
-                everything = jaxpr_as_fun(known)
+                # (The forward jaxpr of the linearization that keeps residuals.)
+                everything = jaxpr_as_fun(self._linearized_jaxprs(mask, False)[0])
 
                 def forward(*primals: Any) -> Sequence[Any]:
                     return list(everything(*primals))[: len(out_avals)]

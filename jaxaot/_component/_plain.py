@@ -48,14 +48,14 @@ from .._jax import (
 
 __all__ = [
     "Devices",
-    "off_device",
-    "symbolic",
     "device_witness",
     "devices_from_json",
     "devices_of",
     "devices_to_json",
     "needs_context",
     "needs_plain_jax",
+    "off_device",
+    "symbolic",
 ]
 
 #: The devices a program names, each distinct sharding once: a mesh (axis names,

@@ -241,12 +241,13 @@ def refuse_closed_arrays(fun: Any, component: str) -> None:
                 )
 
 
-def _held(fun: Any) -> Iterable[tuple[str, Any]]:
-    """The values ``fun`` computes with that an explicit key does not cover: those
-    it sees by name (modules, classes and functions left out), and the attributes
-    of the object a method or callable object is bound to, where that object is no
-    pytree (a pytree is walked whole)."""
-    for where, value in _named_values(fun):
+def _held(named: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, Any]]:
+    """The values a function computes with that an explicit key does not cover,
+    among those it sees by name (``named``, see ``_named_values``): modules,
+    classes and functions left out, and the attributes of the object a method or
+    callable object is bound to, where that object is no pytree (a pytree is
+    walked whole)."""
+    for where, value in named:
         if isinstance(value, types.ModuleType | type):
             continue
         if _is_pytree_node(value):
@@ -264,7 +265,7 @@ def _held(fun: Any) -> Iterable[tuple[str, Any]]:
 
 
 def _held_reached(fun: Any, most: int = 64) -> Iterable[tuple[str, Any]]:
-    """What ``_held`` gives for ``fun``, for the attributes its code reads of the
+    """What ``_held`` gives for ``fun``'s named values, for the attributes its code reads of the
     objects it names (``NS.w``, a class's ``K.w``, a closure's ``cfg.w``), and so
     for the project functions it reaches through them (a helper it calls, a
     closure it holds, a method it calls of an object, with the attributes of
@@ -276,9 +277,10 @@ def _held_reached(fun: Any, most: int = 64) -> Iterable[tuple[str, Any]]:
         if id(f) in seen:
             continue
         seen.add(id(f))
-        for where, value in _held(f):
+        named = list(_named_values(f))
+        for where, value in _held(named):
             yield via + where, value
-        for where, value in [*_named_values(f), *_attributes_read(f)]:
+        for where, value in [*named, *_attributes_read(f)]:
             if _is_project_function(value):
                 functions.append((value, f"{via}{where}, which reads "))
             elif where.startswith("attribute "):

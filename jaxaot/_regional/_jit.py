@@ -550,7 +550,7 @@ class RegionalFunction:
             plan = self._plans.get(sig, _NOT_LOOKED_UP)
         head = f"jaxaot.jit {self.__name__}"
         if plan is None:
-            self._jitted.trace(*args, **kwargs)  # (the program's own error, as a call raises it)
+            self._raise_own_error(args, kwargs)
             return f"{head}: jax.jit (not split; DEBUG logs say why)"
         if isinstance(plan, Plan):
             summary, why = plan.summary, plan.served_whole
@@ -559,11 +559,8 @@ class RegionalFunction:
                 described = describe(self._spec, args, kwargs, donated, leaves)
             except SettingError:
                 raise
-            except Exception as e:  # a call would fall back to jax.jit, or fail:
-                try:
-                    self._jitted.trace(*args, **kwargs)
-                except Exception as own:  # the program's own error is raised
-                    raise own from None
+            except Exception as e:  # a call would fall back to jax.jit, or fail
+                self._raise_own_error(args, kwargs)
                 return f"{head}: jax.jit (not split: {type(e).__name__}: {e})"
             if described is None:
                 return f"{head}: jax.jit (nothing to compile)"
@@ -572,6 +569,14 @@ class RegionalFunction:
             # A program served whole: its reason, then why its calls are not blocks.
             return "\n".join([f"{head}: one program, cached whole ({why})", *summary.splitlines()])
         return f"{head}: split into\n{summary}"
+
+    def _raise_own_error(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Raises the error the program itself gives these arguments (a shape, a
+        missing argument), as a call raises it; returns where it traces."""
+        try:
+            self._jitted.trace(*args, **kwargs)
+        except Exception as own:
+            raise own from None
 
     def _plan(self, args: tuple[Any, ...], kwargs: dict[str, Any], *parts: Any) -> Plan | None:
         leaves, treedef, statics, donated = parts  # (those of ``_dynamic``)

@@ -51,12 +51,11 @@ __all__ = [
     "Found",
     "check_blocks",
     "from_a_framework",
-    "identity",
-    "is_array",
     "jitted_call",
     "named_blocks",
     "repeated_modules",
     "swapped_calls",
+    "typed_text",
 ]
 
 # The module frameworks whose instances are pytrees the program receives (or
@@ -270,14 +269,14 @@ def _holds_arrays(value: Any) -> bool:
     is given it: its layers are the deployed model's)."""
     try:
         return any(
-            is_array(leaf) or isinstance(leaf, jax.ShapeDtypeStruct)
+            _is_array(leaf) or isinstance(leaf, jax.ShapeDtypeStruct)
             for leaf in jax.tree_util.tree_leaves(value)
         )
     except Exception:  # no pytree
         return False
 
 
-def is_array(x: Any) -> bool:
+def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray | Tracer)
 
 
@@ -287,7 +286,7 @@ def array_body(
     """``fn``'s call on ``args`` and ``kwargs`` as a function of their array leaves
     (returned with it): every other leaf is fixed by the call."""
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    dynamic = [i for i, leaf in enumerate(leaves) if is_array(leaf)]
+    dynamic = [i for i, leaf in enumerate(leaves) if _is_array(leaf)]
 
     def body(*arrays: Any) -> Any:
         full = list(leaves)
@@ -332,30 +331,34 @@ def jitted_call(fn: Callable[..., Any], part: bool = False) -> Callable[..., Any
     return call
 
 
-def identity(value: Any) -> tuple[Any, Any]:
-    """What tells apart values of one text within a process: their type (two
-    enums made by one factory, each with its own values), and a class itself
-    (two classes made at run time under one name)."""
-    return type(value), value if isinstance(value, type) else None
+def typed_text(value: Any) -> tuple[Any, ...] | None:
+    """``value`` as calls that share a trace must hold it alike: its stable text
+    (typed: ``1`` is not ``1.0`` nor ``True``; a function by its code and what it
+    closes over), its type (two enums made by one factory, each with its own
+    values) and, for a class, the class itself (two made at run time under one
+    name). ``None`` where it has no stable text."""
+    text = stable_repr(value)
+    if text is None:
+        return None
+    return type(value), value if isinstance(value, type) else None, text
 
 
 def _fixed_part(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The structure of a call and its leaves that are not arrays, as values that
     are equal only where the calls compute alike: the structure with its text
     (an Equinox static field's ``1`` and ``1.0``, or ``0.0`` and ``-0.0``, are
-    equal auxiliary data, but print apart), and each other leaf by its stable
-    text (typed: ``1`` is not ``1.0`` nor ``True``; a function by its code and
-    what it closes over; with its type, see :func:`_identity`). ``None`` where a
-    leaf has no such text: that call is traced on its own."""
+    equal auxiliary data, but print apart), and each other leaf by
+    :func:`typed_text`. ``None`` where a leaf has no such text: that call is
+    traced on its own."""
     try:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         fixed = []
         for i, leaf in enumerate(leaves):
-            if not is_array(leaf):
-                text = stable_repr(leaf)
+            if not _is_array(leaf):
+                text = typed_text(leaf)
                 if text is None:
                     return None
-                fixed.append((i, *identity(leaf), text))
+                fixed.append((i, text))
         key = (treedef, str(treedef), tuple(fixed))
         hash(key)
         return key

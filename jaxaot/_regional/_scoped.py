@@ -47,11 +47,10 @@ from typing import Any
 
 import jax
 
-from .._keys._text import stable_repr
 from .._stats import set_during
 from ._auto import module_ended, note
 from ._draws import Refused, drawn_call
-from ._named import from_a_framework, identity, jitted_call
+from ._named import from_a_framework, jitted_call, typed_text
 
 __all__ = ["Calls", "counting", "is_scoped", "scoped_blocks"]
 
@@ -240,9 +239,9 @@ _LINEN_JITS: contextvars.ContextVar[dict[Any, Callable[..., Any]] | None] = cont
 
 def _linen_key(unbound: Any) -> Any:
     """A linen layer by what its calls compute, short of their arguments: its
-    class and the stable text of each of its fields but its name and parent (as
+    class and each of its fields but its name and parent by ``typed_text`` (as
     ``nn.jit`` keys its traces by its fields, but typed: a field's ``1`` is not
-    ``1.0``, an int array not a float one). ``None`` where a field has no such
+    ``1.0``). ``None`` where a field has no such
     text (a submodule, an array, an iterator): the layer is then traced on its
     own."""
     if not dataclasses.is_dataclass(unbound):
@@ -251,11 +250,10 @@ def _linen_key(unbound: Any) -> Any:
     for field in dataclasses.fields(unbound):
         if field.name in ("parent", "name") or not hasattr(unbound, field.name):
             continue
-        value = getattr(unbound, field.name)
-        text = stable_repr(value)
+        text = typed_text(getattr(unbound, field.name))
         if text is None:
             return None
-        texts.append((field.name, *identity(value), text))
+        texts.append((field.name, text))
     return (type(unbound), tuple(texts))
 
 
